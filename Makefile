@@ -1,0 +1,34 @@
+# bksim: every target installs what it needs when missing, and is quick when it is already there.
+SHELL := /bin/bash
+PY_VERSION ?= python3
+VENV ?= $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+PIP_PKGS = grpcio==1.85.1 grpcio-tools==1.85.1 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 \
+  protobuf==7.36.2 kazoo==2.11.0 rocksdict==0.3.29 pyspark==4.3.0 pytest==9.2.0 crc32c==2.9.post0 \
+  google-crc32c==1.9.0 docker==7.1.0
+ZK_JAR := /usr/share/java/zookeeper.jar
+STAMP := $(VENV)/.bksim-installed
+
+.PHONY: deps venv zookeeper proto up down status test
+
+deps: zookeeper venv proto
+
+zookeeper: $(ZK_JAR)
+$(ZK_JAR):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends zookeeper
+
+venv: $(STAMP)
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PY_VERSION) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(PIP_PKGS)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+GEN_DIR := services/bksim/gen
+PROTOS := $(wildcard proto/*.proto)
+proto: $(GEN_DIR)/.stamp
+$(GEN_DIR)/.stamp: $(PROTOS) $(STAMP)
+	mkdir -p $(GEN_DIR)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=$(GEN_DIR) --pyi_out=$(GEN_DIR) --grpc_python_out=$(GEN_DIR) $(PROTOS)
+	sed -i 's/^import \(.*_pb2\) as/from bksim.gen import \1 as/' $(GEN_DIR)/*_pb2_grpc.py
+	touch $(GEN_DIR)/__init__.py $@

@@ -1,0 +1,1 @@
+"""bksim: a faithful, runnable Apache BookKeeper cluster."""

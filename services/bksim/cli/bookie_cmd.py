@@ -1,0 +1,5 @@
+"""(placeholder: filled in by its owner)"""
+
+
+def register(subparsers) -> None:
+    pass

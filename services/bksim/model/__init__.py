@@ -1,0 +1,1 @@
+"""Vocabulary: ids, status codes, the error tree, the configuration schema. Standard library only."""

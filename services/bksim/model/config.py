@@ -1,0 +1,151 @@
+"""The one configuration schema: every option, its default, its unit and why.
+
+Sections map to TOML tables (`[cluster]`, `[zookeeper]`, `[bookie]`); every option can be overridden by
+an environment variable ``BKSIM_<SECTION>_<OPTION>`` (upper case), e.g. ``BKSIM_BOOKIE_GROUP_WAIT_MS_MAX=5``.
+Defaults live here and, for reading, in ``deploy/bksim.toml``; a test keeps the two equal. Loading files
+and the environment is the CLI's job (``bksim.cli.config``); this module only describes and validates.
+
+Every bound (queue length, entry size, cache size, in-flight window) is a named option here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from bksim.model.errors import ConfigError
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def option(default, doc: str):
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    run_dir: str = option(".run", "directory for the cluster's data, logs and pid files (relative to the cwd)")
+    bookies: int = option(3, "number of bookies `bksim cluster up` starts")
+    bookie_port_base: int = option(3181, "bookie i (1-based) listens on bookie_port_base + i - 1")
+    start_timeout_ms: int = option(60_000, "how long `cluster up` waits for each process to become ready")
+
+
+@dataclass(frozen=True, slots=True)
+class ZooKeeperConfig:
+    host: str = option("127.0.0.1", "address ZooKeeper binds to and clients connect to (loopback only)")
+    port: int = option(2181, "ZooKeeper client port")
+    tick_time_ms: int = option(2000, "ZooKeeper tickTime; sessions time out between 2 and 20 ticks")
+    session_timeout_ms: int = option(10_000, "session timeout bookies ask for (ephemeral registration lifetime)")
+    heap_mb: int = option(256, "JVM heap of the ZooKeeper server")
+    data_dir: str = option("", "ZooKeeper data directory; empty = <run_dir>/zookeeper")
+
+
+@dataclass(frozen=True, slots=True)
+class BookieConfig:
+    # identity and addresses
+    host: str = option("127.0.0.1", "address the bookie's gRPC server binds to")
+    port: int = option(3181, "bookie gRPC port")
+    bookie_id: str = option("", "bookie id registered in ZooKeeper; empty = <host>:<port>")
+    journal_dir: str = option("", "journal directory; empty = <run_dir>/bookie-<port>/journal")
+    ledger_dir: str = option("", "entry logs + index directory; empty = <run_dir>/bookie-<port>/ledgers")
+    journal_archive_dir: str = option("", "when set, journals below the checkpoint mark are moved here, not deleted")
+    # journal
+    group_wait_ms_max: float = option(2.0, "group commit: flush when the oldest unsynced record waited this long")
+    group_bytes_max: int = option(512 * KiB, "group commit: flush when this many bytes are buffered")
+    journal_flush_when_idle: bool = option(False, "group commit: also flush as soon as the queue is empty")
+    journal_file_bytes_max: int = option(256 * MiB, "roll the journal file after this many bytes")
+    journal_backups_max: int = option(5, "journal files below the checkpoint mark kept (when not archiving)")
+    journal_queue_records_max: int = option(100_000, "records waiting for the journal writer before adds get TOO_MANY_REQUESTS")
+    journal_skip_corruption: bool = option(False, "LOUD: skip mid-journal corruption on replay instead of refusing to start")
+    # ledger storage
+    flush_interval_ms: int = option(10_000, "checkpoint period (also runs when a write cache half fills)")
+    write_cache_bytes_max: int = option(64 * MiB, "write cache, both halves together; an entry > half is BAD_REQUEST")
+    write_cache_throttle_ms_max: int = option(10_000, "an add waits this long for write-cache space, then TOO_MANY_REQUESTS")
+    read_cache_bytes_max: int = option(16 * MiB, "read cache (entries read from entry logs)")
+    entry_log_bytes_max: int = option(256 * MiB, "roll the entry log after this many bytes")
+    # limits on requests
+    entry_bytes_max: int = option(5 * MiB, "largest entry (header + payload) accepted; larger gets BAD_REQUEST")
+    frame_bytes_max: int = option(5 * MiB + 64 * KiB, "largest gRPC message; checked by gRPC before buffering")
+    add_inflight_per_stream_max: int = option(20_000, "unacknowledged adds per AddEntries stream; more get TOO_MANY_REQUESTS")
+    add_inflight_total_max: int = option(100_000, "unacknowledged adds in the whole bookie; more get TOO_MANY_REQUESTS")
+    # disk space and read-only mode
+    disk_check_interval_ms: int = option(1_000, "how often the ledger and journal disks are checked")
+    disk_usage_threshold: float = option(0.95, "used fraction at which the bookie goes read-only")
+    disk_usage_lwm_threshold: float = option(0.90, "used fraction below which a read-only bookie is writable again")
+    recovery_add_reserve_bytes: int = option(64 * MiB, "a read-only bookie still takes RECOVERY_ADDs while this much is free")
+    # lifecycle
+    shutdown_grace_ms: int = option(10_000, "SIGTERM: how long in-flight requests get to drain")
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    zookeeper: ZooKeeperConfig = field(default_factory=ZooKeeperConfig)
+    bookie: BookieConfig = field(default_factory=BookieConfig)
+
+    def validate(self) -> "Config":
+        b = self.bookie
+        _require(b.entry_bytes_max < b.frame_bytes_max, "bookie.entry_bytes_max must be < bookie.frame_bytes_max")
+        _require(b.entry_bytes_max >= 64, "bookie.entry_bytes_max must be >= 64")
+        _require(0 < b.disk_usage_lwm_threshold <= b.disk_usage_threshold <= 1.0,
+                 "need 0 < bookie.disk_usage_lwm_threshold <= bookie.disk_usage_threshold <= 1")
+        for name in ("group_bytes_max", "journal_file_bytes_max", "journal_queue_records_max", "write_cache_bytes_max",
+                     "entry_log_bytes_max", "add_inflight_per_stream_max", "add_inflight_total_max",
+                     "flush_interval_ms", "disk_check_interval_ms"):
+            _require(getattr(b, name) > 0, f"bookie.{name} must be > 0")
+        _require(b.group_wait_ms_max >= 0, "bookie.group_wait_ms_max must be >= 0")
+        _require(b.add_inflight_per_stream_max <= b.add_inflight_total_max,
+                 "bookie.add_inflight_per_stream_max must be <= bookie.add_inflight_total_max")
+        _require(b.journal_backups_max >= 0, "bookie.journal_backups_max must be >= 0")
+        _require(self.cluster.bookies >= 0, "cluster.bookies must be >= 0")
+        return self
+
+
+SECTIONS = {"cluster": ClusterConfig, "zookeeper": ZooKeeperConfig, "bookie": BookieConfig}
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def coerce(section: str, name: str, raw, source: str):
+    """Convert `raw` (TOML value or environment string) to the option's type, or raise ConfigError."""
+    cls = SECTIONS.get(section)
+    if cls is None:
+        raise ConfigError(f"{source}: unknown section [{section}] (known: {', '.join(SECTIONS)})")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if name not in fields:
+        raise ConfigError(f"{source}: unknown option {section}.{name}")
+    kind = type(fields[name].default)
+    try:
+        if kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            if str(raw).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(raw).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if kind is int and isinstance(raw, float) and not raw.is_integer():
+            raise ValueError(raw)
+        if kind is int:
+            return int(raw)
+        return kind(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: {section}.{name} = {raw!r} is not a valid {kind.__name__}") from None
+
+
+def build(values: dict[str, dict[str, object]]) -> Config:
+    """Build a validated Config from {section: {option: already-coerced value}}."""
+    parts = {s: cls(**values.get(s, {})) for s, cls in SECTIONS.items()}
+    return Config(**parts).validate()
+
+
+def describe() -> list[tuple[str, str, object, str]]:
+    """(section, option, default, doc) for every option: for docs and `bksim config`."""
+    rows = []
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            rows.append((section, f.name, f.default, f.metadata["doc"]))
+    return rows
