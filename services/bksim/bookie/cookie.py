@@ -1,0 +1,147 @@
+"""The bookie's identity cookie (PROTOCOL.md §2, "Identity (cookie)"): what it holds and when it agrees.
+
+A cookie names the bookie, the cluster instance it belongs to and its directories. On first start the
+bookie writes the same cookie into its journal directory, its ledger directory (file ``COOKIE``) and
+into ZooKeeper (``/ledgers/cookies/<bookie id>``). On every start all copies MUST agree with each other
+and with the configuration; otherwise the bookie refuses to start, because a bookie whose directories
+were wiped, swapped or moved would answer NO_ENTRY for entries it acknowledged ("unknown is never no").
+
+Pure: this module decides; the CLI reads the files and ZooKeeper and writes new cookies. Writing order
+for a new bookie (the CLI's job): directory cookies first (atomically), then ZooKeeper. A crash between
+the two leaves directories holding only the expected cookie and no data; `verify` treats that as an
+unfinished first start ("new"), which is safe because a bookie serves nothing before both are written.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Literal, Mapping
+
+from bksim.model.errors import CookieError
+
+COOKIE_FILE = "COOKIE"
+COOKIE_VERSION = 1
+
+Verdict = Literal["new", "ok"]
+
+
+@dataclass(frozen=True, slots=True)
+class Cookie:
+    bookie_id: str
+    instance_id: str
+    journal_dir: str
+    ledger_dir: str
+    version: int = COOKIE_VERSION
+
+    def __post_init__(self) -> None:
+        if not self.bookie_id:
+            raise CookieError("a cookie needs a bookie id")
+        if not self.instance_id:
+            raise CookieError(f"cookie of bookie {self.bookie_id}: empty instance id")
+        if not self.journal_dir or not self.ledger_dir:
+            raise CookieError(f"cookie of bookie {self.bookie_id}: empty directory name")
+
+
+def encode(cookie: Cookie) -> bytes:
+    return json.dumps(asdict(cookie), sort_keys=True).encode()
+
+
+def decode(data: bytes, source: str = "cookie") -> Cookie:
+    """Parse cookie bytes; CookieError (naming `source`) if they are not a cookie of a known version."""
+    try:
+        raw = json.loads(data.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CookieError(f"{source} is not a valid cookie ({e}); refusing to start with unknown identity") from None
+    if not isinstance(raw, dict):
+        raise CookieError(f"{source} is not a valid cookie (not a JSON object)")
+    version = raw.get("version")
+    if version != COOKIE_VERSION:
+        raise CookieError(f"{source} has cookie version {version!r}; this bksim understands version {COOKIE_VERSION}")
+    try:
+        return Cookie(bookie_id=str(raw["bookie_id"]), instance_id=str(raw["instance_id"]),
+                      journal_dir=str(raw["journal_dir"]), ledger_dir=str(raw["ledger_dir"]), version=version)
+    except KeyError as e:
+        raise CookieError(f"{source} is not a valid cookie (field {e.args[0]!r} missing)") from None
+
+
+def cookie_path(directory: str) -> str:
+    return os.path.join(directory, COOKIE_FILE)
+
+
+def verify(bookie_id: str, instance_id: str, dirs: tuple[str, str], zk_cookie: Cookie | None,
+           dir_cookies: Mapping[str, Cookie | None], dir_has_data: Mapping[str, bool]) -> Verdict:
+    """Decide whether a bookie may start.
+
+    `dirs` = (journal_dir, ledger_dir) as configured (absolute paths; they may be the same directory);
+    `zk_cookie` = the cookie stored in ZooKeeper for `bookie_id` (None if absent); `dir_cookies[d]` =
+    the COOKIE found in directory d (None if absent); `dir_has_data[d]` = d holds anything besides its
+    COOKIE. Returns "new" (write the cookies, then start) or "ok"; raises CookieError saying why not.
+    """
+    journal_dir, ledger_dir = dirs
+    expected = Cookie(bookie_id, instance_id, journal_dir, ledger_dir)
+    unique_dirs = list(dict.fromkeys(dirs))
+    role = {ledger_dir: "ledger directory", journal_dir: "journal directory"}
+
+    if zk_cookie is not None:
+        _check_zk_cookie(zk_cookie, bookie_id, instance_id)
+    for d in unique_dirs:
+        found = dir_cookies.get(d)
+        if found is not None:
+            _check_dir_cookie(expected, found, d, role[d])
+
+    if zk_cookie is None:
+        with_cookie = [d for d in unique_dirs if dir_cookies.get(d) is not None]
+        with_data = [d for d in unique_dirs if dir_has_data.get(d, False)]
+        if with_cookie and with_data:
+            raise CookieError(
+                f"ZooKeeper has no cookie for bookie {bookie_id} (instance {instance_id}) but "
+                f"{role[with_cookie[0]]} {with_cookie[0]} has one and holds data: ZooKeeper lost the cookie "
+                f"(or this bookie points at another ZooKeeper); refusing to start because the cluster no "
+                f"longer records what this bookie stored. Restore /ledgers/cookies/{bookie_id}")
+        if with_data:
+            raise CookieError(
+                f"{role[with_data[0]]} {with_data[0]} is not empty but has no cookie, and ZooKeeper has none "
+                f"for bookie {bookie_id}: these are not this bookie's directories (or were written by "
+                f"something else); refusing to start on unknown data. Use empty directories for a new bookie")
+        return "new"
+
+    for d in unique_dirs:
+        if dir_cookies.get(d) is None:
+            raise CookieError(
+                f"{role[d]} {d} has no cookie but ZooKeeper has one for bookie {bookie_id}: the directory was "
+                f"wiped or replaced; refusing to start because this bookie would answer NO_ENTRY for entries "
+                f"it acknowledged")
+    if (zk_cookie.journal_dir, zk_cookie.ledger_dir) != (journal_dir, ledger_dir):
+        raise CookieError(
+            f"ZooKeeper's cookie for bookie {bookie_id} records journal_dir={zk_cookie.journal_dir} "
+            f"ledger_dir={zk_cookie.ledger_dir}, but the configuration says journal_dir={journal_dir} "
+            f"ledger_dir={ledger_dir}: the directories were moved or reconfigured; refusing to start")
+    return "ok"
+
+
+def _check_zk_cookie(zk_cookie: Cookie, bookie_id: str, instance_id: str) -> None:
+    if zk_cookie.bookie_id != bookie_id:
+        raise CookieError(f"ZooKeeper's cookie at /ledgers/cookies/{bookie_id} names bookie {zk_cookie.bookie_id}: "
+                          f"the cookie znode was copied or edited; refusing to start")
+    if zk_cookie.instance_id != instance_id:
+        raise CookieError(
+            f"ZooKeeper's cookie for bookie {bookie_id} belongs to cluster instance {zk_cookie.instance_id}, "
+            f"but /ledgers/INSTANCEID is {instance_id}: the cluster metadata was re-created; refusing to start")
+
+
+def _check_dir_cookie(expected: Cookie, found: Cookie, d: str, role: str) -> None:
+    if found.bookie_id != expected.bookie_id:
+        raise CookieError(
+            f"{role} {d} holds the cookie of bookie {found.bookie_id}, not of bookie {expected.bookie_id}: "
+            f"directories were swapped or copied between bookies; refusing to start because this bookie "
+            f"would serve another bookie's data and miss its own")
+    if found.instance_id != expected.instance_id:
+        raise CookieError(
+            f"{role} {d} holds a cookie of cluster instance {found.instance_id}, but this cluster is "
+            f"{expected.instance_id}: the directory comes from another cluster; refusing to start")
+    if (found.journal_dir, found.ledger_dir) != (expected.journal_dir, expected.ledger_dir):
+        raise CookieError(
+            f"{role} {d} holds a cookie for journal_dir={found.journal_dir} ledger_dir={found.ledger_dir}, "
+            f"but the configuration says journal_dir={expected.journal_dir} ledger_dir={expected.ledger_dir}: "
+            f"directories were moved, swapped or reconfigured; refusing to start")
