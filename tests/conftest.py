@@ -1,0 +1,62 @@
+"""Fixtures shared by all tests.
+
+- `zookeeper` (session): one real ZooKeeper server (Debian's jars) on a free loopback port, tickTime
+  200 ms (so a lost session expires in about a second), data under pytest's tmp dir; stopped by pid at the
+  end of the session. Yields the `ZooKeeperServer`; use `.connect` ("127.0.0.1:port"), `.host`, `.port`.
+- `zk_client` (function): a started kazoo client on that server, stopped afterwards.
+- `zk_root` (function): a unique absolute path ("/t-<hex>") a test may use as its own namespace.
+
+`helpers.py` (wait_until, free_port) is importable as `from helpers import wait_until` because pyproject
+puts tests/ on pytest's pythonpath.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+
+import pytest
+
+from helpers import free_port
+
+ZK_TICK_TIME_MS = 200
+ZK_HEAP_MB = 128
+ZK_READY_TIMEOUT_S = 30.0
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory):
+    from bksim.adapters.zookeeper_server import ZooKeeperServer
+
+    base = tmp_path_factory.mktemp("zookeeper")
+    server = ZooKeeperServer(host="127.0.0.1", port=free_port(), data_dir=str(base / "data"),
+                             tick_time_ms=ZK_TICK_TIME_MS, heap_mb=ZK_HEAP_MB, log_path=str(base / "zookeeper.log"))
+    server.start()
+    try:
+        server.wait_ready(ZK_READY_TIMEOUT_S)
+        yield server
+    finally:
+        assert server.stop(timeout_s=10.0), f"ZooKeeper pid {server.pid} did not stop"
+
+
+@pytest.fixture
+def zk_client(zookeeper):
+    from kazoo.client import KazooClient
+
+    client = KazooClient(hosts=zookeeper.connect, timeout=5.0, logger=logging.getLogger("tests.kazoo"))
+    client.start(timeout=10.0)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+@pytest.fixture
+def zk_root() -> str:
+    return f"/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def repo_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

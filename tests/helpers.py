@@ -1,0 +1,43 @@
+"""Test helpers shared by every kind of test: waiting on a condition with a deadline, free ports.
+
+Tests never sleep to synchronise: they wait for an observable condition with `wait_until`, which polls
+with a bounded deadline and fails with a message that says what did not happen.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(pred: Callable[[], T], timeout_s: float, interval_s: float = 0.02, message: str = "") -> T:
+    """Poll `pred()` until it returns a truthy value (returned) or `timeout_s` passes (AssertionError).
+
+    An exception raised by `pred` counts as "not yet"; the last one is quoted in the failure message.
+    """
+    deadline = time.monotonic() + timeout_s
+    last_error: BaseException | None = None
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            value = pred()
+            if value:
+                return value
+            last_error = None
+        except Exception as e:  # not yet: e.g. a connection refused while a server starts
+            last_error = e
+        if time.monotonic() >= deadline:
+            what = message or getattr(pred, "__name__", repr(pred))
+            detail = f"; last error: {last_error!r}" if last_error is not None else ""
+            raise AssertionError(f"timed out after {timeout_s:.2f}s ({attempts} attempts) waiting for {what}{detail}")
+        time.sleep(interval_s)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
