@@ -5,11 +5,19 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 PIP_PKGS = grpcio==1.85.1 grpcio-tools==1.85.1 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 \
   protobuf==7.36.2 kazoo==2.11.0 rocksdict==0.3.29 pyspark==4.3.0 pytest==9.2.0 crc32c==2.9.post0 \
-  google-crc32c==1.9.0 docker==7.1.0
+  google-crc32c==1.9.0 docker==7.1.0 pytest-timeout==2.4.0
 ZK_JAR := /usr/share/java/zookeeper.jar
 STAMP := $(VENV)/.bksim-installed
 
-.PHONY: deps venv zookeeper proto up down status test
+.PHONY: deps venv zookeeper proto up down status init test test-unit test-integration clean
+
+# The `bksim` command from the venv. The configuration is deploy/bksim.toml, or $BKSIM_CONFIG, with
+# BKSIM_<SECTION>_<OPTION> environment overrides (e.g. `BKSIM_CLUSTER_BOOKIES=0 make up`).
+BKSIM := $(PY) -m bksim.cli.main
+# Per-test time limit (pytest-timeout): a hung test fails with a traceback instead of hanging CI.
+TEST_TIMEOUT_S ?= 300
+PYTEST := $(PY) -m pytest -q --timeout=$(TEST_TIMEOUT_S)
+RUN_DIR ?= .run
 
 deps: zookeeper venv proto
 
@@ -32,3 +40,34 @@ $(GEN_DIR)/.stamp: $(PROTOS) $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=$(GEN_DIR) --pyi_out=$(GEN_DIR) --grpc_python_out=$(GEN_DIR) $(PROTOS)
 	sed -i 's/^import \(.*_pb2\) as/from bksim.gen import \1 as/' $(GEN_DIR)/*_pb2_grpc.py
 	touch $(GEN_DIR)/__init__.py $@
+
+# ---- cluster -------------------------------------------------------------------------------------------
+up: deps
+	$(BKSIM) cluster up
+
+down: venv proto
+	$(BKSIM) cluster down
+
+status: venv proto
+	$(BKSIM) cluster status
+
+init: venv proto
+	$(BKSIM) cluster init
+
+# ---- tests ---------------------------------------------------------------------------------------------
+test: deps
+	$(PYTEST) tests
+
+test-unit: deps
+	$(PYTEST) $(wildcard tests/unit tests/architecture)
+
+test-integration: deps
+	$(PYTEST) tests/integration
+
+# Stop everything `make up` started (by pid files), then remove the run directory.
+clean:
+	if [ -x $(PY) ]; then $(BKSIM) cluster down; fi
+	rm -rf $(RUN_DIR)
+
+# ---- benchmarks (perf targets go here) -----------------------------------------------------------------
+# PERF-TARGETS: the `perf-*` targets are added below this line.
