@@ -1,0 +1,479 @@
+"""The bookie's storage engine (PROTOCOL.md §2): validation, write path, read path, fencing, LAC,
+checkpoints, replay, read-only mode. Knows nothing of gRPC or ZooKeeper; time and I/O come through ports.
+
+Ordering contracts:
+- An add is acknowledged (its status OK returned) only after the journal sync covering its record.
+- A fence is answered only after its FENCE journal record is synced.
+- Checkpoint order (PROTOCOL.md §2.2): mark M -> swap caches -> append to entry log -> fsync entry log ->
+  index batch (synced) -> ledger index (synced) -> persist M. The persisted mark never moves backwards.
+- "Unknown is never no": NO_LEDGER / NO_ENTRY only when the bookie durably knows; a damaged or missing
+  entry-log record behind an index entry is IO_ERROR.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import struct
+from typing import Callable, Sequence
+
+from bksim.bookie.caches import ReadCache, WriteCache
+from bksim.bookie.entry_log import EntryLogger
+from bksim.bookie.index import LedgerIndex, LocationIndex
+from bksim.bookie.journal import Journal, JournalMark, list_journal_ids
+from bksim.bookie.replay import ReplayReport, replay
+from bksim.formats import entry as entry_fmt
+from bksim.formats import journal as jfmt
+from bksim.formats.crc import crc32c
+from bksim.model.config import BookieConfig
+from bksim.model.errors import BookieError, FormatError, JournalCorruptError
+from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode
+from bksim.ports.clock import Clock
+from bksim.ports.disk import Disk
+from bksim.ports.kv import KeyValueStore
+
+OK = StatusCode.OK
+LASTMARK_FILE = "lastmark"
+_MARK = struct.Struct(">qqI")  # journal id, offset, crc32c of the first 16 bytes
+_IDS = entry_fmt.IDS
+_HEADER_BYTES = entry_fmt.HEADER_BYTES
+_entry_record = jfmt.entry_record
+CHECKPOINT_STEPS = ("mark", "swap", "entrylog_write", "entrylog_sync", "index_write", "ledger_index_write",
+                    "lastmark_write")
+
+
+def encode_lastmark(mark: JournalMark) -> bytes:
+    head = struct.pack(">qq", mark.journal_id, mark.offset)
+    return head + crc32c(head).to_bytes(4, "big")
+
+
+def decode_lastmark(data: bytes) -> JournalMark:
+    if len(data) != _MARK.size:
+        raise FormatError(f"lastmark file is {len(data)} bytes, expected {_MARK.size}")
+    journal_id, offset, crc = _MARK.unpack(data)
+    if crc32c(data[:16]) != crc:
+        raise FormatError("lastmark file has a bad checksum")
+    return JournalMark(journal_id, offset)
+
+
+def read_lastmark(disk: Disk, ledger_dir: str) -> JournalMark:
+    path = os.path.join(ledger_dir, LASTMARK_FILE)
+    if not disk.exists(path):
+        return JournalMark(0, 0)
+    return decode_lastmark(disk.read_all(path))
+
+
+class BookieEngine:
+    def __init__(self, config: BookieConfig, *, disk: Disk, clock: Clock,
+                 open_kv: Callable[[str], KeyValueStore], instance_id: str, journal_dir: str, ledger_dir: str,
+                 log: Callable[[str], None] = print,
+                 fault_hook: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self._disk, self._clock, self._open_kv, self._log = disk, clock, open_kv, log
+        self.instance_id = instance_id
+        self.journal_dir, self.ledger_dir = journal_dir, ledger_dir
+        self._fault_hook = fault_hook or (lambda step: None)
+        self._write_cache = WriteCache(config.write_cache_bytes_max)
+        self._read_cache = ReadCache(config.read_cache_bytes_max)
+        self._entry_bytes_max = min(config.entry_bytes_max, self._write_cache.half_bytes_max)
+        self._entry_logger = EntryLogger(disk, os.path.join(ledger_dir, "entrylogs"), config.entry_log_bytes_max)
+        self._journal = Journal(disk, clock, journal_dir, instance_id, group_wait_ms_max=config.group_wait_ms_max,
+                                group_bytes_max=config.group_bytes_max, flush_when_idle=config.journal_flush_when_idle,
+                                file_bytes_max=config.journal_file_bytes_max,
+                                queue_records_max=config.journal_queue_records_max, log=log)
+        self._locations: LocationIndex | None = None
+        self._ledgers: LedgerIndex | None = None
+        self._lac: dict[int, int] = {}  # highest piggybacked LAC seen per ledger since start
+        self._persisted_mark = JournalMark(0, 0)
+        self._checkpoint_lock = asyncio.Lock()
+        self._flushed = asyncio.Event()  # set after each checkpoint, for adds waiting on cache room
+        self._tasks: list[asyncio.Task] = []
+        self._read_only = False
+        self._free_bytes = 1 << 62
+        self._total_bytes = 1 << 62
+        self._closing = False
+        self.replay_report: ReplayReport | None = None
+        self.stats = {"adds": 0, "add_errors": 0, "reads": 0, "fences": 0, "checkpoints": 0, "throttled": 0}
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open storage, replay the journal from the checkpoint mark, checkpoint, then accept requests."""
+        for d in (self.journal_dir, self.ledger_dir, os.path.join(self.ledger_dir, "index")):
+            self._disk.makedirs(d)
+        self._locations = LocationIndex(self._open_kv(os.path.join(self.ledger_dir, "index", "locations")))
+        self._ledgers = LedgerIndex(self._open_kv(os.path.join(self.ledger_dir, "index", "ledgers")))
+        self._persisted_mark = read_lastmark(self._disk, self.ledger_dir)
+        await self._entry_logger.open()
+        self.replay_report = await replay(self._disk, self.journal_dir, self._persisted_mark, self.instance_id,
+                                          self._apply_record, self.config.journal_skip_corruption, self._log)
+        await self.checkpoint(mark=self.replay_report.end)
+        await self._journal.open(after_id=self.replay_report.end.journal_id)
+        self._journal.start()
+        self._tasks.append(asyncio.get_running_loop().create_task(self._checkpoint_loop(), name="checkpoint"))
+        r = self.replay_report
+        self._log(f"storage ready: replayed {r.records} journal records from {len(r.journals)} journal(s), "
+                  f"{len(self._ledgers)} ledgers, torn tails: {len(r.torn)}, writing journal "
+                  f"{jfmt.journal_file_name(self._journal.current_id)}")
+
+    async def close(self) -> None:
+        """Drain the journal, checkpoint everything, close files and stores."""
+        if self._closing:
+            return
+        self._closing = True
+        await self._journal.stop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._journal.failed is None:
+            await self.checkpoint()
+        self._close_storage()
+
+    def abandon(self) -> None:
+        """Crash simulation (tests): drop everything in memory without a checkpoint."""
+        self._closing = True
+        self._journal.abandon()
+        for task in self._tasks:
+            task.cancel()
+        self._close_storage()
+
+    def _close_storage(self) -> None:
+        self._entry_logger.close()
+        for index in (self._locations, self._ledgers):
+            if index is not None:
+                index.close()
+        self._locations = self._ledgers = None
+
+    # -- state -------------------------------------------------------------------------------------------
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
+
+    def set_disk_usage(self, total_bytes: int, free_bytes: int) -> bool:
+        """Apply the disk thresholds with hysteresis; return True when the read-only state flipped."""
+        self._total_bytes, self._free_bytes = total_bytes, free_bytes
+        used = 1.0 - free_bytes / total_bytes if total_bytes else 1.0
+        before = self._read_only
+        if not self._read_only and used >= self.config.disk_usage_threshold:
+            self._read_only = True
+        elif self._read_only and used < self.config.disk_usage_lwm_threshold:
+            self._read_only = False
+        if before != self._read_only:
+            self._log(f"disk {used:.1%} used: bookie is now {'read-only' if self._read_only else 'writable'}")
+        return before != self._read_only
+
+    def info(self) -> dict:
+        return {"state": "read-only" if self._read_only else "writable", "free_bytes": self._free_bytes,
+                "total_bytes": self._total_bytes, "instance_id": self.instance_id}
+
+    def statistics(self) -> dict:
+        return dict(self.stats, journal=self._journal.statistics(), write_cache_bytes=self._write_cache.active_bytes,
+                    flushing_bytes=self._write_cache.flushing_bytes, persisted_mark=tuple(
+                        (self._persisted_mark.journal_id, self._persisted_mark.offset)),
+                    ledgers=len(self._ledgers) if self._ledgers else 0, read_only=self._read_only)
+
+    # -- write path --------------------------------------------------------------------------------------
+    async def add_entries(self, items: Sequence[tuple[bytes, bytes, int]]) -> tuple[list[StatusCode], str]:
+        """Add a batch of (entry, master key, flags). Returns (statuses, first error message).
+
+        Returns only when every OK entry is durable in the journal. Never raises for bad input.
+        """
+        statuses = [OK] * len(items)
+        message = ""
+        records: list[bytes] = []
+        accepted: list[int] = []
+        ledgers = self._ledgers
+        cache = self._write_cache
+        lacs = self._lac
+        if self._closing or self._journal.failed is not None:
+            why = "bookie is shutting down" if self._closing else f"journal failed: {self._journal.failed}"
+            return [StatusCode.IO_ERROR] * len(items), why
+        for i, (entry, master_key, flags) in enumerate(items):
+            status, why = self._check_add(entry, master_key, flags)
+            if status is OK:
+                ledger_id, entry_id, lac = _IDS.unpack_from(entry)
+                record = ledgers.get(ledger_id)
+                if record is None or not record.master_key:
+                    ledgers.update(ledger_id, master_key=master_key)
+                    records.append(jfmt.master_key_record(ledger_id, master_key))
+                if not cache.put(ledger_id, entry_id, entry):
+                    status, why = await self._wait_for_cache_room(ledger_id, entry_id, entry)
+                if status is OK:
+                    if lac > lacs.get(ledger_id, -1):
+                        lacs[ledger_id] = lac
+                    records.append(_entry_record(entry, flags & FLAG_RECOVERY_ADD))
+                    accepted.append(i)
+            if status is not OK:
+                statuses[i] = status
+                message = message or why
+        if records:
+            try:
+                await self._journal.append_many(records)
+            except BookieError as e:
+                for i in accepted:
+                    statuses[i] = e.status
+                message = message or e.message
+        self.stats["adds"] += len(items)
+        if message:
+            self.stats["add_errors"] += sum(1 for s in statuses if s is not OK)
+        return statuses, message
+
+    def _check_add(self, entry: bytes, master_key: bytes, flags: int) -> tuple[StatusCode, str]:
+        """Validation in the order of PROTOCOL.md §2.1."""
+        recovery = flags & FLAG_RECOVERY_ADD
+        if self._read_only and not (recovery and self._free_bytes > self.config.recovery_add_reserve_bytes):
+            return StatusCode.READ_ONLY, "bookie is read-only (disk usage above threshold)"
+        size = len(entry)
+        if size < _HEADER_BYTES or size > self._entry_bytes_max:
+            return StatusCode.BAD_REQUEST, (
+                f"entry of {size} bytes outside [{_HEADER_BYTES}, {self._entry_bytes_max}] "
+                f"(entry_bytes_max / half the write cache)")
+        ledger_id, entry_id, _ = _IDS.unpack_from(entry)
+        if ledger_id < 0 or entry_id < 0:
+            return StatusCode.BAD_REQUEST, f"invalid ids ledger {ledger_id} entry {entry_id}"
+        record = self._ledgers.get(ledger_id)
+        if record is not None:
+            if record.master_key and not hmac.compare_digest(record.master_key, master_key):
+                return StatusCode.UNAUTHORIZED, f"master key mismatch for ledger {ledger_id}"
+            if record.fenced and not recovery:
+                return StatusCode.FENCED, f"ledger {ledger_id} is fenced"
+        if not master_key:
+            return StatusCode.BAD_REQUEST, "missing master key"
+        return OK, ""
+
+    async def _wait_for_cache_room(self, ledger_id: int, entry_id: int, entry: bytes) -> tuple[StatusCode, str]:
+        """The write cache is full: trigger a checkpoint and wait, bounded by write_cache_throttle_ms_max."""
+        self.stats["throttled"] += 1
+        deadline = self._clock.monotonic_ms() + self.config.write_cache_throttle_ms_max
+        while True:
+            self._request_checkpoint()
+            self._flushed.clear()
+            remaining_ms = deadline - self._clock.monotonic_ms()
+            if remaining_ms <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._flushed.wait(), remaining_ms / 1000.0)
+            except TimeoutError:
+                pass
+            if self._write_cache.put(ledger_id, entry_id, entry):
+                return OK, ""
+        return StatusCode.TOO_MANY_REQUESTS, (
+            f"write cache full for {self.config.write_cache_throttle_ms_max} ms (write_cache_throttle_ms_max)")
+
+    # -- fencing and LAC ---------------------------------------------------------------------------------
+    async def _journal_and_wait(self, records: list[bytes]) -> tuple[StatusCode, str]:
+        try:
+            await self._journal.append_many(records)
+        except BookieError as e:
+            return e.status, e.message
+        return OK, ""
+
+    def _check_key(self, ledger_id: int, master_key: bytes) -> tuple[StatusCode, str]:
+        record = self._ledgers.get(ledger_id)
+        if record is not None and record.master_key and not hmac.compare_digest(record.master_key, master_key):
+            return StatusCode.UNAUTHORIZED, f"master key mismatch for ledger {ledger_id}"
+        return OK, ""
+
+    async def _fence(self, ledger_id: int, master_key: bytes) -> tuple[StatusCode, str]:
+        """Set and journal the fenced bit (creating the ledger record if unknown); wait for the sync."""
+        status, why = self._check_key(ledger_id, master_key)
+        if status is not OK:
+            return status, why
+        if not master_key:
+            return StatusCode.BAD_REQUEST, "a fencing read needs the master key"
+        records = []
+        record = self._ledgers.get(ledger_id)
+        if record is None or not record.master_key:
+            records.append(jfmt.master_key_record(ledger_id, master_key))
+        self._ledgers.update(ledger_id, master_key=master_key, fenced=True)
+        records.append(jfmt.fence_record(ledger_id))
+        self.stats["fences"] += 1
+        return await self._journal_and_wait(records)
+
+    async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> tuple[StatusCode, str]:
+        if self._closing:
+            return StatusCode.IO_ERROR, "bookie is shutting down"
+        status, why = self._check_key(ledger_id, master_key)
+        if status is not OK:
+            return status, why
+        if not master_key:
+            return StatusCode.BAD_REQUEST, "missing master key"
+        record = self._ledgers.get(ledger_id)
+        records = []
+        if record is None or not record.master_key:
+            records.append(jfmt.master_key_record(ledger_id, master_key))
+            self._ledgers.update(ledger_id, master_key=master_key)
+            record = self._ledgers.get(ledger_id)
+        if record.explicit_lac is None or lac > record.explicit_lac:
+            self._ledgers.update(ledger_id, explicit_lac=lac)
+        records.append(jfmt.explicit_lac_record(ledger_id, lac))
+        return await self._journal_and_wait(records)
+
+    def _known_lac(self, ledger_id: int, last_entry: bytes | None) -> int:
+        """max(piggybacked LACs seen, explicit LAC); after a restart, the LAC inside the last stored entry."""
+        lac = self._lac.get(ledger_id, -1)
+        if last_entry is not None and len(last_entry) >= _HEADER_BYTES:
+            lac = max(lac, _IDS.unpack_from(last_entry)[2])
+        record = self._ledgers.get(ledger_id)
+        if record is not None and record.explicit_lac is not None:
+            lac = max(lac, record.explicit_lac)
+        return lac
+
+    # -- read path ---------------------------------------------------------------------------------------
+    def _last_entry_id(self, ledger_id: int) -> int:
+        return max(self._write_cache.last_entry_id(ledger_id), self._locations.last_entry_id(ledger_id))
+
+    def _get(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """Write cache -> flushing cache -> read cache -> index + entry log. Raises FormatError if damaged."""
+        entry = self._write_cache.get(ledger_id, entry_id)
+        if entry is None:
+            entry = self._read_cache.get(ledger_id, entry_id)
+        if entry is None:
+            location = self._locations.get(ledger_id, entry_id)
+            if location is None:
+                return None
+            entry = self._entry_logger.read(location, ledger_id, entry_id)
+            self._read_cache.put(ledger_id, entry_id, entry)
+        return entry
+
+    async def read_entry(self, ledger_id: int, entry_id: int, fence: bool = False,
+                         master_key: bytes = b"") -> tuple[StatusCode, bytes, int, str]:
+        """Returns (status, entry bytes, known LAC, message). entry_id -1 = last entry stored here."""
+        if self._closing:
+            return StatusCode.IO_ERROR, b"", -1, "bookie is shutting down"
+        self.stats["reads"] += 1
+        if fence:
+            status, why = await self._fence(ledger_id, master_key)
+            if status is not OK:
+                return status, b"", -1, why
+        if entry_id < -1:
+            return StatusCode.BAD_REQUEST, b"", -1, f"invalid entry id {entry_id}"
+        try:
+            last = self._last_entry_id(ledger_id)
+            wanted = last if entry_id == -1 else entry_id
+            entry = self._get(ledger_id, wanted) if wanted >= 0 else None
+            last_entry = entry if wanted == last else (self._get(ledger_id, last) if last >= 0 else None)
+        except FormatError as e:
+            return StatusCode.IO_ERROR, b"", -1, f"entry {ledger_id}:{entry_id} unreadable: {e}"
+        lac = self._known_lac(ledger_id, last_entry)
+        if entry is None:
+            if ledger_id not in self._ledgers and last < 0:
+                return StatusCode.NO_LEDGER, b"", -1, f"ledger {ledger_id} not on this bookie"
+            return StatusCode.NO_ENTRY, b"", lac, f"entry {ledger_id}:{entry_id} not on this bookie"
+        return OK, entry, lac, ""
+
+    async def read_lac(self, ledger_id: int) -> tuple[StatusCode, int, int, str]:
+        """Returns (status, known LAC, last entry id stored here, message)."""
+        if self._closing:
+            return StatusCode.IO_ERROR, -1, -1, "bookie is shutting down"
+        try:
+            last = self._last_entry_id(ledger_id)
+            last_entry = self._get(ledger_id, last) if last >= 0 else None
+        except FormatError as e:
+            return StatusCode.IO_ERROR, -1, -1, f"ledger {ledger_id} last entry unreadable: {e}"
+        if ledger_id not in self._ledgers and last < 0:
+            return StatusCode.NO_LEDGER, -1, -1, f"ledger {ledger_id} not on this bookie"
+        return OK, self._known_lac(ledger_id, last_entry), last, ""
+
+    # -- replay ------------------------------------------------------------------------------------------
+    async def _apply_record(self, record: jfmt.JournalRecord, mark_after: JournalMark) -> None:
+        """Re-apply one journal record (idempotent). The fenced check does not apply to replayed adds."""
+        body = record.body
+        if record.type == jfmt.RecordType.ENTRY:
+            ledger_id, entry_id, lac = _IDS.unpack_from(body)
+            if ledger_id not in self._ledgers:
+                self._ledgers.update(ledger_id)
+            if not self._write_cache.put(ledger_id, entry_id, body):
+                await self.checkpoint(mark=mark_after_previous(record, mark_after))
+                assert self._write_cache.put(ledger_id, entry_id, body), "entry larger than half the write cache"
+            if lac > self._lac.get(ledger_id, -1):
+                self._lac[ledger_id] = lac
+        elif record.type == jfmt.RecordType.MASTER_KEY:
+            ledger_id = jfmt.LEDGER_ID.unpack_from(body)[0]
+            existing = self._ledgers.get(ledger_id)
+            if existing is None or not existing.master_key:
+                self._ledgers.update(ledger_id, master_key=bytes(body[8:]))
+        elif record.type == jfmt.RecordType.FENCE:
+            self._ledgers.update(jfmt.LEDGER_ID.unpack_from(body)[0], fenced=True)
+        elif record.type == jfmt.RecordType.EXPLICIT_LAC:
+            ledger_id, lac = jfmt.LEDGER_LAC.unpack_from(body)
+            existing = self._ledgers.get(ledger_id)
+            if existing is None or existing.explicit_lac is None or lac > existing.explicit_lac:
+                self._ledgers.update(ledger_id, explicit_lac=lac)
+
+    # -- checkpoint --------------------------------------------------------------------------------------
+    def _request_checkpoint(self) -> None:
+        if not self._checkpoint_lock.locked() and not self._closing:
+            task = asyncio.get_running_loop().create_task(self._checkpoint_quietly(), name="checkpoint-now")
+            self._tasks.append(task)
+            task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
+
+    async def _checkpoint_quietly(self) -> None:
+        try:
+            await self.checkpoint()
+        except Exception as e:
+            self._log(f"checkpoint failed: {type(e).__name__}: {e}")
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await self._clock.sleep_ms(self.config.flush_interval_ms)
+            await self._checkpoint_quietly()
+
+    async def checkpoint(self, mark: JournalMark | None = None) -> None:
+        """Make everything in the write cache durable in entry logs + index, then persist the mark.
+
+        `mark` (replay only) overrides the journal's synced mark.
+        """
+        async with self._checkpoint_lock:
+            step = self._fault_hook
+            m = self._journal.synced_mark if mark is None else mark  # 1. every record before M is synced
+            if m < self._persisted_mark:
+                m = self._persisted_mark  # maybe: nothing new was synced since the mark was last persisted
+            step("mark")
+            entries = self._write_cache.swap()  # 2.
+            step("swap")
+            locations = await self._entry_logger.append_sorted(entries)  # 3.
+            step("entrylog_write")
+            await self._entry_logger.flush()  # 4.
+            step("entrylog_sync")
+            await self._locations.put_batch(locations)  # 5.
+            step("index_write")
+            await self._ledgers.flush()  # 6.
+            step("ledger_index_write")
+            self._write_cache.flushed()
+            await self._persist_mark(m)  # 7.
+            step("lastmark_write")
+            self.stats["checkpoints"] += 1
+            self._flushed.set()
+            await self._collect_journals(m)
+
+    async def _persist_mark(self, mark: JournalMark) -> None:
+        assert mark >= self._persisted_mark, f"lastmark would regress: {mark} < {self._persisted_mark}"
+        if mark == self._persisted_mark and self._disk.exists(os.path.join(self.ledger_dir, LASTMARK_FILE)):
+            return
+        await self._disk.atomic_write(os.path.join(self.ledger_dir, LASTMARK_FILE), encode_lastmark(mark))
+        self._persisted_mark = mark
+
+    async def _collect_journals(self, mark: JournalMark) -> None:
+        """Delete (or archive) journals entirely below the mark, keeping `journal_backups_max` of them."""
+        below = [i for i in list_journal_ids(self._disk, self.journal_dir) if i < mark.journal_id]
+        doomed = below[:max(0, len(below) - self.config.journal_backups_max)]
+        archive = self.config.journal_archive_dir
+        if not doomed:
+            return
+        if archive:
+            self._disk.makedirs(archive)
+        for journal_id in doomed:
+            path = os.path.join(self.journal_dir, jfmt.journal_file_name(journal_id))
+            if archive:
+                self._disk.rename(path, os.path.join(archive, jfmt.journal_file_name(journal_id)))
+            else:
+                self._disk.remove(path)
+        if archive:
+            await self._disk.sync_dir(archive)
+        await self._disk.sync_dir(self.journal_dir)
+
+
+def mark_after_previous(record: jfmt.JournalRecord, mark_after: JournalMark) -> JournalMark:
+    """The mark just before `record` (all earlier records applied): used when replay must checkpoint mid-way."""
+    return JournalMark(mark_after.journal_id, record.offset)

@@ -1,0 +1,101 @@
+"""Entry logs: where checkpointed entries live (PROTOCOL.md §2.2 "Entry logs").
+
+Owns the files `<ledger_dir>/entrylogs/<hex id>.log`. Each start-up opens a fresh log; a log rolls at
+`bytes_max`: its ledger map (ledger id -> bytes) is appended and the header patched, so GC/compaction can
+learn a log's ledgers without scanning it. Appends are not durable until `flush()` (checkpoint step 4).
+"""
+from __future__ import annotations
+
+import os
+
+from bksim.formats import entrylog as fmt
+from bksim.formats.index import Location, location_key
+from bksim.model.errors import FormatError
+from bksim.ports.disk import AppendFile, Disk
+
+
+class EntryLogger:
+    def __init__(self, disk: Disk, directory: str, bytes_max: int) -> None:
+        self._disk, self._dir, self._bytes_max = disk, directory, bytes_max
+        self._file: AppendFile | None = None
+        self._log_id = 0
+        self._ledger_bytes: dict[int, int] = {}
+        self._unsynced: list[AppendFile] = []  # rolled logs awaiting the next flush's fsync
+
+    def log_ids(self) -> list[int]:
+        ids = (fmt.parse_entry_log_file_name(n) for n in self._disk.list_dir(self._dir))
+        return sorted(i for i in ids if i is not None)
+
+    def path(self, log_id: int) -> str:
+        return os.path.join(self._dir, fmt.entry_log_file_name(log_id))
+
+    async def open(self) -> None:
+        self._disk.makedirs(self._dir)
+        await self._start_log(max(self.log_ids() + [0]) + 1)
+
+    async def _start_log(self, log_id: int) -> None:
+        new_file = self._disk.create(self.path(log_id))
+        new_file.write(fmt.encode_header())
+        await new_file.sync()
+        await self._disk.sync_dir(self._dir)
+        self._file, self._log_id, self._ledger_bytes = new_file, log_id, {}
+
+    @property
+    def current_log_id(self) -> int:
+        return self._log_id
+
+    async def append_sorted(self, entries: list[tuple[tuple[int, int], bytes]]) -> list[tuple[bytes, Location]]:
+        """Append entries (already sorted by ledger, entry); return [(index key, location)]. Not yet durable."""
+        out: list[tuple[bytes, Location]] = []
+        chunk: list[bytes] = []
+        assert self._file is not None
+        position = self._file.size
+        for (ledger_id, entry_id), entry in entries:
+            record_bytes = 4 + len(entry)
+            if position + record_bytes > self._bytes_max and position > fmt.HEADER_BYTES:
+                self._file.write(b"".join(chunk))
+                chunk = []
+                await self._roll()
+                position = self._file.size
+            chunk.append(fmt.encode_record(entry))
+            out.append((location_key(ledger_id, entry_id), Location(self._log_id, position, len(entry))))
+            self._ledger_bytes[ledger_id] = self._ledger_bytes.get(ledger_id, 0) + record_bytes
+            position += record_bytes
+        if chunk:
+            self._file.write(b"".join(chunk))
+        return out
+
+    async def _roll(self) -> None:
+        """Seal the current log with its ledger map and start the next one."""
+        assert self._file is not None
+        map_offset = self._file.size
+        self._file.write(fmt.encode_ledger_map(self._ledger_bytes))
+        self._file.pwrite(0, fmt.encode_header(map_offset, len(self._ledger_bytes)))
+        self._unsynced.append(self._file)
+        await self._start_log(self._log_id + 1)
+
+    async def flush(self) -> None:
+        """fsync every log appended to since the last flush (checkpoint step 4)."""
+        for rolled in self._unsynced:
+            await rolled.sync()
+            rolled.close()
+        self._unsynced.clear()
+        if self._file is not None:
+            await self._file.sync()
+
+    def read(self, location: Location, ledger_id: int, entry_id: int) -> bytes:
+        """The entry at `location`, checked against the expected ids. Raises FormatError if missing/damaged."""
+        path = self.path(location.log_id)
+        try:
+            record = self._disk.read(path, location.offset, 4 + location.length)
+        except OSError as e:
+            raise FormatError(f"entry log {path} unreadable for {ledger_id}:{entry_id}: {e}") from None
+        return fmt.check_record(record, ledger_id, entry_id, location.length)
+
+    def close(self) -> None:
+        for f in self._unsynced:
+            f.close()
+        self._unsynced.clear()
+        if self._file is not None:
+            self._file.close()
+            self._file = None

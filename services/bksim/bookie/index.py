@@ -1,0 +1,79 @@
+"""The bookie's two indexes over an ordered key-value store (RocksDB in production).
+
+LocationIndex: (ledger, entry) -> Location in an entry log. Written once per checkpoint in one synced batch.
+LedgerIndex: ledger -> LedgerRecord (master key, fenced, explicit LAC). Held in memory (loaded at start);
+changes are persisted at checkpoint step 6. Durability of fences and keys between checkpoints comes from
+the journal (FENCE / MASTER_KEY records are replayed), not from this store.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from bksim.formats import index as fmt
+from bksim.ports.kv import KeyValueStore
+
+
+class LocationIndex:
+    def __init__(self, store: KeyValueStore) -> None:
+        self._store = store
+
+    def get(self, ledger_id: int, entry_id: int) -> fmt.Location | None:
+        value = self._store.get(fmt.location_key(ledger_id, entry_id))
+        return fmt.decode_location(value) if value is not None else None
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        """Highest indexed entry id of the ledger (a reverse seek), or -1."""
+        found = self._store.floor(fmt.location_key(ledger_id, fmt.ENTRY_ID_MAX))
+        if found is None:
+            return -1
+        lid, eid = fmt.decode_location_key(found[0])
+        return eid if lid == ledger_id else -1
+
+    async def put_batch(self, items: list[tuple[bytes, fmt.Location]]) -> None:
+        await self._store.write([(k, fmt.encode_location(loc)) for k, loc in items], [], sync=True)
+
+    def close(self) -> None:
+        self._store.close()
+
+
+class LedgerIndex:
+    def __init__(self, store: KeyValueStore) -> None:
+        self._store = store
+        self._ledgers: dict[int, fmt.LedgerRecord] = {}
+        self._dirty: set[int] = set()
+        for key, value in store.items_from(b""):
+            self._ledgers[fmt.decode_ledger_key(key)] = fmt.decode_ledger(value)
+
+    def get(self, ledger_id: int) -> fmt.LedgerRecord | None:
+        return self._ledgers.get(ledger_id)
+
+    def __contains__(self, ledger_id: int) -> bool:
+        return ledger_id in self._ledgers
+
+    def __len__(self) -> int:
+        return len(self._ledgers)
+
+    def ledger_ids(self) -> list[int]:
+        return sorted(self._ledgers)
+
+    def put(self, ledger_id: int, record: fmt.LedgerRecord) -> None:
+        self._ledgers[ledger_id] = record
+        self._dirty.add(ledger_id)
+
+    def update(self, ledger_id: int, **changes) -> fmt.LedgerRecord:
+        record = dataclasses.replace(self._ledgers.get(ledger_id) or fmt.LedgerRecord(), **changes)
+        self.put(ledger_id, record)
+        return record
+
+    async def flush(self) -> None:
+        """Persist every change since the last flush in one synced batch (checkpoint step 6)."""
+        dirty, self._dirty = self._dirty, set()
+        puts = [(fmt.ledger_key(lid), fmt.encode_ledger(self._ledgers[lid])) for lid in sorted(dirty)]
+        try:
+            await self._store.write(puts, [], sync=True)
+        except BaseException:
+            self._dirty |= dirty
+            raise
+
+    def close(self) -> None:
+        self._store.close()

@@ -1,0 +1,217 @@
+"""The journal (write-ahead log) writer: group commit, fsync before acknowledgement, rolling.
+
+Owns the journal files of one directory while the bookie runs. Replay is in bookie/replay.py.
+
+Ordering contract: the future returned by `append_many(records)` resolves only after an fdatasync that
+covers every byte of those records; only then may the bookie acknowledge the adds (PROTOCOL.md §2.2 step 4).
+
+Group commit: one writer task takes queued records and writes+syncs them as one group when the oldest
+record has waited `group_wait_ms_max`, or `group_bytes_max` bytes are queued, or (with `flush_when_idle`)
+as soon as it finds the queue non-empty. While a sync is in flight, new records queue up and form the next
+group, so the group size adapts to the device's sync latency.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from bksim.formats import journal as fmt
+from bksim.model.errors import BookieError
+from bksim.model.status import StatusCode
+from bksim.ports.clock import Clock
+from bksim.ports.disk import AppendFile, Disk
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class JournalMark:
+    """A position in the journal history: (journal id, byte offset). Totally ordered."""
+    journal_id: int
+    offset: int
+
+
+@dataclass(slots=True)
+class _Pending:
+    records: list[bytes]
+    nbytes: int
+    future: asyncio.Future
+    enqueued_ms: float
+
+
+def list_journal_ids(disk: Disk, journal_dir: str) -> list[int]:
+    ids = (fmt.parse_journal_file_name(n) for n in disk.list_dir(journal_dir))
+    return sorted(i for i in ids if i is not None)
+
+
+class Journal:
+    def __init__(self, disk: Disk, clock: Clock, journal_dir: str, instance_id: str, *, group_wait_ms_max: float,
+                 group_bytes_max: int, flush_when_idle: bool, file_bytes_max: int, queue_records_max: int,
+                 log: Callable[[str], None] = print) -> None:
+        self._disk, self._clock, self._dir, self._instance_id = disk, clock, journal_dir, instance_id
+        self._group_wait_ms_max = group_wait_ms_max
+        self._group_bytes_max = group_bytes_max
+        self._flush_when_idle = flush_when_idle or group_wait_ms_max <= 0
+        self._file_bytes_max = file_bytes_max
+        self._queue_records_max = queue_records_max
+        self._log = log
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._queued_records = 0
+        self._queued_bytes = 0
+        self._wakeup = asyncio.Event()
+        self._file: AppendFile | None = None
+        self._file_id = 0
+        self._synced = JournalMark(0, 0)
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+        self._failure: str | None = None
+        self.stats = {"groups": 0, "records": 0, "bytes": 0, "rolls": 0}
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def open(self, after_id: int) -> None:
+        """Start a new journal file whose id is above every existing one and above `after_id`."""
+        existing = list_journal_ids(self._disk, self._dir)
+        await self._roll(max(existing + [after_id]) + 1)
+
+    def start(self) -> None:
+        assert self._file is not None, "open() first"
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="journal-writer")
+
+    async def stop(self) -> None:
+        """Write and sync everything queued, then stop the writer and close the file."""
+        self._stopping = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def abandon(self) -> None:
+        """Crash simulation for tests: stop without writing what is queued."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    # -- state -------------------------------------------------------------------------------------------
+    @property
+    def synced_mark(self) -> JournalMark:
+        """Every record before this mark is durable."""
+        return self._synced
+
+    @property
+    def current_id(self) -> int:
+        return self._file_id
+
+    @property
+    def failed(self) -> str | None:
+        return self._failure
+
+    def statistics(self) -> dict:
+        return dict(self.stats, queued_records=self._queued_records, queued_bytes=self._queued_bytes,
+                    file_id=self._file_id, synced=(self._synced.journal_id, self._synced.offset))
+
+    # -- appending ---------------------------------------------------------------------------------------
+    def append_many(self, records: list[bytes]) -> asyncio.Future:
+        """Queue records; the returned future resolves (None) after the fsync that covers all of them.
+
+        Raises BookieError(TOO_MANY_REQUESTS) when the queue bound is reached, IO_ERROR after a journal failure.
+        """
+        if self._failure is not None:
+            raise BookieError(StatusCode.IO_ERROR, f"journal failed: {self._failure}")
+        if self._stopping:
+            raise BookieError(StatusCode.IO_ERROR, "journal is stopping")
+        if self._queued_records + len(records) > self._queue_records_max and self._queued_records > 0:
+            raise BookieError(StatusCode.TOO_MANY_REQUESTS,
+                              f"journal queue full ({self._queued_records} records queued)")
+        future = asyncio.get_running_loop().create_future()
+        nbytes = sum(map(len, records))
+        self._queue.append(_Pending(records, nbytes, future, self._clock.monotonic_ms()))
+        self._queued_records += len(records)
+        self._queued_bytes += nbytes
+        self._wakeup.set()
+        return future
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                if not self._queue:
+                    if self._stopping:
+                        return
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                await self._gather_group()
+                group = self._take_group()
+                await self._write_group(group)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # an I/O failure kills the journal: nothing more can be acknowledged
+            self._fail(f"{type(e).__name__}: {e}")
+
+    async def _gather_group(self) -> None:
+        """Wait (bounded by group_wait_ms_max from the oldest record) for the group to fill."""
+        if self._flush_when_idle or self._stopping:
+            return
+        deadline = self._queue[0].enqueued_ms + self._group_wait_ms_max
+        while self._queued_bytes < self._group_bytes_max and not self._stopping:
+            remaining_ms = deadline - self._clock.monotonic_ms()
+            if remaining_ms <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining_ms / 1000.0)
+            except TimeoutError:
+                return
+
+    def _take_group(self) -> list[_Pending]:
+        group: list[_Pending] = []
+        nbytes = 0
+        while self._queue and (not group or nbytes + self._queue[0].nbytes <= self._group_bytes_max):
+            pending = self._queue.popleft()
+            group.append(pending)
+            nbytes += pending.nbytes
+            self._queued_records -= len(pending.records)
+            self._queued_bytes -= pending.nbytes
+        return group
+
+    async def _write_group(self, group: list[_Pending]) -> None:
+        data = b"".join(r for pending in group for r in pending.records)
+        assert self._file is not None
+        await self._file.write_synced(data)
+        self._synced = JournalMark(self._file_id, self._file.size)
+        self.stats["groups"] += 1
+        self.stats["records"] += sum(len(p.records) for p in group)
+        self.stats["bytes"] += len(data)
+        for pending in group:
+            if not pending.future.done():
+                pending.future.set_result(None)
+        if self._file.size >= self._file_bytes_max:
+            await self._roll(self._file_id + 1)
+
+    async def _roll(self, new_id: int) -> None:
+        """Close the current file and start `new_id`; its header and directory entry are durable first."""
+        path = os.path.join(self._dir, fmt.journal_file_name(new_id))
+        new_file = self._disk.create(path)
+        await new_file.write_synced(fmt.encode_file_header(self._instance_id))
+        await self._disk.sync_dir(self._dir)
+        if self._file is not None:
+            self._file.close()
+            self.stats["rolls"] += 1
+        self._file, self._file_id = new_file, new_id
+        self._synced = JournalMark(new_id, new_file.size)
+
+    def _fail(self, why: str) -> None:
+        self._failure = why
+        self._log(f"journal FAILED, no further adds can be acknowledged: {why}")
+        error = BookieError(StatusCode.IO_ERROR, f"journal failed: {why}")
+        while self._queue:
+            pending = self._queue.popleft()
+            if not pending.future.done():
+                pending.future.set_exception(error)
+        self._queued_records = self._queued_bytes = 0
