@@ -1,0 +1,112 @@
+"""The configuration schema, deploy/bksim.toml and the README's table agree; loading rejects bad input."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import tomllib
+
+import pytest
+
+from bksim.cli import config as loader
+from bksim.model import config as schema
+from bksim.model.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOML_PATH = os.path.join(REPO, "deploy", "bksim.toml")
+
+
+def _render():
+    spec = importlib.util.spec_from_file_location("render_config", os.path.join(REPO, "deploy", "render_config.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _defaults() -> dict[str, dict[str, object]]:
+    return {section: {f.name: f.default for f in dataclasses.fields(cls)} for section, cls in schema.SECTIONS.items()}
+
+
+def test_deploy_file_holds_every_option_with_its_schema_default():
+    with open(TOML_PATH, "rb") as f:
+        data = tomllib.load(f)
+    assert data == _defaults()
+    for section, values in data.items():  # same types too (2.0 is not 2; "3" is not 3)
+        for name, value in values.items():
+            assert type(value) is type(_defaults()[section][name]), f"{section}.{name}"
+
+
+def test_deploy_file_documents_every_option_on_the_line_above_it():
+    lines = open(TOML_PATH).read().splitlines()
+    for section, name, _, doc in schema.describe():
+        start = lines.index(f"[{section}]")
+        index = next(i for i in range(start, len(lines)) if lines[i].startswith(f"{name} = "))
+        assert lines[index - 1].startswith(f"# {doc}"), f"{section}.{name}: doc comment missing above it"
+
+
+def test_deploy_file_and_readme_table_are_up_to_date():
+    render = _render()
+    assert open(TOML_PATH).read() == render.toml_text(), "run .venv/bin/python deploy/render_config.py --write"
+    readme = open(os.path.join(REPO, "README.md")).read()
+    assert render.readme_table() in readme, "README config table is stale: run deploy/render_config.py --write"
+    for section, name, _, _ in schema.describe():
+        assert f"| `{section}` | `{name}` |" in readme
+
+
+def test_loading_the_deploy_file_gives_the_defaults():
+    assert loader.load(TOML_PATH, env={}) == schema.Config()
+
+
+def test_environment_overrides_the_file():
+    config = loader.load(TOML_PATH, env={"BKSIM_BOOKIE_GROUP_WAIT_MS_MAX": "5", "BKSIM_CLUSTER_BOOKIES": "0",
+                                         "BKSIM_BOOKIE_JOURNAL_FLUSH_WHEN_IDLE": "true"})
+    assert config.bookie.group_wait_ms_max == 5.0
+    assert config.cluster.bookies == 0
+    assert config.bookie.journal_flush_when_idle is True
+    assert config.bookie.port == 3181  # untouched options keep their defaults
+
+
+def test_file_overrides_defaults(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("[zookeeper]\nport = 2999\n[bookie]\nentry_bytes_max = 1024\n")
+    config = loader.load(str(path), env={})
+    assert config.zookeeper.port == 2999 and config.bookie.entry_bytes_max == 1024
+
+
+@pytest.mark.parametrize("env, option", [
+    ({"BKSIM_BOOKIE_PORT": "not-a-port"}, "bookie.port"),
+    ({"BKSIM_BOOKIE_JOURNAL_FLUSH_WHEN_IDLE": "maybe"}, "bookie.journal_flush_when_idle"),
+    ({"BKSIM_BOOKIE_GROUP_BYTES_MAX": "0"}, "bookie.group_bytes_max"),
+    ({"BKSIM_BOOKIE_ENTRY_BYTES_MAX": str(64 * 1024 * 1024)}, "bookie.entry_bytes_max"),
+    ({"BKSIM_CLUSTER_BOOKIES": "-1"}, "cluster.bookies"),
+    ({"BKSIM_BOOKIE_DISK_USAGE_LWM_THRESHOLD": "0.99"}, "bookie.disk_usage_lwm_threshold"),
+])
+def test_bad_values_name_the_option(env, option):
+    with pytest.raises(ConfigError) as e:
+        loader.load(TOML_PATH, env=env)
+    assert option in str(e.value)
+
+
+def test_bad_value_in_file_names_file_and_option(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[bookie]\nwrite_cache_bytes_max = "lots"\n')
+    with pytest.raises(ConfigError) as e:
+        loader.load(str(path), env={})
+    assert "bookie.write_cache_bytes_max" in str(e.value) and str(path) in str(e.value)
+
+
+def test_unknown_options_and_sections_are_rejected(tmp_path):
+    path = tmp_path / "unknown.toml"
+    path.write_text("[bookie]\njournal_dirz = \"/x\"\n")
+    with pytest.raises(ConfigError, match="unknown option bookie.journal_dirz"):
+        loader.load(str(path), env={})
+    path.write_text("[bokie]\nport = 1\n")
+    with pytest.raises(ConfigError, match=r"unknown section \[bokie\]"):
+        loader.load(str(path), env={})
+    with pytest.raises(ConfigError, match="unknown option bookie.nonsense"):
+        loader.load(TOML_PATH, env={"BKSIM_BOOKIE_NONSENSE": "1"})
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        loader.load(str(tmp_path / "absent.toml"), env={})
