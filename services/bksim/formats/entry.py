@@ -6,6 +6,7 @@ digest = CRC32C over the 32 header bytes then the payload (digest type "crc32c")
 """
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 
@@ -69,3 +70,8 @@ def decode_entry(data: bytes, digest_type: str = DIGEST_CRC32C, ledger_id: int |
     if entry_id is not None and eid != entry_id:
         raise FormatError(f"expected entry {entry_id}, entry says entry {eid}")
     return Entry(lid, eid, lac, length, payload)
+
+
+def master_key(password: bytes) -> bytes:
+    """The ledger's master key sent with every add and fencing read: SHA-256("ledger" || password) (PROTOCOL.md §1)."""
+    return hashlib.sha256(b"ledger" + password).digest()
