@@ -185,6 +185,7 @@ class BookieEngine:
         ledgers = self._ledgers
         cache = self._write_cache
         lacs = self._lac
+        throttle_deadline: float | None = None  # one throttle budget per batch
         if self._closing or self._journal.failed is not None:
             why = "bookie is shutting down" if self._closing else f"journal failed: {self._journal.failed}"
             return [StatusCode.IO_ERROR] * len(items), why
@@ -197,7 +198,9 @@ class BookieEngine:
                     ledgers.update(ledger_id, master_key=master_key)
                     records.append(jfmt.master_key_record(ledger_id, master_key))
                 if not cache.put(ledger_id, entry_id, entry):
-                    status, why = await self._wait_for_cache_room(ledger_id, entry_id, entry)
+                    if throttle_deadline is None:
+                        throttle_deadline = self._clock.monotonic_ms() + self.config.write_cache_throttle_ms_max
+                    status, why = await self._wait_for_cache_room(ledger_id, entry_id, entry, throttle_deadline)
                 if status is OK:
                     if lac > lacs.get(ledger_id, -1):
                         lacs[ledger_id] = lac
@@ -241,10 +244,10 @@ class BookieEngine:
             return StatusCode.BAD_REQUEST, "missing master key"
         return OK, ""
 
-    async def _wait_for_cache_room(self, ledger_id: int, entry_id: int, entry: bytes) -> tuple[StatusCode, str]:
-        """The write cache is full: trigger a checkpoint and wait, bounded by write_cache_throttle_ms_max."""
+    async def _wait_for_cache_room(self, ledger_id: int, entry_id: int, entry: bytes,
+                                   deadline: float) -> tuple[StatusCode, str]:
+        """The write cache is full: trigger a checkpoint and wait until `deadline` (write_cache_throttle_ms_max)."""
         self.stats["throttled"] += 1
-        deadline = self._clock.monotonic_ms() + self.config.write_cache_throttle_ms_max
         while True:
             self._request_checkpoint()
             self._flushed.clear()
@@ -309,11 +312,14 @@ class BookieEngine:
         records.append(jfmt.explicit_lac_record(ledger_id, lac))
         return await self._journal_and_wait(records)
 
-    def _known_lac(self, ledger_id: int, last_entry: bytes | None) -> int:
-        """max(piggybacked LACs seen, explicit LAC); after a restart, the LAC inside the last stored entry."""
-        lac = self._lac.get(ledger_id, -1)
-        if last_entry is not None and len(last_entry) >= _HEADER_BYTES:
-            lac = max(lac, _IDS.unpack_from(last_entry)[2])
+    def _known_lac(self, ledger_id: int, last_entry_id: int) -> int:
+        """max(piggybacked LACs seen, explicit LAC). After a restart the piggybacked part starts from the LAC
+        inside the last stored entry. Raises FormatError if that entry is unreadable."""
+        lac = self._lac.get(ledger_id)
+        if lac is None:
+            last_entry = self._get(ledger_id, last_entry_id) if last_entry_id >= 0 else None
+            lac = _IDS.unpack_from(last_entry)[2] if last_entry is not None else -1
+            self._lac[ledger_id] = lac
         record = self._ledgers.get(ledger_id)
         if record is not None and record.explicit_lac is not None:
             lac = max(lac, record.explicit_lac)
@@ -352,10 +358,9 @@ class BookieEngine:
             last = self._last_entry_id(ledger_id)
             wanted = last if entry_id == -1 else entry_id
             entry = self._get(ledger_id, wanted) if wanted >= 0 else None
-            last_entry = entry if wanted == last else (self._get(ledger_id, last) if last >= 0 else None)
+            lac = self._known_lac(ledger_id, last)
         except FormatError as e:
             return StatusCode.IO_ERROR, b"", -1, f"entry {ledger_id}:{entry_id} unreadable: {e}"
-        lac = self._known_lac(ledger_id, last_entry)
         if entry is None:
             if ledger_id not in self._ledgers and last < 0:
                 return StatusCode.NO_LEDGER, b"", -1, f"ledger {ledger_id} not on this bookie"
@@ -368,12 +373,11 @@ class BookieEngine:
             return StatusCode.IO_ERROR, -1, -1, "bookie is shutting down"
         try:
             last = self._last_entry_id(ledger_id)
-            last_entry = self._get(ledger_id, last) if last >= 0 else None
+            if ledger_id not in self._ledgers and last < 0:
+                return StatusCode.NO_LEDGER, -1, -1, f"ledger {ledger_id} not on this bookie"
+            return OK, self._known_lac(ledger_id, last), last, ""
         except FormatError as e:
             return StatusCode.IO_ERROR, -1, -1, f"ledger {ledger_id} last entry unreadable: {e}"
-        if ledger_id not in self._ledgers and last < 0:
-            return StatusCode.NO_LEDGER, -1, -1, f"ledger {ledger_id} not on this bookie"
-        return OK, self._known_lac(ledger_id, last_entry), last, ""
 
     # -- replay ------------------------------------------------------------------------------------------
     async def _apply_record(self, record: jfmt.JournalRecord, mark_after: JournalMark) -> None:

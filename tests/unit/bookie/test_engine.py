@@ -1,0 +1,185 @@
+"""The storage engine's operations and status codes (PROTOCOL.md §2.1), over real files and RocksDB."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+from bksim.formats import entrylog
+from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode as S
+
+from .conftest import KEY, entry
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_add_read_and_last_entry(engines):
+    async def scenario():
+        e = await engines.started()
+        statuses, msg = await e.add_entries([(entry(1, i, lac=i - 1), KEY, 0) for i in range(10)])
+        assert statuses == [S.OK] * 10 and msg == ""
+        status, data, lac, _ = await e.read_entry(1, 3)
+        assert (status, data) == (S.OK, entry(1, 3, lac=2))
+        assert lac == 8  # the highest piggybacked LAC seen
+        status, data, _, _ = await e.read_entry(1, -1)
+        assert (status, data) == (S.OK, entry(1, 9, lac=8))
+        assert await e.read_lac(1) == (S.OK, 8, 9, "")
+        await e.close()
+    run(scenario())
+
+
+def test_negatives_are_explicit(engines):
+    async def scenario():
+        e = await engines.started()
+        assert (await e.read_entry(5, 0))[0] == S.NO_LEDGER
+        assert (await e.read_lac(5))[0] == S.NO_LEDGER
+        await e.add_entries([(entry(5, 0), KEY, 0)])
+        assert (await e.read_entry(5, 1))[0] == S.NO_ENTRY
+        await e.close()
+    run(scenario())
+
+
+def test_master_key_mismatch_is_unauthorized(engines):
+    async def scenario():
+        e = await engines.started()
+        await e.add_entries([(entry(1, 0), KEY, 0)])
+        statuses, msg = await e.add_entries([(entry(1, 1), b"x" * 32, 0)])
+        assert statuses == [S.UNAUTHORIZED] and "master key" in msg
+        assert (await e.read_entry(1, -1, fence=True, master_key=b"x" * 32))[0] == S.UNAUTHORIZED
+        assert (await e.write_lac(1, 0, b"x" * 32))[0] == S.UNAUTHORIZED
+        assert (await e.read_entry(1, 1))[0] == S.NO_ENTRY  # the rejected add left nothing behind
+        await e.close()
+    run(scenario())
+
+
+def test_fence_blocks_normal_adds_but_not_recovery_adds_and_survives_restart(engines):
+    async def scenario():
+        e = await engines.started()
+        await e.add_entries([(entry(1, 0), KEY, 0)])
+        status, data, _, _ = await e.read_entry(1, -1, fence=True, master_key=KEY)
+        assert (status, data) == (S.OK, entry(1, 0))
+        assert (await e.add_entries([(entry(1, 1), KEY, 0)]))[0] == [S.FENCED]
+        assert (await e.add_entries([(entry(1, 1), KEY, FLAG_RECOVERY_ADD)]))[0] == [S.OK]
+        e.abandon()  # crash: no checkpoint, the fence lives only in the journal
+        e = await engines.started()
+        assert (await e.add_entries([(entry(1, 2), KEY, 0)]))[0] == [S.FENCED]
+        assert (await e.read_entry(1, 1))[1] == entry(1, 1)
+        await e.close()
+    run(scenario())
+
+
+def test_fencing_an_unknown_ledger_creates_its_record(engines):
+    async def scenario():
+        e = await engines.started()
+        assert (await e.read_entry(9, -1, fence=True, master_key=KEY))[0] == S.NO_ENTRY
+        assert (await e.add_entries([(entry(9, 0), KEY, 0)]))[0] == [S.FENCED]
+        e.abandon()
+        e = await engines.started()
+        assert (await e.read_entry(9, 0))[0] == S.NO_ENTRY  # known ledger now: an explicit "no entry"
+        assert (await e.add_entries([(entry(9, 0), KEY, 0)]))[0] == [S.FENCED]
+        await e.close()
+    run(scenario())
+
+
+def test_bad_requests_are_rejected_and_the_batch_rest_succeeds(engines):
+    async def scenario():
+        e = await engines.started(entry_bytes_max=4096, write_cache_bytes_max=1 << 20)
+        items = [(b"short", KEY, 0), (entry(1, 0, b"x" * 8000), KEY, 0), (entry(1, 1), KEY, 0), (entry(1, 2), b"", 0),
+                 (entry(2, 0), b"", 0)]
+        statuses, msg = await e.add_entries(items)
+        # an empty key for a known ledger is a key mismatch; for an unknown ledger it is a bad request
+        assert statuses == [S.BAD_REQUEST, S.BAD_REQUEST, S.OK, S.UNAUTHORIZED, S.BAD_REQUEST]
+        assert "entry of 5 bytes" in msg
+        assert (await e.read_entry(1, 1))[0] == S.OK
+        await e.close()
+    run(scenario())
+
+
+def test_readd_is_idempotent(engines):
+    async def scenario():
+        e = await engines.started()
+        for _ in range(2):
+            assert (await e.add_entries([(entry(1, 0), KEY, 0)]))[0] == [S.OK]
+            await e.checkpoint()
+        assert (await e.read_entry(1, 0))[1] == entry(1, 0)
+        await e.close()
+    run(scenario())
+
+
+def test_corrupt_entry_log_record_is_io_error_never_no_entry(engines):
+    async def scenario():
+        e = await engines.started()
+        await e.add_entries([(entry(3, i), KEY, 0) for i in range(3)])
+        await e.close()  # checkpoint: the entries now live in an entry log
+        log_dir = os.path.join(engines.ledger_dir, "entrylogs")
+        path = next(os.path.join(log_dir, n) for n in sorted(os.listdir(log_dir)) if os.path.getsize(os.path.join(log_dir, n)) > entrylog.HEADER_BYTES)
+        with open(path, "r+b") as f:  # overwrite the entry id of the first record
+            f.seek(entrylog.HEADER_BYTES + 4 + 8)
+            f.write((77).to_bytes(8, "big"))
+        e = await engines.started()
+        status, _, _, msg = await e.read_entry(3, 0)
+        assert status == S.IO_ERROR and "index says 3:0" in msg
+        assert (await e.read_entry(3, 1))[0] == S.OK
+        await e.close()
+        os.truncate(path, entrylog.HEADER_BYTES + 10)  # every record is now missing or short
+        e = await engines.started()
+        assert (await e.read_entry(3, 2))[0] == S.IO_ERROR
+        assert (await e.read_lac(3))[0] == S.IO_ERROR  # the LAC comes from the unreadable last entry
+        # conservative: the answer would carry a LAC this bookie cannot read, so it is unknown, not "no"
+        assert (await e.read_entry(3, 5))[0] == S.IO_ERROR
+        await e.close()
+    run(scenario())
+
+
+def test_read_only_mode_rejects_normal_adds_keeps_reads_fences_and_recovery_adds(engines):
+    async def scenario():
+        e = await engines.started(disk_usage_threshold=0.9, disk_usage_lwm_threshold=0.8,
+                                  recovery_add_reserve_bytes=100)
+        await e.add_entries([(entry(1, 0), KEY, 0)])
+        assert e.set_disk_usage(1000, 50) is True and e.read_only
+        statuses, msg = await e.add_entries([(entry(1, 1), KEY, 0)])
+        assert statuses == [S.READ_ONLY] and "read-only" in msg
+        assert (await e.add_entries([(entry(1, 1), KEY, FLAG_RECOVERY_ADD)]))[0] == [S.READ_ONLY]  # below reserve
+        assert e.set_disk_usage(1000, 150) is False and e.read_only  # 85% used: above the low-water mark
+        assert (await e.add_entries([(entry(1, 1), KEY, FLAG_RECOVERY_ADD)]))[0] == [S.OK]
+        assert (await e.read_entry(1, 0))[0] == S.OK
+        assert (await e.read_entry(1, -1, fence=True, master_key=KEY))[0] == S.OK
+        assert e.info()["state"] == "read-only"
+        assert e.set_disk_usage(1000, 300) is True and not e.read_only
+        assert (await e.add_entries([(entry(2, 0), KEY, 0)]))[0] == [S.OK]
+        await e.close()
+    run(scenario())
+
+
+def test_full_write_cache_checkpoints_then_throttles_to_too_many_requests(engines):
+    async def scenario():
+        e = await engines.started(write_cache_bytes_max=64 * 1024, entry_bytes_max=16 * 1024,
+                                  write_cache_throttle_ms_max=200)
+        # more than a half cache: a checkpoint frees room and every add succeeds
+        statuses, _ = await e.add_entries([(entry(1, i, b"x" * 4000), KEY, 0) for i in range(40)])
+        assert statuses == [S.OK] * 40
+        assert e.statistics()["checkpoints"] >= 2
+        # a checkpoint that cannot finish leaves adds waiting, then TOO_MANY_REQUESTS
+        await e.checkpoint()
+        async with e._checkpoint_lock:  # hold the flush: nothing can make room
+            statuses, msg = await e.add_entries([(entry(2, i, b"y" * 4000), KEY, 0) for i in range(20)])
+        assert S.TOO_MANY_REQUESTS in statuses and "write_cache_throttle_ms_max" in msg
+        assert statuses[0] == S.OK
+        for i in range(40):
+            assert (await e.read_entry(1, i))[1] == entry(1, i, b"x" * 4000)
+        await e.close()
+    run(scenario())
+
+
+def test_explicit_lac_is_journaled(engines):
+    async def scenario():
+        e = await engines.started()
+        await e.add_entries([(entry(1, i, lac=i - 1), KEY, 0) for i in range(5)])
+        assert (await e.write_lac(1, 4, KEY)) == (S.OK, "")
+        assert (await e.read_lac(1))[1] == 4
+        e.abandon()
+        e = await engines.started()
+        assert await e.read_lac(1) == (S.OK, 4, 4, "")
+        await e.close()
+    run(scenario())
