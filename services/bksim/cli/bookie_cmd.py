@@ -1,5 +1,298 @@
-"""(placeholder: filled in by its owner)"""
+"""`bksim bookie run` and `bksim bookie list`: the bookie's composition root.
+
+`run` wires the real adapters together and owns the bookie's life cycle:
+
+    load config -> resolve defaults (bookie id, directories) -> print effective config
+    -> connect ZooKeeper -> ensure /ledgers layout + INSTANCEID -> cookie check (refuse: exit 2, says why)
+    -> BookieEngine.start() (journal replay, checkpoint) -> gRPC server -> register in ZooKeeper
+    -> serve until SIGTERM/SIGINT
+    -> health NOT_SERVING, stop reading adds, drain accepted ones (shutdown_grace_ms)
+    -> engine.close() (drain journal, checkpoint) -> deregister -> close ZooKeeper session
+
+Log lines go to stderr: "<ISO time> bookie <id> <message>".
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import sys
+from datetime import datetime
+from typing import Callable
+
+from bksim.cli import config as cfgload
+from bksim.model.config import BookieConfig, Config
+from bksim.model.errors import ConfigError
+
+ZK_CONNECT_TIMEOUT_S = 15.0
+LIST_INFO_DEADLINE_S = 1.0
 
 
 def register(subparsers) -> None:
-    pass
+    bookie = subparsers.add_parser("bookie", help="run one bookie, or list the bookies registered in ZooKeeper")
+    family = bookie.add_subparsers(dest="bookie_command", required=True)
+
+    run = family.add_parser("run", help="run one bookie in the foreground until SIGTERM/SIGINT",
+                            description="Run one bookie: journal replay, gRPC server, ZooKeeper registration. "
+                                        "Options come from the TOML file and BKSIM_<SECTION>_<OPTION> variables.")
+    run.add_argument("--config", default=argparse.SUPPRESS, help="TOML configuration file")
+    run.set_defaults(func=cmd_run)
+
+    lst = family.add_parser("list", help="writable and read-only bookies registered in ZooKeeper")
+    lst.add_argument("--config", default=argparse.SUPPRESS, help="TOML configuration file")
+    lst.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    lst.set_defaults(func=cmd_list)
+
+
+# -- configuration --------------------------------------------------------------------------------------
+
+def resolve(config: Config) -> Config:
+    """Fill in the bookie's derived defaults: bookie id = host:port; directories under the run dir (absolute)."""
+    b = config.bookie
+    if not b.bookie_id and b.port <= 0:
+        raise ConfigError("bookie.port must be > 0 when bookie.bookie_id is empty (the id is <host>:<port>)")
+    home = os.path.join(config.cluster.run_dir, f"bookie-{b.port}")
+    b = dataclasses.replace(
+        b,
+        bookie_id=b.bookie_id or f"{b.host}:{b.port}",
+        journal_dir=os.path.abspath(b.journal_dir or os.path.join(home, "journal")),
+        ledger_dir=os.path.abspath(b.ledger_dir or os.path.join(home, "ledgers")),
+        journal_archive_dir=os.path.abspath(b.journal_archive_dir) if b.journal_archive_dir else "",
+    )
+    return dataclasses.replace(config, bookie=b)
+
+
+def make_log(bookie_id: str) -> Callable[[str], None]:
+    def log(message: str) -> None:
+        stamp = datetime.now().astimezone().isoformat(timespec="milliseconds")
+        sys.stderr.write(f"{stamp} bookie {bookie_id} {message}\n")
+        sys.stderr.flush()
+    return log
+
+
+def zk_hosts(config: Config) -> str:
+    return f"{config.zookeeper.host}:{config.zookeeper.port}"
+
+
+# -- bookie run -----------------------------------------------------------------------------------------
+
+def cmd_run(args) -> int:
+    config = resolve(cfgload.load(getattr(args, "config", None)))
+    log = make_log(config.bookie.bookie_id)
+    cfgload.print_effective(config, f"bookie {config.bookie.bookie_id}")
+    return asyncio.run(_serve(config, log))
+
+
+def check_cookies(client, b: BookieConfig, instance_id: str, log: Callable[[str], None]) -> str:
+    """Read the cookies of both directories and ZooKeeper, decide (bookie.cookie.verify), write them if new."""
+    from bksim.adapters import registration
+    from bksim.bookie import cookie as cookies
+
+    dirs = (b.journal_dir, b.ledger_dir)
+    found: dict[str, cookies.Cookie | None] = {}
+    has_data: dict[str, bool] = {}
+    for d in dict.fromkeys(dirs):
+        os.makedirs(d, exist_ok=True)
+        path = cookies.cookie_path(d)
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                found[d] = cookies.decode(f.read(), source=path)
+        else:
+            found[d] = None
+        has_data[d] = any(name not in (cookies.COOKIE_FILE, "lost+found") and not name.startswith(".COOKIE.")
+                          for name in os.listdir(d))
+    zk_cookie = registration.read_cookie(client, b.bookie_id)
+    verdict = cookies.verify(b.bookie_id, instance_id, dirs, zk_cookie, found, has_data)
+    if verdict == "new":
+        cookie = cookies.Cookie(b.bookie_id, instance_id, b.journal_dir, b.ledger_dir)
+        for d in dict.fromkeys(dirs):
+            if found[d] is None:
+                _write_durably(cookies.cookie_path(d), cookies.encode(cookie))
+        registration.create_cookie(client, cookie)
+        log(f"new bookie: cookie written to {', '.join(dict.fromkeys(dirs))} and /ledgers/cookies/{b.bookie_id}")
+    else:
+        log("cookie check passed: directories and ZooKeeper agree")
+    return verdict
+
+
+def _write_durably(path: str, data: bytes) -> None:
+    directory = os.path.dirname(path)
+    tmp = os.path.join(directory, f".COOKIE.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def _serve(config: Config, log: Callable[[str], None]) -> int:
+    from bksim.adapters import registration
+    from bksim.adapters.bookie_server import BookieServer
+    from bksim.adapters.clock import SystemClock
+    from bksim.adapters.localdisk import LocalDisk
+    from bksim.adapters.rocks import open_rocks
+    from bksim.bookie.engine import BookieEngine
+
+    b = config.bookie
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    client = engine = server = reg = None
+    try:
+        connected = await _until_stopped(stop, asyncio.to_thread(
+            registration.connect, zk_hosts(config), config.zookeeper.session_timeout_ms, ZK_CONNECT_TIMEOUT_S))
+        if connected is _STOPPED:
+            return 0
+        client = connected
+        instance_id = await asyncio.to_thread(registration.ensure_layout, client)
+        log(f"ZooKeeper {zk_hosts(config)}: cluster instance {instance_id}")
+        await asyncio.to_thread(check_cookies, client, b, instance_id, log)
+
+        disk, clock = LocalDisk(), SystemClock()
+        engine = BookieEngine(b, disk=disk, clock=clock, open_kv=open_rocks, instance_id=instance_id,
+                              journal_dir=b.journal_dir, ledger_dir=b.ledger_dir, log=log)
+        if await _until_stopped(stop, engine.start()) is _STOPPED:
+            return 0
+        reg = registration.Registration(client, b.bookie_id, b.host, b.port,
+                                        registration_wait_ms_max=3 * config.zookeeper.session_timeout_ms + 2_000,
+                                        log=log)
+
+        async def report_state(read_only: bool) -> None:
+            await asyncio.to_thread(reg.switch_state, read_only)
+
+        server = BookieServer(engine, b, b.bookie_id, disk=disk, clock=clock, journal_dir=b.journal_dir,
+                              ledger_dir=b.ledger_dir, log=log, on_read_only_change=report_state)
+        port = await server.start()
+        log(f"gRPC server listening on {b.host}:{port} (health SERVING, reflection on)")
+        if await _until_stopped(stop, asyncio.to_thread(reg.register, engine.read_only)) is _STOPPED:
+            return 0
+        log(f"serving ({engine.info()['state']})")
+        await stop.wait()
+        log("shutdown requested: draining")
+        return 0
+    finally:
+        await _shutdown(config, log, client, engine, server, reg)
+
+
+_STOPPED = object()
+
+
+async def _until_stopped(stop: asyncio.Event, awaitable):
+    """Await `awaitable` unless a stop signal comes first (then cancel it and return _STOPPED)."""
+    work = asyncio.ensure_future(awaitable)
+    stopper = asyncio.ensure_future(stop.wait())
+    done, _ = await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    if work in done:
+        return work.result()
+    work.cancel()
+    try:
+        await work
+    except (asyncio.CancelledError, Exception):  # noqa: BLE001 - we are stopping anyway
+        pass
+    return _STOPPED
+
+
+async def _shutdown(config: Config, log, client, engine, server, reg) -> None:
+    """Stop in order: no new work, drain, checkpoint, deregister, close ZooKeeper. Each step bounded."""
+    b = config.bookie
+    if server is not None:
+        await server.stop(b.shutdown_grace_ms)
+        log(f"gRPC server stopped ({server.statistics()})")
+    if engine is not None:
+        try:
+            await engine.close()
+            log("storage closed (journal drained, checkpoint written)")
+        except Exception as e:  # noqa: BLE001 - keep shutting down; the journal replays what is missing
+            log(f"storage close failed: {type(e).__name__}: {e}")
+    if reg is not None:
+        try:
+            await asyncio.to_thread(reg.deregister)
+        except Exception as e:  # noqa: BLE001 - the session close below removes the ephemeral node anyway
+            log(f"deregister failed: {type(e).__name__}: {e}")
+        reg.close()
+    if client is not None:
+        await asyncio.to_thread(_close_zk, client)
+        log("ZooKeeper session closed; bye")
+
+
+def _close_zk(client) -> None:
+    try:
+        client.stop()
+    finally:
+        client.close()
+
+
+# -- bookie list ----------------------------------------------------------------------------------------
+
+def cmd_list(args) -> int:
+    from bksim.adapters import registration
+
+    config = cfgload.load(getattr(args, "config", None))
+    client = registration.connect(zk_hosts(config), config.zookeeper.session_timeout_ms, ZK_CONNECT_TIMEOUT_S)
+    try:
+        names = registration.list_bookies(client)
+        rows = {kind: [dict(registration.read_registration(client, bookie_id, kind == "readonly")
+                            or {"bookie_id": bookie_id}, bookie_id=bookie_id) for bookie_id in ids]
+                for kind, ids in names.items()}
+    finally:
+        _close_zk(client)
+    asyncio.run(_fill_info([r for kind in rows.values() for r in kind]))
+    if args.json:
+        print(json.dumps(rows, indent=2, sort_keys=True))
+    else:
+        print(format_table(rows))
+    return 0
+
+
+async def _fill_info(rows: list[dict]) -> None:
+    from bksim.adapters.bookie_client import BookieClient, BookieUnavailable
+
+    async def one(row: dict) -> None:
+        host, port = row.get("host"), row.get("port")
+        if not host or not port:
+            row["info"], row["error"] = None, "registration has no address"
+            return
+        async with BookieClient(f"{host}:{port}", deadline_s=LIST_INFO_DEADLINE_S) as client:
+            try:
+                row["info"], row["error"] = await client.info(), None
+            except BookieUnavailable as e:
+                row["info"], row["error"] = None, str(e)
+
+    await asyncio.gather(*(one(r) for r in rows))
+
+
+def format_table(rows: dict[str, list[dict]]) -> str:
+    lines = [f"{'BOOKIE':<24} {'LIST':<9} {'STATE':<10} {'USED':>6} {'FREE':>10} {'TOTAL':>10}  INSTANCE"]
+    for kind in ("writable", "readonly"):
+        for r in rows.get(kind, []):
+            info = r.get("info")
+            if info:
+                total, free = info["total_bytes"], info["free_bytes"]
+                used = f"{100.0 * (total - free) / total:.1f}%" if total else "-"
+                lines.append(f"{r['bookie_id']:<24} {kind:<9} {info['state']:<10} {used:>6} {_size(free):>10} "
+                             f"{_size(total):>10}  {info['instance_id']}")
+            else:
+                lines.append(f"{r['bookie_id']:<24} {kind:<9} {'?':<10} {'-':>6} {'-':>10} {'-':>10}  "
+                             f"(unreachable: {r.get('error')})")
+    counts = {kind: len(rows.get(kind, [])) for kind in ("writable", "readonly")}
+    lines.append(f"{counts['writable']} writable, {counts['readonly']} read-only")
+    return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

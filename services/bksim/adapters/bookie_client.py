@@ -1,0 +1,309 @@
+"""An asyncio gRPC client for one bookie (proto/bookie.proto): tests, benchmarks and the broker use it.
+
+Owns: the channel (message size bounds), the pipelined AddEntries stream (`AddStream`: bounded window
+of unanswered requests, responses matched to requests in order), and the unary calls, each with a
+deadline. Transport failures raise `BookieUnavailable` (the outcome of unanswered adds is unknown);
+bookie answers come back as status codes, never as exceptions.
+
+`SyncBookieClient` wraps the same calls for scripts and tests that are not async.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass
+from typing import Sequence
+
+import grpc
+
+from bksim.gen import bookie_pb2, bookie_pb2_grpc
+from bksim.model.errors import BksimError
+from bksim.model.status import FLAG_FENCE, StatusCode
+
+DEADLINE_S = 5.0  # default deadline of unary calls and of waiting for one add response
+FRAME_BYTES_MAX = 5 * 1024 * 1024 + 64 * 1024  # the bookie's default frame_bytes_max
+ADD_WINDOW_MAX = 64  # default unanswered AddRequests per stream
+
+_AddRequest = bookie_pb2.AddRequest
+_AddEntry = bookie_pb2.AddEntry
+
+
+class BookieUnavailable(BksimError):
+    """The call did not get an answer from the bookie (connection, deadline, stream broken)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code  # gRPC status code name, e.g. "UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"
+        self.message = message
+        super().__init__(f"{code}: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class AddResult:
+    batch_id: int
+    statuses: list[int]  # StatusCode values, statuses[i] for entries[i]
+    message: str
+
+    @property
+    def ok(self) -> bool:
+        return all(s == 0 for s in self.statuses)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    status: StatusCode
+    entry: bytes
+    last_add_confirmed: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class LacResult:
+    status: StatusCode
+    last_add_confirmed: int
+    last_entry_id: int
+    message: str
+
+
+def _unavailable(e: grpc.aio.AioRpcError) -> BookieUnavailable:
+    return BookieUnavailable(e.code().name, e.details() or "")
+
+
+def make_request(batch_id: int, entries: Sequence[tuple[bytes, bytes, int]]) -> bookie_pb2.AddRequest:
+    """An AddRequest from (entry bytes, master key, flags) tuples."""
+    return _AddRequest(batch_id=batch_id,
+                       entries=[_AddEntry(entry=e, master_key=k, flags=f) for e, k, f in entries])
+
+
+class AddStream:
+    """One pipelined AddEntries stream: up to `window_max` requests may await their responses.
+
+    `send(...)` waits for window room, sends, and returns a future of the AddResult; responses arrive in
+    request order. When the stream breaks every unanswered future fails with BookieUnavailable.
+    """
+
+    def __init__(self, stub: bookie_pb2_grpc.BookieStub, window_max: int, response_timeout_s: float) -> None:
+        self._window = asyncio.Semaphore(window_max)
+        self._outbox: asyncio.Queue = asyncio.Queue(window_max + 1)  # +1: the end marker
+        self._pending: collections.deque = collections.deque()
+        self._response_timeout_s = response_timeout_s
+        self._error: BookieUnavailable | None = None
+        self._closed = False
+        self._call = stub.AddEntries(self._requests())
+        self._reader = asyncio.get_running_loop().create_task(self._read_responses())
+        self.sent = 0
+        self.answered = 0
+
+    async def _requests(self):
+        outbox = self._outbox
+        while True:
+            request = await outbox.get()
+            if request is None:
+                return
+            yield request
+
+    async def _read_responses(self) -> None:
+        error = None
+        pending = self._pending
+        try:
+            async for response in self._call:
+                batch_id, future = pending.popleft()
+                assert batch_id == response.batch_id, f"bookie answered batch {response.batch_id}, expected {batch_id}"
+                self._window.release()
+                self.answered += 1
+                if not future.done():
+                    future.set_result(AddResult(batch_id, list(response.statuses), response.message))
+            if pending:
+                error = BookieUnavailable("UNAVAILABLE", f"the bookie ended the stream with {len(pending)} "
+                                          f"request(s) unanswered (outcome unknown)")
+        except grpc.aio.AioRpcError as e:
+            error = _unavailable(e)
+        except asyncio.CancelledError:
+            error = BookieUnavailable("CANCELLED", "the add stream was closed by the client")
+        finally:
+            error = error or BookieUnavailable("UNAVAILABLE", "the add stream is closed")
+            self._error = error
+            while pending:
+                _, future = pending.popleft()
+                self._window.release()
+                if not future.done():
+                    future.set_exception(error)
+
+    @property
+    def error(self) -> BookieUnavailable | None:
+        return self._error
+
+    async def send_request(self, request: bookie_pb2.AddRequest) -> asyncio.Future:
+        """Send a prepared AddRequest (waits for window room); returns the future of its AddResult."""
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise BookieUnavailable("CANCELLED", "the add stream is closing")
+        await self._window.acquire()
+        if self._error is not None:
+            self._window.release()
+            raise self._error
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((request.batch_id, future))
+        self._outbox.put_nowait(request)
+        self.sent += 1
+        return future
+
+    async def send(self, batch_id: int, entries: Sequence[tuple[bytes, bytes, int]]) -> asyncio.Future:
+        """Send (entry bytes, master key, flags) tuples as one batch; returns the future of its AddResult."""
+        return await self.send_request(make_request(batch_id, entries))
+
+    async def add(self, batch_id: int, entries: Sequence[tuple[bytes, bytes, int]],
+                  timeout_s: float | None = None) -> AddResult:
+        """Send one batch and wait for its result (bounded by `timeout_s`, default the stream's)."""
+        future = await self.send(batch_id, entries)
+        return await self.result(future, timeout_s)
+
+    async def result(self, future: asyncio.Future, timeout_s: float | None = None) -> AddResult:
+        timeout = self._response_timeout_s if timeout_s is None else timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            raise BookieUnavailable("DEADLINE_EXCEEDED", f"no add response within {timeout:.1f}s") from None
+
+    async def close(self, timeout_s: float = DEADLINE_S) -> None:
+        """Half-close, wait (bounded) for the answers still due, then end the call."""
+        if not self._closed:
+            self._closed = True
+            self._outbox.put_nowait(None)  # room reserved by the +1
+        try:
+            await asyncio.wait_for(asyncio.shield(self._reader), timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._call.cancel()
+            self._reader.cancel()
+            try:
+                await self._reader
+            except asyncio.CancelledError:
+                pass
+
+
+class BookieClient:
+    """Calls to one bookie at `address` ("host:port"). Use as `async with BookieClient(addr) as c:`."""
+
+    def __init__(self, address: str, *, deadline_s: float = DEADLINE_S, frame_bytes_max: int = FRAME_BYTES_MAX) -> None:
+        self.address = address
+        self.deadline_s = deadline_s
+        self._channel = grpc.aio.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", frame_bytes_max),
+            ("grpc.max_send_message_length", -1),  # let the bookie decide what is too big
+        ])
+        self._stub = bookie_pb2_grpc.BookieStub(self._channel)
+
+    async def __aenter__(self) -> "BookieClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Wait until the channel connects (bounded)."""
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout_s)
+        except TimeoutError:
+            raise BookieUnavailable("UNAVAILABLE", f"bookie {self.address} not reachable within {timeout_s:.1f}s") from None
+
+    def add_stream(self, window_max: int = ADD_WINDOW_MAX, response_timeout_s: float | None = None) -> AddStream:
+        """Open a pipelined AddEntries stream (must be called from a running event loop)."""
+        return AddStream(self._stub, window_max, self.deadline_s if response_timeout_s is None else response_timeout_s)
+
+    async def read_entry(self, ledger_id: int, entry_id: int, fence: bool = False, master_key: bytes = b"",
+                         deadline_s: float | None = None) -> ReadResult:
+        request = bookie_pb2.ReadEntryRequest(ledger_id=ledger_id, entry_id=entry_id,
+                                              flags=FLAG_FENCE if fence else 0, master_key=master_key)
+        try:
+            r = await self._stub.ReadEntry(request, timeout=deadline_s or self.deadline_s)
+        except grpc.aio.AioRpcError as e:
+            raise _unavailable(e) from None
+        return ReadResult(StatusCode(r.status), r.entry, r.last_add_confirmed, r.message)
+
+    async def read_lac(self, ledger_id: int, deadline_s: float | None = None) -> LacResult:
+        try:
+            r = await self._stub.ReadLac(bookie_pb2.ReadLacRequest(ledger_id=ledger_id),
+                                         timeout=deadline_s or self.deadline_s)
+        except grpc.aio.AioRpcError as e:
+            raise _unavailable(e) from None
+        return LacResult(StatusCode(r.status), r.last_add_confirmed, r.last_entry_id, r.message)
+
+    async def write_lac(self, ledger_id: int, last_add_confirmed: int, master_key: bytes,
+                        deadline_s: float | None = None) -> tuple[StatusCode, str]:
+        request = bookie_pb2.WriteLacRequest(ledger_id=ledger_id, last_add_confirmed=last_add_confirmed,
+                                             master_key=master_key)
+        try:
+            r = await self._stub.WriteLac(request, timeout=deadline_s or self.deadline_s)
+        except grpc.aio.AioRpcError as e:
+            raise _unavailable(e) from None
+        return StatusCode(r.status), r.message
+
+    async def info(self, deadline_s: float | None = None) -> dict:
+        """{"bookie_id", "state", "free_bytes", "total_bytes", "instance_id"}."""
+        try:
+            r = await self._stub.GetBookieInfo(bookie_pb2.GetBookieInfoRequest(),
+                                               timeout=deadline_s or self.deadline_s)
+        except grpc.aio.AioRpcError as e:
+            raise _unavailable(e) from None
+        return {"bookie_id": r.bookie_id, "state": r.state, "free_bytes": r.free_bytes,
+                "total_bytes": r.total_bytes, "instance_id": r.instance_id}
+
+    async def health(self, service: str = "", deadline_s: float | None = None) -> str:
+        """The gRPC health status name ("SERVING", "NOT_SERVING", ...)."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        try:
+            r = await health_pb2_grpc.HealthStub(self._channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=deadline_s or self.deadline_s)
+        except grpc.aio.AioRpcError as e:
+            raise _unavailable(e) from None
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+
+
+class SyncBookieClient:
+    """Blocking wrapper: each call runs the async client on a private event loop."""
+
+    def __init__(self, address: str, *, deadline_s: float = DEADLINE_S) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._client = self._loop.run_until_complete(self._make(address, deadline_s))
+
+    @staticmethod
+    async def _make(address: str, deadline_s: float) -> BookieClient:
+        return BookieClient(address, deadline_s=deadline_s)
+
+    def _run(self, coroutine):
+        return self._loop.run_until_complete(coroutine)
+
+    def add(self, entries: Sequence[tuple[bytes, bytes, int]], batch_id: int = 0) -> AddResult:
+        """One batch on a fresh stream (simple, not fast)."""
+        async def one() -> AddResult:
+            stream = self._client.add_stream(window_max=1)
+            try:
+                return await stream.add(batch_id, entries)
+            finally:
+                await stream.close()
+        return self._run(one())
+
+    def read_entry(self, ledger_id: int, entry_id: int, fence: bool = False, master_key: bytes = b"") -> ReadResult:
+        return self._run(self._client.read_entry(ledger_id, entry_id, fence, master_key))
+
+    def read_lac(self, ledger_id: int) -> LacResult:
+        return self._run(self._client.read_lac(ledger_id))
+
+    def write_lac(self, ledger_id: int, last_add_confirmed: int, master_key: bytes) -> tuple[StatusCode, str]:
+        return self._run(self._client.write_lac(ledger_id, last_add_confirmed, master_key))
+
+    def info(self) -> dict:
+        return self._run(self._client.info())
+
+    def health(self) -> str:
+        return self._run(self._client.health())
+
+    def close(self) -> None:
+        self._run(self._client.close())
+        self._loop.close()

@@ -1,0 +1,307 @@
+"""The bookie's gRPC server (proto/bookie.proto) over a BookieEngine, plus its disk monitor.
+
+Owns: translating wire messages to engine calls and back; the AddEntries stream's pipelining and its
+in-flight bounds; gRPC health (SERVING, NOT_SERVING while draining) and reflection; the disk monitor
+that feeds disk usage to the engine and reports read-only flips; draining on shutdown.
+
+AddEntries pipelining: a reader task takes AddRequests in arrival order and starts one engine
+`add_entries` task per request; the tasks wait in a bounded in-order queue; the RPC's writer answers
+each request, in request order, once its task finished. OK in a response means the entry is durable
+(the engine returns only after the journal sync covering it).
+
+Bounds (named options of [bookie]): `add_inflight_per_stream_max` unacknowledged entries per stream and
+`add_inflight_total_max` entries inside the engine for the whole bookie. A request that would pass
+either bound is answered TOO_MANY_REQUESTS for every entry, in its turn, without waiting for the engine
+(never hangs, never buffers). The in-order queue holds at most `add_inflight_per_stream_max` requests;
+when it is full (the client is not reading its responses) the reader stops reading, and gRPC flow
+control pushes back on the client. Messages above `frame_bytes_max` are refused by gRPC itself
+(RESOURCE_EXHAUSTED, that stream only) before they are buffered.
+
+Must not: block the event loop (no ZooKeeper calls here: read-only flips go to a callback), log keys.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from bksim.gen import bookie_pb2, bookie_pb2_grpc
+from bksim.model.config import BookieConfig
+from bksim.model.status import FLAG_FENCE, StatusCode
+
+SERVICE_NAME = bookie_pb2.DESCRIPTOR.services_by_name["Bookie"].full_name
+
+_TOO_MANY = StatusCode.TOO_MANY_REQUESTS
+_IO_ERROR = StatusCode.IO_ERROR
+_AddResponse = bookie_pb2.AddResponse
+
+
+def server_options(config: BookieConfig) -> list[tuple[str, int]]:
+    """gRPC channel options: message size bounds checked before buffering; no port sharing."""
+    return [
+        ("grpc.max_receive_message_length", config.frame_bytes_max),
+        ("grpc.max_send_message_length", config.frame_bytes_max),
+        ("grpc.so_reuseport", 0),  # a second bookie on the same port must fail to bind, not share it
+    ]
+
+
+class _Stream:
+    """Per-AddEntries-stream state."""
+
+    __slots__ = ("inflight", "reader")
+
+    def __init__(self) -> None:
+        self.inflight = 0  # entries accepted on this stream and not yet answered
+        self.reader: asyncio.Task | None = None
+
+
+class BookieServicer(bookie_pb2_grpc.BookieServicer):
+    """The Bookie service: every handler is a thin translation onto the engine."""
+
+    def __init__(self, engine, config: BookieConfig, bookie_id: str, log: Callable[[str], None]) -> None:
+        self._engine = engine
+        self._bookie_id = bookie_id
+        self._log = log
+        self._per_stream_max = config.add_inflight_per_stream_max
+        self._total_max = config.add_inflight_total_max
+        self._queue_max = config.add_inflight_per_stream_max
+        self._inflight_total = 0  # entries inside engine.add_entries, all streams
+        self._streams: set[_Stream] = set()
+        self.draining = False
+        # statistics
+        self.add_requests = 0
+        self.add_entries = 0
+        self.add_rejected_entries = 0
+        self.streams_opened = 0
+
+    # -- AddEntries --------------------------------------------------------------------------------------
+
+    async def AddEntries(self, request_iterator, context):
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"bookie {self._bookie_id} is shutting down")
+        stream = _Stream()
+        queue: asyncio.Queue = asyncio.Queue(self._queue_max)
+        stream.reader = asyncio.create_task(self._read_adds(request_iterator, queue, stream))
+        self._streams.add(stream)
+        self.streams_opened += 1
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    return  # client half-closed (or the bookie drains): every accepted request was answered
+                if item.__class__ is _AddResponse:
+                    yield item  # rejected up front
+                    continue
+                batch_id, n, task = item
+                try:
+                    statuses, message = await task
+                except Exception as e:  # noqa: BLE001 - an engine bug must not kill the stream silently
+                    self._log(f"add_entries failed: {type(e).__name__}: {e}")
+                    statuses, message = [_IO_ERROR] * n, f"bookie internal error: {type(e).__name__}: {e}"
+                stream.inflight -= n
+                yield _AddResponse(batch_id=batch_id, statuses=statuses, message=message)
+        finally:
+            self._streams.discard(stream)
+            stream.reader.cancel()
+
+    async def _read_adds(self, request_iterator, queue: asyncio.Queue, stream: _Stream) -> None:
+        engine_add = self._engine.add_entries
+        create_task = asyncio.get_running_loop().create_task
+        per_stream_max = self._per_stream_max
+        total_max = self._total_max
+        try:
+            async for req in request_iterator:
+                entries = req.entries
+                n = len(entries)
+                self.add_requests += 1
+                if stream.inflight + n > per_stream_max or self._inflight_total + n > total_max:
+                    self.add_rejected_entries += n
+                    await queue.put(_AddResponse(batch_id=req.batch_id, statuses=[_TOO_MANY] * n,
+                                                 message=self._overload_reason(stream, n)))
+                    continue
+                self.add_entries += n
+                stream.inflight += n
+                self._inflight_total += n
+                task = create_task(engine_add([(e.entry, e.master_key, e.flags) for e in entries]))
+                task.add_done_callback(lambda _t, n=n: self._release(n))
+                await queue.put((req.batch_id, n, task))
+        except asyncio.CancelledError:
+            pass  # draining, or the RPC ended: stop reading; what was accepted is still answered
+        except grpc.RpcError:
+            pass  # the stream broke (client gone, message too large): the writer side ends with it
+        finally:
+            try:
+                queue.put_nowait(None)
+            except asyncio.QueueFull:
+                await _put_end(queue)
+
+    def _release(self, n: int) -> None:
+        self._inflight_total -= n
+
+    def _overload_reason(self, stream: _Stream, n: int) -> str:
+        if stream.inflight + n > self._per_stream_max:
+            return (f"too many unacknowledged adds on this stream: {stream.inflight} + {n} > "
+                    f"add_inflight_per_stream_max={self._per_stream_max}")
+        return (f"too many adds in flight in bookie {self._bookie_id}: {self._inflight_total} + {n} > "
+                f"add_inflight_total_max={self._total_max}")
+
+    def begin_drain(self) -> None:
+        """Stop reading new add requests on every stream; accepted ones are still answered, then streams end."""
+        self.draining = True
+        for stream in list(self._streams):
+            if stream.reader is not None:
+                stream.reader.cancel()
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    # -- unary calls -----------------------------------------------------------------------------------
+
+    async def ReadEntry(self, request, context):
+        try:
+            status, entry, lac, message = await self._engine.read_entry(
+                request.ledger_id, request.entry_id, bool(request.flags & FLAG_FENCE), request.master_key)
+        except Exception as e:  # noqa: BLE001
+            return bookie_pb2.ReadEntryResponse(status=_IO_ERROR, last_add_confirmed=-1,
+                                                message=self._internal(e, "read_entry"))
+        return bookie_pb2.ReadEntryResponse(status=status, entry=entry, last_add_confirmed=lac, message=message)
+
+    async def ReadLac(self, request, context):
+        try:
+            status, lac, last_entry_id, message = await self._engine.read_lac(request.ledger_id)
+        except Exception as e:  # noqa: BLE001
+            return bookie_pb2.ReadLacResponse(status=_IO_ERROR, last_add_confirmed=-1, last_entry_id=-1,
+                                              message=self._internal(e, "read_lac"))
+        return bookie_pb2.ReadLacResponse(status=status, last_add_confirmed=lac, last_entry_id=last_entry_id,
+                                          message=message)
+
+    async def WriteLac(self, request, context):
+        try:
+            status, message = await self._engine.write_lac(request.ledger_id, request.last_add_confirmed,
+                                                           request.master_key)
+        except Exception as e:  # noqa: BLE001
+            return bookie_pb2.WriteLacResponse(status=_IO_ERROR, message=self._internal(e, "write_lac"))
+        return bookie_pb2.WriteLacResponse(status=status, message=message)
+
+    async def GetBookieInfo(self, request, context):
+        info = self._engine.info()
+        return bookie_pb2.GetBookieInfoResponse(
+            free_bytes=int(info.get("free_bytes", 0)), total_bytes=int(info.get("total_bytes", 0)),
+            state=str(info.get("state", "")), instance_id=str(info.get("instance_id", "")),
+            bookie_id=self._bookie_id)
+
+    def _internal(self, e: Exception, what: str) -> str:
+        self._log(f"{what} failed: {type(e).__name__}: {e}")
+        return f"bookie internal error in {what}: {type(e).__name__}: {e}"
+
+    def statistics(self) -> dict:
+        return {"add_requests": self.add_requests, "add_entries": self.add_entries,
+                "add_rejected_entries": self.add_rejected_entries, "streams_opened": self.streams_opened,
+                "streams_open": len(self._streams), "add_inflight_total": self._inflight_total}
+
+
+async def _put_end(queue: asyncio.Queue) -> None:
+    # the writer is still consuming (or it has gone and cancels us): waiting here is bounded by either
+    try:
+        await queue.put(None)
+    except asyncio.CancelledError:
+        pass
+
+
+class BookieServer:
+    """The gRPC server of one bookie plus its disk monitor.
+
+    `on_read_only_change(read_only)` is awaited whenever the engine's read-only state differs from the
+    state last reported (ZooKeeper re-registration); a failure is logged and retried at the next check.
+    """
+
+    def __init__(self, engine, config: BookieConfig, bookie_id: str, *, disk, clock,
+                 journal_dir: str, ledger_dir: str, log: Callable[[str], None] = print,
+                 on_read_only_change: Callable[[bool], Awaitable[None]] | None = None) -> None:
+        self._engine = engine
+        self._config = config
+        self._disk = disk
+        self._clock = clock
+        self._dirs = (ledger_dir, journal_dir)
+        self._log = log
+        self._on_read_only_change = on_read_only_change
+        self.servicer = BookieServicer(engine, config, bookie_id, log)
+        self.health = HealthServicer()
+        self._server: grpc.aio.Server | None = None
+        self._monitor: asyncio.Task | None = None
+        self._reported_read_only = False
+        self.port: int | None = None
+
+    async def start(self) -> int:
+        """Bind host:port (0 = any free port), start serving and the disk monitor. Returns the bound port."""
+        self.check_disk()  # the first state is known before the first request
+        server = grpc.aio.server(options=server_options(self._config))
+        bookie_pb2_grpc.add_BookieServicer_to_server(self.servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                                             reflection.SERVICE_NAME), server)
+        address = f"{self._config.host}:{self._config.port}"
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError as e:
+            raise OSError(f"cannot listen on {address}: {e} (is another bookie using the port?)") from None
+        if port == 0:
+            raise OSError(f"cannot listen on {address} (is another bookie using the port?)")
+        await server.start()
+        self._server = server
+        self.port = port
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        self._monitor = asyncio.create_task(self._monitor_disk())
+        return port
+
+    @property
+    def reported_read_only(self) -> bool:
+        return self._reported_read_only
+
+    def check_disk(self) -> bool:
+        """Feed the fuller of the ledger and journal file systems to the engine; True if read-only flipped."""
+        best = None
+        for d in dict.fromkeys(self._dirs):
+            total, free = self._disk.usage(d)
+            used = (total - free) / total if total > 0 else 1.0
+            if best is None or used > best[0]:
+                best = (used, total, free)
+        _, total, free = best
+        return self._engine.set_disk_usage(total, free)  # the engine logs a flip
+
+    async def _monitor_disk(self) -> None:
+        interval = self._config.disk_check_interval_ms
+        while True:
+            try:
+                self.check_disk()
+                read_only = self._engine.read_only
+                if read_only != self._reported_read_only and self._on_read_only_change is not None:
+                    await self._on_read_only_change(read_only)
+                self._reported_read_only = read_only
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - keep monitoring; the next check retries
+                self._log(f"disk check / state report failed (retrying in {interval} ms): {type(e).__name__}: {e}")
+            await self._clock.sleep_ms(interval)
+
+    async def stop(self, grace_ms: float) -> None:
+        """NOT_SERVING, stop reading adds, answer what was accepted, stop the server within `grace_ms`."""
+        await self.health.enter_graceful_shutdown()
+        self.servicer.begin_drain()
+        if self._monitor is not None:
+            self._monitor.cancel()
+            try:
+                await self._monitor
+            except asyncio.CancelledError:
+                pass
+        if self._server is not None:
+            await self._server.stop(grace_ms / 1000.0)
+
+    def statistics(self) -> dict:
+        return {**self.servicer.statistics(), "reported_read_only": self._reported_read_only}
