@@ -1,0 +1,184 @@
+"""`bksim cluster up|down|status|init` with a real ZooKeeper and real child processes.
+
+The bookie processes here are stand-ins (a few lines of kazoo) so that these tests check the cluster
+command itself: the layout and environment it gives each bookie, that `up` waits for registration, that it
+fails fast with the log tail when a bookie dies, and that `down` stops everything by pid.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from kazoo.client import KazooClient
+
+from bksim.adapters import processes
+from bksim.adapters.zookeeper_server import MAIN_CLASS
+from bksim.cli import cluster_cmd
+from helpers import free_port
+
+FAKE_BOOKIE = r"""
+# stands in for `python -m bksim.cli.main bookie run` (that marker is how `down` recognises a bookie pid)
+import json, os, sys, time
+from kazoo.client import KazooClient
+mode = sys.argv[1]
+if mode == "die":
+    print("fake bookie: cannot bind port " + os.environ["BKSIM_BOOKIE_PORT"] + ": boom", flush=True)
+    sys.exit(1)
+zk = KazooClient(hosts=os.environ["BKSIM_ZOOKEEPER_HOST"] + ":" + os.environ["BKSIM_ZOOKEEPER_PORT"], timeout=2.0)
+zk.start(timeout=10)
+bookie_id = os.environ["BKSIM_BOOKIE_BOOKIE_ID"]
+data = {k: v for k, v in os.environ.items() if k.startswith("BKSIM_")}
+parent = "/ledgers/available/readonly" if mode == "readonly" else "/ledgers/available"
+zk.create(parent + "/" + bookie_id, json.dumps(data).encode(), ephemeral=True)
+print("fake bookie registered", bookie_id, flush=True)
+time.sleep(60)  # bounded: `down` sends SIGTERM long before this
+"""
+
+
+def write_config(tmp_path, bookies: int) -> str:
+    path = tmp_path / "bksim.toml"
+    path.write_text(f"""
+[cluster]
+run_dir = "{tmp_path / 'run'}"
+bookies = {bookies}
+bookie_port_base = {free_port()}
+start_timeout_ms = 20000
+[zookeeper]
+port = {free_port()}
+tick_time_ms = 200
+session_timeout_ms = 2000
+heap_mb = 64
+[bookie]
+shutdown_grace_ms = 2000
+""")
+    return str(path)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("BKSIM_"):
+            monkeypatch.delenv(key)
+
+
+def bksim(config: str, *args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "bksim.cli.main", "--config", config, *args], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_up_status_down_with_zero_bookies(tmp_path):
+    config = write_config(tmp_path, bookies=3)
+    up = bksim(config, "cluster", "up", env_extra={"BKSIM_CLUSTER_BOOKIES": "0"})
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "# effective configuration" in up.stderr and "bookies = 0" in up.stderr
+    pid_path = tmp_path / "run" / "pids" / "zookeeper.pid"
+    pid = processes.read_pid(str(pid_path))
+    try:
+        assert processes.is_alive(pid, MAIN_CLASS)
+        assert (tmp_path / "run" / "zoo.cfg").exists() and (tmp_path / "run" / "logs").is_dir()
+        port = int([l for l in (tmp_path / "run" / "zoo.cfg").read_text().splitlines()
+                    if l.startswith("clientPort=")][0].split("=")[1])
+        zk = KazooClient(hosts=f"127.0.0.1:{port}")
+        zk.start(timeout=10)
+        try:
+            for path in ("/ledgers", "/ledgers/available", "/ledgers/available/readonly", "/ledgers/cookies"):
+                assert zk.exists(path) is not None, path
+            instance_id = zk.get("/ledgers/INSTANCEID")[0].decode()
+            assert len(instance_id) >= 32
+        finally:
+            zk.stop()
+            zk.close()
+
+        status = bksim(config, "cluster", "status", "--json", env_extra={"BKSIM_CLUSTER_BOOKIES": "0"})
+        assert status.returncode == 0, status.stdout + status.stderr
+        report = json.loads(status.stdout)
+        assert report["processes"][0] == {"name": "zookeeper", "pid": pid, "alive": True,
+                                          "address": f"127.0.0.1:{port}", "registered": "-"}
+
+        again = bksim(config, "cluster", "up", env_extra={"BKSIM_CLUSTER_BOOKIES": "0"})  # idempotent
+        assert again.returncode == 0 and f"already running (pid {pid})" in again.stdout
+        init = bksim(config, "cluster", "init")
+        assert init.returncode == 0 and instance_id in init.stdout  # INSTANCEID is never replaced
+    finally:
+        down = bksim(config, "cluster", "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert f"zookeeper: stopped pid {pid}" in down.stdout
+    assert not processes.is_alive(pid)
+    assert not pid_path.exists()
+    status = bksim(config, "cluster", "status")
+    assert status.returncode == 3 and "zookeeper" in status.stdout
+
+
+def test_up_refuses_a_zookeeper_port_someone_else_uses(tmp_path, zookeeper):
+    config = write_config(tmp_path, bookies=0)
+    result = bksim(config, "cluster", "up", env_extra={"BKSIM_ZOOKEEPER_PORT": str(zookeeper.port)})
+    assert result.returncode == 2
+    assert "already in use by a process this cluster did not start" in result.stderr
+
+
+def _args(config: str) -> argparse.Namespace:
+    return argparse.Namespace(config=config)
+
+
+def test_up_starts_bookies_with_their_own_dirs_and_ports_and_waits_for_registration(tmp_path, clean_env, monkeypatch):
+    config = write_config(tmp_path, bookies=2)
+    monkeypatch.setattr(cluster_cmd, "bookie_argv", lambda cfg: [sys.executable, "-c", FAKE_BOOKIE, "ok"])
+    cfg = cluster_cmd.loader.load(config)
+    run = tmp_path / "run"
+    try:
+        assert cluster_cmd.cmd_up(_args(config)) == 0
+        pids = [processes.read_pid(str(run / "pids" / f"bookie-{i}.pid")) for i in (1, 2)]
+        assert all(processes.is_alive(p) for p in pids)
+        zk = KazooClient(hosts=f"127.0.0.1:{cfg.zookeeper.port}")
+        zk.start(timeout=10)
+        try:
+            for i in (1, 2):
+                port = cfg.cluster.bookie_port_base + i - 1
+                env = json.loads(zk.get(f"/ledgers/available/127.0.0.1:{port}")[0])
+                assert env["BKSIM_BOOKIE_PORT"] == str(port)
+                assert env["BKSIM_BOOKIE_JOURNAL_DIR"] == str(run / f"bookie-{i}" / "journal")
+                assert env["BKSIM_BOOKIE_LEDGER_DIR"] == str(run / f"bookie-{i}" / "ledgers")
+                assert env["BKSIM_CLUSTER_RUN_DIR"] == str(run)
+        finally:
+            zk.stop()
+            zk.close()
+        assert cluster_cmd.cmd_status(argparse.Namespace(config=config, json=False)) == 0
+        assert processes.kill9(pids[1])
+        assert cluster_cmd.cmd_status(argparse.Namespace(config=config, json=False)) == 1  # a dead bookie shows
+        assert cluster_cmd.cmd_up(_args(config)) == 0  # restarts only the dead one
+        assert processes.read_pid(str(run / "pids" / "bookie-1.pid")) == pids[0]
+        assert processes.read_pid(str(run / "pids" / "bookie-2.pid")) != pids[1]
+    finally:
+        assert cluster_cmd.cmd_down(_args(config)) == 0
+    assert not any(processes.is_alive(p) for p in pids)
+    assert not list((run / "pids").iterdir())
+
+
+def test_up_fails_fast_with_the_log_tail_when_a_bookie_exits(tmp_path, clean_env, monkeypatch):
+    config = write_config(tmp_path, bookies=1)
+    monkeypatch.setattr(cluster_cmd, "bookie_argv", lambda cfg: [sys.executable, "-c", FAKE_BOOKIE, "die"])
+    started = time.monotonic()
+    try:
+        with pytest.raises(cluster_cmd.ClusterError) as e:
+            cluster_cmd.cmd_up(_args(config))
+        assert "bookie-1" in str(e.value) and "exited before registering" in str(e.value)
+        assert "cannot bind port" in str(e.value) and "boom" in str(e.value)  # the log tail
+        assert time.monotonic() - started < 15.0  # well before start_timeout_ms (20 s)
+    finally:
+        assert cluster_cmd.cmd_down(_args(config)) == 0
+
+
+def test_up_accepts_a_read_only_registration(tmp_path, clean_env, monkeypatch):
+    config = write_config(tmp_path, bookies=1)
+    monkeypatch.setattr(cluster_cmd, "bookie_argv", lambda cfg: [sys.executable, "-c", FAKE_BOOKIE, "readonly"])
+    try:
+        assert cluster_cmd.cmd_up(_args(config)) == 0
+    finally:
+        assert cluster_cmd.cmd_down(_args(config)) == 0
