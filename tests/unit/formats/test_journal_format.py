@@ -1,0 +1,218 @@
+"""formats/journal.py: file header, every record type, and the torn-tail vs corruption rules of
+`scan_records` (PROTOCOL.md §2.2 "Replay on restart") checked directly at the format level."""
+from __future__ import annotations
+
+import random
+import uuid
+
+import pytest
+
+from bksim.formats import entry as entry_fmt
+from bksim.formats import journal as fmt
+from bksim.model.errors import FormatError, JournalCorruptError
+from bksim.model.status import FLAG_RECOVERY_ADD
+
+INSTANCE = "6f1c2a9e-0d4b-4c55-9a77-3b1e2f4d5c6a"
+H = fmt.FILE_HEADER_BYTES
+
+
+def entry(ledger_id: int, entry_id: int, payload: bytes = b"payload") -> bytes:
+    return entry_fmt.encode_entry(ledger_id, entry_id, entry_id - 1, 100 * (entry_id + 1), payload)
+
+
+def records() -> list[bytes]:
+    """One of each record type, as a bookie writes them."""
+    return [fmt.master_key_record(5, b"k" * 32), fmt.entry_record(entry(5, 0), 0),
+            fmt.entry_record(entry(5, 1), FLAG_RECOVERY_ADD), fmt.fence_record(5),
+            fmt.explicit_lac_record(5, 1), fmt.encode_record(fmt.RecordType.PADDING, 0, bytes(8))]
+
+
+def journal(*recs: bytes) -> bytes:
+    return fmt.encode_file_header(INSTANCE) + b"".join(recs)
+
+
+def offsets(recs: list[bytes]) -> list[int]:
+    out, pos = [], H
+    for r in recs:
+        out.append(pos)
+        pos += len(r)
+    return out
+
+
+# -- names and header ---------------------------------------------------------------------------------------
+def test_file_names():
+    assert fmt.journal_file_name(0x1a) == "000000000000001a.txn"
+    assert fmt.parse_journal_file_name("000000000000001a.txn") == 0x1a
+    for name in ("1a.txn", "000000000000001a.log", "zzzzzzzzzzzzzzzz.txn", "000000000000001a.txn.tmp"):
+        assert fmt.parse_journal_file_name(name) is None, name
+
+
+def test_file_header_round_trip():
+    header = fmt.encode_file_header(INSTANCE)
+    assert len(header) == H == 32 and header.startswith(b"BKJN")
+    assert fmt.decode_file_header(header) == INSTANCE
+    assert fmt.decode_file_header(header + b"records follow") == INSTANCE
+
+
+@pytest.mark.parametrize("data, words", [
+    (b"", "journal header is 0 bytes"),
+    (b"BKJN\0\0\0\1", "journal header is 8 bytes"),
+    (b"XXXX" + bytes(28), "bad journal magic"),
+    (bytes(32), "bad journal magic"),
+    (b"BKJN\0\0\0\x07" + bytes(24), "unsupported journal format version 7"),
+])
+def test_file_header_garbage_rejected(data, words):
+    with pytest.raises(FormatError, match=words):
+        fmt.decode_file_header(data)
+
+
+# -- records ------------------------------------------------------------------------------------------------
+def test_every_record_type_round_trips():
+    recs = records()
+    data = journal(*recs)
+    result = fmt.scan_records(data, H, newest=False)
+    assert (result.end, result.torn, result.skipped) == (len(data), None, [])
+    got = result.records
+    assert [r.type for r in got] == [fmt.RecordType.MASTER_KEY, fmt.RecordType.ENTRY, fmt.RecordType.ENTRY,
+                                     fmt.RecordType.FENCE, fmt.RecordType.EXPLICIT_LAC, fmt.RecordType.PADDING]
+    assert [r.offset for r in got] == offsets(recs)
+    assert [r.end - r.offset for r in got] == [len(r) for r in recs]
+    assert [r.flags for r in got] == [0, 0, FLAG_RECOVERY_ADD, 0, 0, 0]
+    assert got[0].body == fmt.LEDGER_ID.pack(5) + b"k" * 32
+    assert got[1].body == entry(5, 0) and got[2].body == entry(5, 1)
+    assert fmt.LEDGER_ID.unpack(got[3].body) == (5,)
+    assert fmt.LEDGER_LAC.unpack(got[4].body) == (5, 1)
+    assert got[5].body == bytes(8)
+    assert [r.type for r in fmt.iter_file(data)] == [r.type for r in got]
+
+
+def test_record_layout():
+    rec = fmt.fence_record(9)
+    length, crc, rtype, flags = fmt.RECORD_PREFIX.unpack_from(rec)
+    assert (length, rtype, flags) == (len(rec) - 4, fmt.RecordType.FENCE, 0)
+    from bksim.formats.crc import crc32c
+    assert crc == crc32c(rec[8:])  # type ‖ flags ‖ body
+
+
+def test_scan_from_a_mark_in_the_middle():
+    recs = records()
+    data = journal(*recs)
+    start = offsets(recs)[3]
+    result = fmt.scan_records(data, start, newest=True)
+    assert [r.offset for r in result.records] == offsets(recs)[3:]
+    assert fmt.scan_records(data, len(data), newest=True).records == []
+
+
+def test_header_only_and_empty_scan():
+    result = fmt.scan_records(journal(), H, newest=True)
+    assert (result.records, result.end, result.torn) == ([], H, None)
+    assert list(fmt.iter_file(journal())) == []
+    with pytest.raises(FormatError):
+        list(fmt.iter_file(b""))
+
+
+# -- torn tails (newest file): end the scan, reported, not fatal ----------------------------------------------
+def _torn_cases():
+    recs = records()
+    good = journal(*recs)
+    last = fmt.entry_record(entry(5, 2, b"x" * 50), 0)
+    yield "short header", good + last[:7], "short record header"
+    yield "length field only", good + last[:4], "short record header"
+    yield "length past EOF", good + last[:-1], "runs past end of file"
+    yield "body half written", good + last[:20], "runs past end of file"
+    yield "zero tail", good + bytes(40), "invalid record length 0"
+    yield "short zero tail", good + bytes(3), "short record header"
+    bad_crc = bytearray(last)
+    bad_crc[-1] ^= 0x55
+    yield "CRC-bad last record", good + bytes(bad_crc), "CRC mismatch"
+    zero_body = last[:fmt.RECORD_PREFIX_BYTES] + bytes(len(last) - fmt.RECORD_PREFIX_BYTES)
+    yield "length written, body zeros", good + zero_body, "CRC mismatch"
+    yield "CRC-bad record then zeros", good + bytes(bad_crc) + bytes(64), "CRC mismatch"
+
+
+@pytest.mark.parametrize("name, data, why", list(_torn_cases()), ids=[c[0] for c in _torn_cases()])
+def test_torn_tail_in_newest_file(name, data, why):
+    good_end = len(journal(*records()))
+    result = fmt.scan_records(data, H, newest=True)
+    assert len(result.records) == len(records())
+    assert result.end == good_end
+    assert result.torn is not None and result.torn.startswith("torn tail") and why in result.torn
+    assert result.skipped == []
+
+
+@pytest.mark.parametrize("name, data, why", list(_torn_cases()), ids=[c[0] for c in _torn_cases()])
+def test_torn_tail_in_older_file_is_corruption(name, data, why):
+    with pytest.raises(JournalCorruptError, match="not the newest"):
+        fmt.scan_records(data, H, newest=False, name="j1.txn")
+
+
+# -- corruption: refuse, unless skip_corruption (then loudly skipped) ---------------------------------------
+def _crc_bad_middle() -> tuple[bytes, list[bytes], int]:
+    recs = records()
+    data = bytearray(journal(*recs))
+    bad = offsets(recs)[1]  # the first ENTRY record; valid records follow it
+    data[bad + fmt.RECORD_PREFIX_BYTES + 3] ^= 0xFF
+    return bytes(data), recs, bad
+
+
+@pytest.mark.parametrize("newest", [True, False])
+def test_crc_bad_record_followed_by_a_valid_record_refuses(newest):
+    data, recs, bad = _crc_bad_middle()
+    with pytest.raises(JournalCorruptError) as info:
+        fmt.scan_records(data, H, newest=newest, name="0000000000000001.txn")
+    message = str(info.value)
+    assert "0000000000000001.txn" in message and f"CRC mismatch at offset {bad}" in message
+    assert f"followed by a valid record at offset {offsets(recs)[2]}" in message
+
+
+def test_skip_corruption_skips_loudly_and_continues():
+    data, recs, bad = _crc_bad_middle()
+    result = fmt.scan_records(data, H, newest=True, skip_corruption=True)
+    assert [r.offset for r in result.records] == [o for o in offsets(recs) if o != bad]
+    assert result.end == len(data) and result.torn is None
+    assert len(result.skipped) == 1 and f"CRC mismatch at offset {bad}" in result.skipped[0]
+
+
+def test_skip_corruption_in_older_file_with_a_bad_tail_keeps_the_good_records():
+    data = journal(*records()) + b"\xff" * 13
+    result = fmt.scan_records(data, H, newest=False, skip_corruption=True)
+    assert len(result.records) == len(records())
+    assert result.end == len(data) and len(result.skipped) == 1
+
+
+def test_unknown_record_type_with_valid_crc_is_corruption():
+    data = journal(*records(), fmt.encode_record(99, 0, b"??"))
+    with pytest.raises(JournalCorruptError, match="unknown record type 99"):
+        fmt.scan_records(data, H, newest=True)
+
+
+def test_non_zero_garbage_tail_with_an_impossible_length_is_corruption():
+    data = journal(*records()) + b"\0\0\0\x02" + b"\x01" * 20  # length 2 < the 6-byte minimum, not zeros
+    with pytest.raises(JournalCorruptError, match="invalid record length 2"):
+        fmt.scan_records(data, H, newest=True)
+
+
+# -- garbage ------------------------------------------------------------------------------------------------
+def test_random_bytes_only_raise_format_error():
+    rng = random.Random(7)
+    good = journal(*records())
+    outcomes = {"ok": 0, "torn": 0, "corrupt": 0}
+    for i in range(2000):
+        if i % 2:
+            data = rng.randbytes(rng.randrange(0, 120))  # pure noise, header included
+        else:  # a valid file with a few bytes changed or cut
+            data = bytearray(good)
+            for _ in range(rng.randrange(1, 4)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+            data = bytes(data[:rng.randrange(H, len(data) + 1)])
+        try:
+            fmt.decode_file_header(data)
+            result = fmt.scan_records(data, H, newest=bool(rng.randrange(2)), skip_corruption=bool(rng.randrange(2)))
+        except FormatError:
+            outcomes["corrupt"] += 1
+            continue
+        outcomes["torn" if result.torn else "ok"] += 1
+        assert H <= result.end <= max(len(data), H)
+        for r in result.records:
+            assert r.offset < r.end <= len(data)
+    assert all(outcomes.values()), outcomes  # every outcome was reached
