@@ -63,6 +63,10 @@ class WriteCache:
         self._active, self._flushing = self._flushing, self._active
         return sorted(self._flushing.entries.items())
 
+    def flushing_entries(self) -> list[tuple[Key, bytes]]:
+        """The flushing half's entries, sorted (to retry a flush that failed after its swap)."""
+        return sorted(self._flushing.entries.items())
+
     def flushed(self) -> None:
         """The flushing half is durable in the entry log and index: drop it."""
         self._flushing = _Half()

@@ -37,7 +37,9 @@ LASTMARK_FILE = "lastmark"
 _MARK = struct.Struct(">qqI")  # journal id, offset, crc32c of the first 16 bytes
 _IDS = entry_fmt.IDS
 _HEADER_BYTES = entry_fmt.HEADER_BYTES
-_entry_record = jfmt.entry_record
+_RECORD_PREFIX = jfmt.RECORD_PREFIX
+# CRC of (type, flags) for ENTRY records, by RECOVERY_ADD flag: the record CRC continues from it over the body
+_ENTRY_CRC_SEED = (crc32c(bytes((jfmt.RecordType.ENTRY, 0))), crc32c(bytes((jfmt.RecordType.ENTRY, 1))))
 CHECKPOINT_STEPS = ("mark", "swap", "entrylog_write", "entrylog_sync", "index_write", "ledger_index_write",
                     "lastmark_write")
 
@@ -177,41 +179,66 @@ class BookieEngine:
         """Add a batch of (entry, master key, flags). Returns (statuses, first error message).
 
         Returns only when every OK entry is durable in the journal. Never raises for bad input.
+        This is the hot path: the per-ledger checks run once per run of same-ledger entries in a batch.
         """
         statuses = [OK] * len(items)
-        message = ""
-        records: list[bytes] = []
-        accepted: list[int] = []
-        ledgers = self._ledgers
-        cache = self._write_cache
-        lacs = self._lac
-        throttle_deadline: float | None = None  # one throttle budget per batch
         if self._closing or self._journal.failed is not None:
             why = "bookie is shutting down" if self._closing else f"journal failed: {self._journal.failed}"
             return [StatusCode.IO_ERROR] * len(items), why
+        message = ""
+        chunks: list[bytes] = []  # journal records, each as (prefix, body) chunks: the entry is not copied
+        append = chunks.append
+        nrecords = 0
+        accepted: list[int] = []
+        cache_put = self._write_cache.put
+        lacs = self._lac
+        size_max = self._entry_bytes_max
+        checked: tuple | None = None  # (ledger id, master key, flags) that passed the per-ledger checks
+        throttle_deadline: float | None = None  # one throttle budget per batch
         for i, (entry, master_key, flags) in enumerate(items):
-            status, why = self._check_add(entry, master_key, flags)
-            if status is OK:
-                ledger_id, entry_id, lac = _IDS.unpack_from(entry)
-                record = ledgers.get(ledger_id)
+            size = len(entry)
+            if size < _HEADER_BYTES or size > size_max:
+                statuses[i] = StatusCode.BAD_REQUEST
+                message = message or (f"entry of {size} bytes outside [{_HEADER_BYTES}, {size_max}] "
+                                       f"(entry_bytes_max / half the write cache)")
+                continue
+            ledger_id, entry_id, lac = _IDS.unpack_from(entry)
+            if checked is None or checked[0] != ledger_id or checked[1] != master_key or checked[2] != flags:
+                status, why = self._check_ledger(ledger_id, master_key, flags)
+                if status is not OK:
+                    statuses[i] = status
+                    message = message or why
+                    continue
+                record = self._ledgers.get(ledger_id)
                 if record is None or not record.master_key:
-                    ledgers.update(ledger_id, master_key=master_key)
-                    records.append(jfmt.master_key_record(ledger_id, master_key))
-                if not cache.put(ledger_id, entry_id, entry):
-                    if throttle_deadline is None:
-                        throttle_deadline = self._clock.monotonic_ms() + self.config.write_cache_throttle_ms_max
-                    status, why = await self._wait_for_cache_room(ledger_id, entry_id, entry, throttle_deadline)
-                if status is OK:
-                    if lac > lacs.get(ledger_id, -1):
-                        lacs[ledger_id] = lac
-                    records.append(_entry_record(entry, flags & FLAG_RECOVERY_ADD))
-                    accepted.append(i)
-            if status is not OK:
-                statuses[i] = status
-                message = message or why
-        if records:
+                    self._ledgers.update(ledger_id, master_key=master_key)
+                    append(jfmt.master_key_record(ledger_id, master_key))
+                    nrecords += 1
+                checked = (ledger_id, master_key, flags)
+            if entry_id < 0:
+                statuses[i] = StatusCode.BAD_REQUEST
+                message = message or f"invalid entry id {entry_id}"
+                continue
+            if not cache_put(ledger_id, entry_id, entry):
+                if throttle_deadline is None:
+                    throttle_deadline = self._clock.monotonic_ms() + self.config.write_cache_throttle_ms_max
+                status, why = await self._wait_for_cache_room(ledger_id, entry_id, entry, throttle_deadline)
+                checked = None  # state may have changed while waiting (fence, read-only)
+                if status is not OK:
+                    statuses[i] = status
+                    message = message or why
+                    continue
+            if lac > lacs.get(ledger_id, -1):
+                lacs[ledger_id] = lac
+            recovery = flags & FLAG_RECOVERY_ADD
+            append(_RECORD_PREFIX.pack(size + jfmt.LENGTH_MIN, crc32c(entry, _ENTRY_CRC_SEED[recovery]),
+                                       jfmt.RecordType.ENTRY, recovery))
+            append(entry)
+            nrecords += 1
+            accepted.append(i)
+        if chunks:
             try:
-                await self._journal.append_many(records)
+                await self._journal.append_many(chunks, nrecords)
             except BookieError as e:
                 for i in accepted:
                     statuses[i] = e.status
@@ -221,19 +248,13 @@ class BookieEngine:
             self.stats["add_errors"] += sum(1 for s in statuses if s is not OK)
         return statuses, message
 
-    def _check_add(self, entry: bytes, master_key: bytes, flags: int) -> tuple[StatusCode, str]:
-        """Validation in the order of PROTOCOL.md §2.1."""
+    def _check_ledger(self, ledger_id: int, master_key: bytes, flags: int) -> tuple[StatusCode, str]:
+        """Per-ledger validation in the order of PROTOCOL.md §2.1 (after the entry-size check)."""
         recovery = flags & FLAG_RECOVERY_ADD
         if self._read_only and not (recovery and self._free_bytes > self.config.recovery_add_reserve_bytes):
             return StatusCode.READ_ONLY, "bookie is read-only (disk usage above threshold)"
-        size = len(entry)
-        if size < _HEADER_BYTES or size > self._entry_bytes_max:
-            return StatusCode.BAD_REQUEST, (
-                f"entry of {size} bytes outside [{_HEADER_BYTES}, {self._entry_bytes_max}] "
-                f"(entry_bytes_max / half the write cache)")
-        ledger_id, entry_id, _ = _IDS.unpack_from(entry)
-        if ledger_id < 0 or entry_id < 0:
-            return StatusCode.BAD_REQUEST, f"invalid ids ledger {ledger_id} entry {entry_id}"
+        if ledger_id < 0:
+            return StatusCode.BAD_REQUEST, f"invalid ledger id {ledger_id}"
         record = self._ledgers.get(ledger_id)
         if record is not None:
             if record.master_key and not hmac.compare_digest(record.master_key, master_key):
@@ -266,7 +287,7 @@ class BookieEngine:
     # -- fencing and LAC ---------------------------------------------------------------------------------
     async def _journal_and_wait(self, records: list[bytes]) -> tuple[StatusCode, str]:
         try:
-            await self._journal.append_many(records)
+            await self._journal.append_many(records, len(records))
         except BookieError as e:
             return e.status, e.message
         return OK, ""
@@ -421,7 +442,7 @@ class BookieEngine:
     async def _checkpoint_loop(self) -> None:
         while True:
             await self._clock.sleep_ms(self.config.flush_interval_ms)
-            await self._checkpoint_quietly()
+            await asyncio.shield(self._checkpoint_quietly())
 
     async def checkpoint(self, mark: JournalMark | None = None) -> None:
         """Make everything in the write cache durable in entry logs + index, then persist the mark.
@@ -434,22 +455,28 @@ class BookieEngine:
             if m < self._persisted_mark:
                 m = self._persisted_mark  # maybe: nothing new was synced since the mark was last persisted
             step("mark")
-            entries = self._write_cache.swap()  # 2.
-            step("swap")
-            locations = await self._entry_logger.append_sorted(entries)  # 3.
-            step("entrylog_write")
-            await self._entry_logger.flush()  # 4.
-            step("entrylog_sync")
-            await self._locations.put_batch(locations)  # 5.
-            step("index_write")
+            if self._write_cache.flushing_bytes:  # maybe: an earlier checkpoint failed after its swap
+                await self._flush_half(self._write_cache.flushing_entries(), step)
+                self._write_cache.flushed()
+            await self._flush_half(self._write_cache.swap(), step)  # 2.-5.
+            self._write_cache.flushed()
             await self._ledgers.flush()  # 6.
             step("ledger_index_write")
-            self._write_cache.flushed()
             await self._persist_mark(m)  # 7.
             step("lastmark_write")
             self.stats["checkpoints"] += 1
             self._flushed.set()
             await self._collect_journals(m)
+
+    async def _flush_half(self, entries: list, step: Callable[[str], None]) -> None:
+        """Checkpoint steps 3-5 for one swapped write-cache half (entries sorted by ledger, entry)."""
+        step("swap")
+        locations = await self._entry_logger.append_sorted(entries)  # 3.
+        step("entrylog_write")
+        await self._entry_logger.flush()  # 4.
+        step("entrylog_sync")
+        await self._locations.put_batch(locations)  # 5.
+        step("index_write")
 
     async def _persist_mark(self, mark: JournalMark) -> None:
         assert mark >= self._persisted_mark, f"lastmark would regress: {mark} < {self._persisted_mark}"

@@ -14,6 +14,9 @@ from bksim.model.errors import FormatError
 from bksim.ports.disk import AppendFile, Disk
 
 
+_LENGTH = fmt.LENGTH.pack
+
+
 class EntryLogger:
     def __init__(self, disk: Disk, directory: str, bytes_max: int) -> None:
         self._disk, self._dir, self._bytes_max = disk, directory, bytes_max
@@ -53,16 +56,17 @@ class EntryLogger:
         for (ledger_id, entry_id), entry in entries:
             record_bytes = 4 + len(entry)
             if position + record_bytes > self._bytes_max and position > fmt.HEADER_BYTES:
-                self._file.write(b"".join(chunk))
+                await self._file.write_chunks(chunk)
                 chunk = []
                 await self._roll()
                 position = self._file.size
-            chunk.append(fmt.encode_record(entry))
+            chunk.append(_LENGTH(len(entry)))
+            chunk.append(entry)
             out.append((location_key(ledger_id, entry_id), Location(self._log_id, position, len(entry))))
             self._ledger_bytes[ledger_id] = self._ledger_bytes.get(ledger_id, 0) + record_bytes
             position += record_bytes
         if chunk:
-            self._file.write(b"".join(chunk))
+            await self._file.write_chunks(chunk)
         return out
 
     async def _roll(self) -> None:

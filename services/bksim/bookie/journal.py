@@ -34,7 +34,8 @@ class JournalMark:
 
 @dataclass(slots=True)
 class _Pending:
-    records: list[bytes]
+    chunks: list[bytes]
+    nrecords: int
     nbytes: int
     future: asyncio.Future
     enqueued_ms: float
@@ -117,8 +118,10 @@ class Journal:
                     file_id=self._file_id, synced=(self._synced.journal_id, self._synced.offset))
 
     # -- appending ---------------------------------------------------------------------------------------
-    def append_many(self, records: list[bytes]) -> asyncio.Future:
-        """Queue records; the returned future resolves (None) after the fsync that covers all of them.
+    def append_many(self, chunks: list[bytes], nrecords: int) -> asyncio.Future:
+        """Queue `nrecords` encoded records, given as byte chunks written back to back (a record may span
+        chunks, so the caller need not copy entry bytes); the returned future resolves (None) after the
+        fsync that covers all of them.
 
         Raises BookieError(TOO_MANY_REQUESTS) when the queue bound is reached, IO_ERROR after a journal failure.
         """
@@ -126,13 +129,13 @@ class Journal:
             raise BookieError(StatusCode.IO_ERROR, f"journal failed: {self._failure}")
         if self._stopping:
             raise BookieError(StatusCode.IO_ERROR, "journal is stopping")
-        if self._queued_records + len(records) > self._queue_records_max and self._queued_records > 0:
+        if self._queued_records + nrecords > self._queue_records_max and self._queued_records > 0:
             raise BookieError(StatusCode.TOO_MANY_REQUESTS,
                               f"journal queue full ({self._queued_records} records queued)")
         future = asyncio.get_running_loop().create_future()
-        nbytes = sum(map(len, records))
-        self._queue.append(_Pending(records, nbytes, future, self._clock.monotonic_ms()))
-        self._queued_records += len(records)
+        nbytes = sum(map(len, chunks))
+        self._queue.append(_Pending(chunks, nrecords, nbytes, future, self._clock.monotonic_ms()))
+        self._queued_records += nrecords
         self._queued_bytes += nbytes
         self._wakeup.set()
         return future
@@ -176,17 +179,17 @@ class Journal:
             pending = self._queue.popleft()
             group.append(pending)
             nbytes += pending.nbytes
-            self._queued_records -= len(pending.records)
+            self._queued_records -= pending.nrecords
             self._queued_bytes -= pending.nbytes
         return group
 
     async def _write_group(self, group: list[_Pending]) -> None:
-        data = b"".join(r for pending in group for r in pending.records)
+        data = b"".join([c for pending in group for c in pending.chunks])
         assert self._file is not None
         await self._file.write_synced(data)
         self._synced = JournalMark(self._file_id, self._file.size)
         self.stats["groups"] += 1
-        self.stats["records"] += sum(len(p.records) for p in group)
+        self.stats["records"] += sum(p.nrecords for p in group)
         self.stats["bytes"] += len(data)
         for pending in group:
             if not pending.future.done():

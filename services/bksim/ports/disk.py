@@ -19,6 +19,9 @@ class AppendFile(Protocol):
     def write(self, data: bytes) -> None:
         """Append `data` (not durable until sync)."""
 
+    async def write_chunks(self, chunks: list[bytes]) -> None:
+        """Append chunks back to back, off the event loop (not durable until sync)."""
+
     async def sync(self) -> None:
         """fdatasync: every byte written before the call is durable when it returns."""
 

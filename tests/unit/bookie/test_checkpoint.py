@@ -110,3 +110,33 @@ def test_journals_below_the_mark_are_archived_when_configured(engines, tmp_path)
         await e.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("fail_step", ["swap", "entrylog_write", "entrylog_sync", "index_write"])
+def test_a_failed_checkpoint_is_finished_by_the_next_one(engines, fail_step):
+    armed = {"on": False}
+
+    def hook(step):
+        if armed["on"] and step == fail_step:
+            armed["on"] = False
+            raise Crash(step)
+
+    async def scenario():
+        e = engines.make(fault_hook=hook)
+        await e.start()
+        await e.add_entries([(entry(1, i), KEY, 0) for i in range(30)])
+        armed["on"] = True
+        with pytest.raises(Crash):
+            await e.checkpoint()
+        await e.add_entries([(entry(1, i), KEY, 0) for i in range(30, 60)])  # lands in the new active half
+        await e.checkpoint()  # flushes the stranded half, then the active one, then moves the mark
+        assert e.statistics()["flushing_bytes"] == 0
+        mark = read_lastmark(LocalDisk(), engines.ledger_dir)
+        assert mark == e._journal.synced_mark
+        e.abandon()
+        e = await engines.started()
+        assert e.replay_report.records == 0  # everything was checkpointed: nothing to replay
+        assert await content(e, 1, 60) == [entry(1, i) for i in range(60)]
+        await e.close()
+
+    asyncio.run(scenario())
