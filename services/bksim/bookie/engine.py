@@ -88,7 +88,7 @@ class BookieEngine:
         self._lac: dict[int, int] = {}  # highest piggybacked LAC seen per ledger since start
         self._persisted_mark = JournalMark(0, 0)
         self._checkpoint_lock = asyncio.Lock()
-        self._flushed = asyncio.Event()  # set after each checkpoint, for adds waiting on cache room
+        self._cache_room = asyncio.Event()  # set when a checkpoint swaps or frees a write-cache half
         self._tasks: list[asyncio.Task] = []
         self._read_only = False
         self._free_bytes = 1 << 62
@@ -271,12 +271,12 @@ class BookieEngine:
         self.stats["throttled"] += 1
         while True:
             self._request_checkpoint()
-            self._flushed.clear()
+            self._cache_room.clear()
             remaining_ms = deadline - self._clock.monotonic_ms()
             if remaining_ms <= 0:
                 break
             try:
-                await asyncio.wait_for(self._flushed.wait(), remaining_ms / 1000.0)
+                await asyncio.wait_for(self._cache_room.wait(), remaining_ms / 1000.0)
             except TimeoutError:
                 pass
             if self._write_cache.put(ledger_id, entry_id, entry):
@@ -458,14 +458,16 @@ class BookieEngine:
             if self._write_cache.flushing_bytes:  # maybe: an earlier checkpoint failed after its swap
                 await self._flush_half(self._write_cache.flushing_entries(), step)
                 self._write_cache.flushed()
-            await self._flush_half(self._write_cache.swap(), step)  # 2.-5.
+            entries = self._write_cache.swap()  # 2.
+            self._cache_room.set()  # adds waiting for room can go on while this half is flushed
+            await self._flush_half(entries, step)  # 3.-5.
             self._write_cache.flushed()
             await self._ledgers.flush()  # 6.
             step("ledger_index_write")
             await self._persist_mark(m)  # 7.
             step("lastmark_write")
             self.stats["checkpoints"] += 1
-            self._flushed.set()
+            self._cache_room.set()
             await self._collect_journals(m)
 
     async def _flush_half(self, entries: list, step: Callable[[str], None]) -> None:
