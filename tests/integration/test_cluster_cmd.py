@@ -25,6 +25,7 @@ FAKE_BOOKIE = r"""
 # stands in for `python -m bksim.cli.main bookie run` (that marker is how `down` recognises a bookie pid)
 import json, os, sys, time
 from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError
 mode = sys.argv[1]
 if mode == "die":
     print("fake bookie: cannot bind port " + os.environ["BKSIM_BOOKIE_PORT"] + ": boom", flush=True)
@@ -34,7 +35,15 @@ zk.start(timeout=10)
 bookie_id = os.environ["BKSIM_BOOKIE_BOOKIE_ID"]
 data = {k: v for k, v in os.environ.items() if k.startswith("BKSIM_")}
 parent = "/ledgers/available/readonly" if mode == "readonly" else "/ledgers/available"
-zk.create(parent + "/" + bookie_id, json.dumps(data).encode(), ephemeral=True)
+deadline = time.monotonic() + 20  # a previous incarnation's node lingers until its session expires
+while True:
+    try:
+        zk.create(parent + "/" + bookie_id, json.dumps(data).encode(), ephemeral=True)
+        break
+    except NodeExistsError:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.05)
 print("fake bookie registered", bookie_id, flush=True)
 time.sleep(60)  # bounded: `down` sends SIGTERM long before this
 """
@@ -150,11 +159,22 @@ def test_up_starts_bookies_with_their_own_dirs_and_ports_and_waits_for_registrat
             zk.stop()
             zk.close()
         assert cluster_cmd.cmd_status(argparse.Namespace(config=config, json=False)) == 0
-        assert processes.kill9(pids[1])
-        assert cluster_cmd.cmd_status(argparse.Namespace(config=config, json=False)) == 1  # a dead bookie shows
-        assert cluster_cmd.cmd_up(_args(config)) == 0  # restarts only the dead one
+        node = f"/ledgers/available/127.0.0.1:{cfg.cluster.bookie_port_base + 1}"
+        zk.start(timeout=10)
+        try:
+            old_czxid = zk.exists(node).czxid
+            assert processes.kill9(pids[1])
+            assert cluster_cmd.cmd_status(argparse.Namespace(config=config, json=False)) == 1  # a dead bookie shows
+            assert zk.exists(node) is not None  # the dead incarnation's session has not expired yet
+            assert cluster_cmd.cmd_up(_args(config)) == 0  # restarts only the dead one...
+            # ...and waits for the NEW incarnation's registration, not the one its predecessor left behind
+            assert zk.exists(node).czxid != old_czxid
+        finally:
+            zk.stop()
+            zk.close()
         assert processes.read_pid(str(run / "pids" / "bookie-1.pid")) == pids[0]
-        assert processes.read_pid(str(run / "pids" / "bookie-2.pid")) != pids[1]
+        pids.append(processes.read_pid(str(run / "pids" / "bookie-2.pid")))
+        assert pids[2] != pids[1] and processes.is_alive(pids[2])
     finally:
         assert cluster_cmd.cmd_down(_args(config)) == 0
     assert not any(processes.is_alive(p) for p in pids)

@@ -25,6 +25,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from kazoo.exceptions import NoNodeError
+
 from bksim.adapters import processes
 from bksim.adapters.zookeeper_server import MAIN_CLASS as ZOOKEEPER_MAIN_CLASS
 from bksim.adapters.zookeeper_server import ZooKeeperError, ZooKeeperServer
@@ -215,6 +217,7 @@ def start_bookies(config: Config, layout: RunLayout, config_file: str | None, ti
     if not slots:
         return
     pids: dict[str, int] = {}
+    spawned_ms: dict[str, int] = {}  # wall-clock ms at spawn, for bookies started now
     for slot in slots:
         pid_path = layout.pid(slot.name)
         pid = processes.read_pid(pid_path)
@@ -223,16 +226,21 @@ def start_bookies(config: Config, layout: RunLayout, config_file: str | None, ti
         else:
             processes.remove_pid(pid_path)
             os.makedirs(layout.bookie_dir(slot.index), exist_ok=True)
+            spawned_ms[slot.name] = int(time.time() * 1000)
             pid = processes.spawn(bookie_argv(config_file), bookie_env(config, layout, slot), layout.log(slot.name),
                                   pid_path)
             _say(f"{slot.name}: started pid {pid} as {slot.bookie_id} (log {layout.log(slot.name)})")
         pids[slot.name] = pid
-    wait_registered(config, layout, slots, pids, timeout_s)
+    wait_registered(config, layout, slots, pids, spawned_ms, timeout_s)
 
 
 def wait_registered(config: Config, layout: RunLayout, slots: list[BookieSlot], pids: dict[str, int],
-                    timeout_s: float) -> None:
-    """Wait until every bookie is registered (writable or read-only); fail fast when one exits."""
+                    spawned_ms: dict[str, int], timeout_s: float) -> None:
+    """Wait until every bookie is registered (writable or read-only); fail fast when one exits.
+
+    For a bookie started now, a registration node left by its previous incarnation (kill -9: the old
+    session lives until it expires) does not count: the node must name this pid or be created after spawn.
+    """
     from bksim.adapters import registration
 
     client = connect_zookeeper(config)
@@ -242,7 +250,7 @@ def wait_registered(config: Config, layout: RunLayout, slots: list[BookieSlot], 
     try:
         while pending:
             for slot in list(pending):
-                state = registration_state(client, slot.bookie_id)
+                state = registration_state(client, slot.bookie_id, pids[slot.name], spawned_ms.get(slot.name))
                 if state is not None:
                     _say(f"{slot.name}: registered {state} ({time.monotonic() - started:.2f}s)")
                     pending.remove(slot)
@@ -264,14 +272,30 @@ def wait_registered(config: Config, layout: RunLayout, slots: list[BookieSlot], 
         client.close()
 
 
-def registration_state(client, bookie_id: str) -> str | None:
-    """"writable", "read-only" or None (not registered)."""
+CTIME_SLACK_MS = 50  # ZooKeeper runs on this machine: its ctime and our wall clock are the same clock
+
+
+def registration_state(client, bookie_id: str, pid: int | None = None, spawned_ms: int | None = None) -> str | None:
+    """"writable", "read-only" or None (not registered).
+
+    With `spawned_ms`, only a node that names `pid` in its data, or was created after the spawn, counts.
+    """
     from bksim.adapters import registration
 
-    if client.exists(registration.registration_path(bookie_id, False)) is not None:
-        return "writable"
-    if client.exists(registration.registration_path(bookie_id, True)) is not None:
-        return "read-only"
+    for read_only, state in ((False, "writable"), (True, "read-only")):
+        path = registration.registration_path(bookie_id, read_only)
+        try:
+            data, stat = client.get(path)
+        except NoNodeError:
+            continue
+        if spawned_ms is None:
+            return state
+        try:
+            named_pid = json.loads(data.decode()).get("pid")
+        except (UnicodeDecodeError, ValueError, AttributeError):
+            named_pid = None
+        if named_pid == pid or (named_pid is None and stat.ctime >= spawned_ms - CTIME_SLACK_MS):
+            return state
     return None
 
 
