@@ -127,6 +127,7 @@ class AddStream:
                 self._window.release()
                 if not future.done():
                     future.set_exception(error)
+                    future.exception()  # retrieved: `stream.error` reports it; callers may stop awaiting
 
     @property
     def error(self) -> BookieUnavailable | None:

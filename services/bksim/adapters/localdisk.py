@@ -60,11 +60,13 @@ class LocalFile:
 
 class LocalDisk:
     def create(self, path: str) -> LocalFile:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        return LocalFile(path, fd)
+        # no O_APPEND: Linux pwrite() on an O_APPEND file ignores its offset (pwrite(2), BUGS)
+        return LocalFile(path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
 
     def open_append(self, path: str) -> LocalFile:
-        return LocalFile(path, os.open(path, os.O_WRONLY | os.O_APPEND))
+        fd = os.open(path, os.O_WRONLY)
+        os.lseek(fd, 0, os.SEEK_END)
+        return LocalFile(path, fd)
 
     def read(self, path: str, offset: int, length: int) -> bytes:
         fd = os.open(path, os.O_RDONLY)

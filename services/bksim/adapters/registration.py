@@ -85,7 +85,7 @@ def ensure_layout(client: KazooClient) -> str:
     for path in (LEDGERS, AVAILABLE, READONLY, COOKIES):
         client.retry(client.ensure_path, path)
     try:
-        client.retry(client.create, INSTANCEID, uuid.uuid4().hex.encode())
+        client.retry(client.create, INSTANCEID, str(uuid.uuid4()).encode())
     except NodeExistsError:
         pass  # another bookie (or `cluster init`) won the race: read theirs
     data, _ = client.retry(client.get, INSTANCEID)

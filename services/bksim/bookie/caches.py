@@ -93,7 +93,7 @@ class ReadCache:
         return entry
 
     def put(self, ledger_id: int, entry_id: int, entry: bytes) -> None:
-        if len(entry) > self._gen_bytes_max:
+        if len(entry) > self._gen_bytes_max or (ledger_id, entry_id) in self._young:
             return
         if self._young_bytes + len(entry) > self._gen_bytes_max:
             self._old, self._young, self._young_bytes = self._young, {}, 0

@@ -41,7 +41,7 @@ async def replay(disk: Disk, journal_dir: str, mark: JournalMark, instance_id: s
         try:
             file_instance = fmt.decode_file_header(data)
         except FormatError as e:
-            if newest and len(data) < fmt.FILE_HEADER_BYTES:
+            if newest and (len(data) < fmt.FILE_HEADER_BYTES or not any(data)):
                 # maybe: a crash between creating the newest file and syncing its header; nothing in it
                 # was ever acknowledged, so the file goes (a later start must not see it as an older file)
                 report.torn.append(f"{path}: torn header ({len(data)} bytes): {e}")
@@ -50,7 +50,7 @@ async def replay(disk: Disk, journal_dir: str, mark: JournalMark, instance_id: s
                 await disk.sync_dir(journal_dir)
                 continue
             raise JournalCorruptError(f"{path}: {e}") from None
-        if file_instance != instance_id:
+        if not fmt.same_instance(file_instance, instance_id):
             raise JournalCorruptError(f"{path} belongs to cluster instance {file_instance}, not {instance_id}")
         start = mark.offset if journal_id == mark.journal_id else fmt.FILE_HEADER_BYTES
         start = max(start, fmt.FILE_HEADER_BYTES)

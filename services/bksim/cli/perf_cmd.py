@@ -41,6 +41,8 @@ def register(subparsers) -> None:
                    "GROUP/PER_APPEND producers run concurrently")
     p.add_argument("--flush-when-idle", action="store_true",
                    help="let the journal's idle flush form the groups instead of a byte threshold of GROUP records")
+    p.add_argument("--depth", type=int, default=1, help="groups outstanding (default 1: each group's producers "
+                   "wait for its sync; 2: the next group is queued while one syncs)")
     p.set_defaults(func=cmd_journal_append)
 
     p = sub.add_parser("grpc-baseline", help="bare grpc.aio bidi echo stream, server in a separate process")
@@ -101,7 +103,7 @@ def cmd_journal_append(args) -> int:
         base = fsync_baseline.run(workdir, args.record_bytes, args.group, args.seconds, args.records,
                                   idle("fsync-baseline"))
         subject = journal_append.run(workdir, args.record_bytes, args.group, args.seconds, args.records,
-                                     per_append=args.per_append, flush_when_idle=args.flush_when_idle,
+                                     per_append=args.per_append, flush_when_idle=args.flush_when_idle, depth=args.depth,
                                      cpu_idle_before=idle("journal-append"))
         return [base, subject], [ratio(subject, base, journal_append.TARGET_RATIO)]
 

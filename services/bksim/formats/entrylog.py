@@ -42,9 +42,10 @@ def entry_log_file_name(log_id: int) -> str:
 def parse_entry_log_file_name(name: str) -> int | None:
     if name.endswith(".log"):
         try:
-            return int(name[:-4], 16)
+            log_id = int(name[:-4], 16)
         except ValueError:
             return None
+        return log_id if log_id >= 0 and entry_log_file_name(log_id) == name else None  # canonical names only
     return None
 
 

@@ -65,14 +65,27 @@ def journal_file_name(journal_id: int) -> str:
 def parse_journal_file_name(name: str) -> int | None:
     if len(name) == 20 and name.endswith(".txn"):
         try:
-            return int(name[:16], 16)
+            journal_id = int(name[:16], 16)
         except ValueError:
             return None
+        return journal_id if journal_file_name(journal_id) == name else None  # canonical names only
     return None
 
 
+def _instance_bytes(instance_id: str) -> bytes:
+    try:
+        return uuid.UUID(instance_id).bytes
+    except (ValueError, TypeError, AttributeError):
+        raise FormatError(f"cluster instance id {instance_id!r} is not a UUID") from None
+
+
+def same_instance(a: str, b: str) -> bool:
+    """Instance ids compare as UUIDs (with or without dashes)."""
+    return _instance_bytes(a) == _instance_bytes(b)
+
+
 def encode_file_header(instance_id: str) -> bytes:
-    return FILE_HEADER.pack(MAGIC, VERSION, uuid.UUID(instance_id).bytes)
+    return FILE_HEADER.pack(MAGIC, VERSION, _instance_bytes(instance_id))
 
 
 def decode_file_header(data: bytes) -> str:

@@ -10,10 +10,11 @@ AddRequest/AddResponse, so the baseline moves the same bytes in both directions 
 batch. Echoing the records back instead would double the bytes the baseline moves and make it *slower* than
 a bookie could be; acking with nothing would understate the (small) response cost.
 
-Client (shared with bookie-add, see `drive`): one bidi stream; an async-generator request iterator keeps at
-most `inflight` batches unacknowledged; each batch carries `batch` entries of `record_bytes` bytes in the
-format of PROTOCOL.md §1 (unique ids, CRC32C digest), built the same way for both benchmarks. A record's
-latency is from the moment its batch is handed to gRPC to the moment its ack is read.
+Client (shared with bookie-add, see `drive`): one bidi stream driven by bookie_client.AddStream, the same
+class the bookie benchmark uses, so both client sides do identical work; its window keeps at most
+`inflight` batches unacknowledged. Each batch carries `batch` entries of `record_bytes` bytes in the format
+of PROTOCOL.md §1 (unique ids, CRC32C digest, a real master key). A record's latency is from the moment
+its batch is handed to the stream to the moment its ack arrives.
 """
 from __future__ import annotations
 
@@ -24,11 +25,14 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import Callable
 
 import grpc
 
 from bksim.formats.entry import HEADER_BYTES, encode_entry
+from bksim.adapters.bookie_client import FRAME_BYTES_MAX, AddStream
+from bksim.adapters.bookie_server import server_options
+from bksim.formats.entry import master_key
 from bksim.gen import perf_echo_pb2, perf_echo_pb2_grpc
 from bksim.model.config import BookieConfig
 from bksim.perf.machine import process_cpu_s
@@ -38,12 +42,13 @@ from bksim.perf.stats import LatencyRecorder, Result, make_result
 TARGET_RATIO = 0.5
 INFLIGHT_DEFAULT = 8  # batches unacknowledged per stream
 READY_TIMEOUT_S = 30.0
-MASTER_KEY = bytes(32)  # SHA-256 sized, as the bookie expects
+RESPONSE_TIMEOUT_S = 30.0  # an ack slower than this breaks the run (BookieUnavailable)
+MASTER_KEY = master_key(b"bksim-perf")
 
 
 def channel_options() -> list[tuple[str, int]]:
-    frame = BookieConfig().frame_bytes_max
-    return [("grpc.max_send_message_length", frame), ("grpc.max_receive_message_length", frame)]
+    """The client channel options of bookie_client.BookieClient, so both benchmarks' channels match."""
+    return [("grpc.max_receive_message_length", FRAME_BYTES_MAX), ("grpc.max_send_message_length", -1)]
 
 
 # ---------------------------------------------------------------------------------------------- records
@@ -74,85 +79,88 @@ class EntryFactory:
 @dataclass
 class DriveResult:
     latencies: LatencyRecorder
-    elapsed_s: float  # first batch handed to gRPC .. last ack read
+    elapsed_s: float  # first batch handed to the stream .. last ack
     batches: int
     not_ok: int  # records acknowledged with a non-OK status (not counted in latencies)
     first_error: str
     client_cpu_s: float
 
 
-async def drive(open_stream: Callable[[AsyncIterator], AsyncIterator], make_request: Callable[[int, list[bytes]], object],
-                read_ack: Callable[[object], tuple[int, int, str]], entries: EntryFactory, batch: int,
-                inflight: int, seconds: float, records_max: int = 0) -> DriveResult:
-    """Stream batches with at most `inflight` unacknowledged, until `seconds` pass and/or `records_max` are sent.
+def build_request(request_type, batch_id: int, entries: list[bytes]):
+    """An AddRequest-shaped message (bookie_pb2.AddRequest or perf_echo_pb2.EchoRequest) of `entries`."""
+    request = request_type(batch_id=batch_id)
+    add = request.entries.add if hasattr(request, "entries") else request.records.add
+    for entry in entries:
+        add(entry=entry, master_key=MASTER_KEY, flags=0)
+    return request
 
-    open_stream(requests) -> responses; make_request(batch_id, entries) -> message;
-    read_ack(response) -> (batch id, OK record count, first non-OK reason).
+
+async def drive(stream: AddStream, request_type, entries: EntryFactory, batch: int, seconds: float,
+                records_max: int = 0) -> DriveResult:
+    """Send batches on `stream` (its window bounds the unacknowledged ones) until `seconds` pass and/or
+    `records_max` records were sent; wait for every ack. Both benchmarks use this, on the same AddStream
+    class of bksim.adapters.bookie_client, so their client sides do identical work.
     """
-    if batch <= 0 or inflight <= 0:
-        raise ValueError(f"batch and inflight must be > 0, got {batch} and {inflight}")
+    if batch <= 0:
+        raise ValueError(f"batch must be > 0, got {batch}")
     if seconds <= 0 and records_max <= 0:
         raise ValueError("need a bound: seconds > 0 or records_max > 0")
-    window = asyncio.Semaphore(inflight)
-    sent_at: dict[int, tuple[float, int]] = {}
     latencies = LatencyRecorder()
-    state = {"sent": 0, "start": 0.0, "not_ok": 0, "error": ""}
-    cpu_start = time.process_time()
+    state = {"last_ack": 0.0, "not_ok": 0, "error": "", "batches": 0}
+    futures = []
+    perf_counter = time.perf_counter
 
-    async def requests():
-        batch_id = 0
-        deadline = None
-        while True:
-            await window.acquire()
-            now = time.perf_counter()
-            if deadline is None:
-                state["start"] = now
-                deadline = now + seconds if seconds > 0 else float("inf")
-            n = batch if records_max <= 0 else min(batch, records_max - state["sent"])
-            if now >= deadline or n <= 0:
-                return
-            request = make_request(batch_id, entries.take(n))
-            state["sent"] += n
-            sent_at[batch_id] = (time.perf_counter(), n)
-            batch_id += 1
-            yield request
-
-    last_ack = 0.0
-    batches = 0
-    async for response in open_stream(requests()):
-        last_ack = time.perf_counter()
-        batch_id, ok, error = read_ack(response)
-        submitted_at, n = sent_at.pop(batch_id)
+    def on_ack(future: asyncio.Future, submitted_at: float, n: int) -> None:
+        acked_at = perf_counter()
+        state["last_ack"] = max(state["last_ack"], acked_at)
+        if future.cancelled() or future.exception() is not None:
+            return  # raised below, by gather
+        state["batches"] += 1
+        ok = sum(1 for status in future.result().statuses if status == 0)
         if ok:
-            latencies.add(last_ack - submitted_at, ok)
+            latencies.add(acked_at - submitted_at, ok)
         if ok < n:
             state["not_ok"] += n - ok
-            state["error"] = state["error"] or error or "non-OK status"
-        batches += 1
-        window.release()
-    if sent_at:
-        raise RuntimeError(f"stream ended with {len(sent_at)} batches unacknowledged")
-    return DriveResult(latencies, last_ack - state["start"], batches, state["not_ok"], state["error"],
+            state["error"] = state["error"] or future.result().message or "non-OK status"
+
+    cpu_start = time.process_time()
+    start = perf_counter()
+    deadline = start + seconds if seconds > 0 else float("inf")
+    sent = 0
+    batch_id = 0
+    while perf_counter() < deadline:
+        n = batch if records_max <= 0 else min(batch, records_max - sent)
+        if n <= 0:
+            break
+        request = build_request(request_type, batch_id, entries.take(n))
+        future = await stream.send_request(request)  # waits for window room
+        submitted_at = perf_counter()
+        future.add_done_callback(lambda f, t=submitted_at, k=n: on_ack(f, t, k))
+        futures.append(future)
+        sent += n
+        batch_id += 1
+        if len(futures) > 4096:  # keep the list short: drop acknowledged ones
+            futures = [f for f in futures if not f.done()]
+    await asyncio.gather(*futures)  # raises BookieUnavailable if the stream broke
+    await asyncio.sleep(0)  # let the last done-callbacks run
+    await stream.close()
+    return DriveResult(latencies, state["last_ack"] - start, state["batches"], state["not_ok"], state["error"],
                        time.process_time() - cpu_start)
 
 
 # ---------------------------------------------------------------------------------------------- echo client
+class _EchoAsBookieStub:
+    """Lets bookie_client.AddStream drive the echo service: Echo has AddEntries' exact message shapes."""
+
+    def __init__(self, channel) -> None:
+        self.AddEntries = perf_echo_pb2_grpc.PerfEchoStub(channel).Echo
+
+
 async def drive_echo(channel, record_bytes: int, batch: int, inflight: int, seconds: float,
                      records_max: int = 0) -> DriveResult:
-    stub = perf_echo_pb2_grpc.PerfEchoStub(channel)
-
-    def make_request(batch_id: int, items: list[bytes]):
-        request = perf_echo_pb2.EchoRequest(batch_id=batch_id)
-        add = request.records.add
-        for entry in items:
-            add(entry=entry, master_key=MASTER_KEY, flags=0)
-        return request
-
-    def read_ack(ack) -> tuple[int, int, str]:
-        return ack.batch_id, sum(1 for s in ack.statuses if s == 0), ack.message
-
-    return await drive(stub.Echo, make_request, read_ack, EntryFactory(record_bytes, ledger_id=1), batch,
-                       inflight, seconds, records_max)
+    stream = AddStream(_EchoAsBookieStub(channel), inflight, RESPONSE_TIMEOUT_S)
+    return await drive(stream, perf_echo_pb2.EchoRequest, EntryFactory(record_bytes, ledger_id=1), batch,
+                       seconds, records_max)
 
 
 async def wait_channel_ready(channel, timeout_s: float, alive: Callable[[], bool], what: str) -> None:
@@ -185,7 +193,7 @@ def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds:
 
 async def _measure(server: Child, port: int, record_bytes: int, batch: int, inflight: int, seconds: float,
                    records_max: int, idle_guard: Callable[[str], float]) -> Result:
-    alive = lambda: server.exited() is None  # noqa: E731
+    alive = server.alive
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=channel_options()) as channel:
         try:
             await wait_channel_ready(channel, READY_TIMEOUT_S, alive, f"echo server (pid {server.pid})")
@@ -220,7 +228,7 @@ class EchoServicer(perf_echo_pb2_grpc.PerfEchoServicer):
 
 
 async def serve(port: int, host: str = "127.0.0.1") -> None:
-    server = grpc.aio.server(options=channel_options())
+    server = grpc.aio.server(options=server_options(BookieConfig()))  # the bookie's server options
     perf_echo_pb2_grpc.add_PerfEchoServicer_to_server(EchoServicer(), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()

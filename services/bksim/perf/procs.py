@@ -1,20 +1,19 @@
-"""Child processes of a benchmark (echo server, ZooKeeper, bookie): start in their own session, stop by pid.
+"""The child processes of one benchmark run (echo server, ZooKeeper, bookie), over bksim.adapters.processes.
 
-Every process started here is stopped by `ProcessGroup.stop_all()` (SIGTERM, bounded wait, then SIGKILL),
-which the benchmarks call in a `finally`, so Ctrl-C or an exception never leaves a server behind. Only
-pids this object started are ever signalled.
+Every process started through a `ProcessGroup` is stopped by `stop_all()` (SIGTERM, bounded wait, then
+SIGKILL, by pid), which the benchmarks call in a `finally`, so Ctrl-C or an exception never leaves a server
+behind. Only pids this group started are ever signalled.
 """
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
+from typing import Callable
 
-STOP_GRACE_S = 10.0  # a bookie checkpoints on SIGTERM; give it time before SIGKILL
+from bksim.adapters import processes
+
+STOP_GRACE_S = 15.0  # a bookie drains and checkpoints on SIGTERM; give it time before SIGKILL
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -27,76 +26,44 @@ def free_port(host: str = "127.0.0.1") -> int:
 @dataclass
 class Child:
     name: str
-    proc: subprocess.Popen
+    pid: int
     log_path: str
+    stopper: Callable[[], bool] | None = None  # custom stop (e.g. ZooKeeperServer.stop); default SIGTERM/KILL
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def exited(self) -> int | None:
-        return self.proc.poll()
+    def alive(self) -> bool:
+        return processes.is_alive(self.pid)
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 16384))
-                text = f.read().decode(errors="replace")
-        except OSError as e:
-            return f"(no log: {e})"
-        return "\n".join(text.splitlines()[-lines:])
+        return processes.tail(self.log_path, lines)
 
 
 @dataclass
 class ProcessGroup:
-    """The children of one benchmark run."""
-
     children: list[Child] = field(default_factory=list)
 
-    def spawn(self, name: str, argv: list[str], log_path: str, env: dict[str, str] | None = None,
-              cwd: str | None = None) -> Child:
-        log = open(log_path, "ab")
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=env, cwd=cwd, start_new_session=True)
-        finally:
-            log.close()
-        child = Child(name, proc, log_path)
+    def spawn(self, name: str, argv: list[str], log_path: str, env: dict[str, str] | None = None) -> Child:
+        child = Child(name, processes.spawn(argv, env, log_path), log_path)
         self.children.append(child)
         return child
 
-    def stop(self, child: Child, grace_s: float = STOP_GRACE_S) -> int:
-        """SIGTERM, wait up to `grace_s`, then SIGKILL; return the exit code."""
-        if child.proc.poll() is None:
-            try:
-                os.kill(child.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                child.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                print(f"# {child.name} (pid {child.pid}) ignored SIGTERM for {grace_s:.0f} s: SIGKILL",
-                      file=sys.stderr)
-                os.kill(child.pid, signal.SIGKILL)
-                child.proc.wait(timeout=grace_s)
-        if child in self.children:
+    def adopt(self, name: str, pid: int, log_path: str, stopper: Callable[[], bool]) -> Child:
+        """Track a process another adapter started (it is stopped with `stopper`)."""
+        child = Child(name, pid, log_path, stopper)
+        self.children.append(child)
+        return child
+
+    def stop(self, child: Child, grace_s: float = STOP_GRACE_S) -> bool:
+        """Stop one child; True when it is gone."""
+        gone = child.stopper() if child.stopper else processes.stop(child.pid, grace_s)
+        if gone and child in self.children:
             self.children.remove(child)
-        return child.proc.returncode
+        return gone
 
     def stop_all(self) -> None:
-        """Stop every child, newest first (a bookie before its ZooKeeper)."""
+        """Stop every child, newest first (a bookie before its ZooKeeper); report any that would not go."""
         for child in reversed(list(self.children)):
             try:
-                self.stop(child)
+                if not self.stop(child):
+                    print(f"# {child.name} (pid {child.pid}) did not stop", file=sys.stderr)
             except Exception as e:  # keep stopping the others
                 print(f"# could not stop {child.name} (pid {child.pid}): {e}", file=sys.stderr)
-
-
-def wait_until(predicate, timeout_s: float, interval_s: float = 0.05, what: str = "condition") -> None:
-    """Poll `predicate()` until true, or raise TimeoutError after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout_s:.1f} s waiting for {what}")
-        time.sleep(interval_s)

@@ -183,3 +183,38 @@ def test_explicit_lac_is_journaled(engines):
         assert await e.read_lac(1) == (S.OK, 4, 4, "")
         await e.close()
     run(scenario())
+
+
+def test_rolled_entry_logs_carry_their_ledger_map_and_reads_span_logs(engines):
+    async def scenario():
+        e = await engines.started(entry_log_bytes_max=2048)
+        await e.add_entries([(entry(1 + i % 2, i // 2, b"x" * 300), KEY, 0) for i in range(20)])
+        await e.checkpoint()
+        log_dir = os.path.join(engines.ledger_dir, "entrylogs")
+        sealed = 0
+        for name in sorted(os.listdir(log_dir)):
+            data = open(os.path.join(log_dir, name), "rb").read()
+            header, records, problem = entrylog.scan(data)
+            assert problem is None
+            if header.ledger_map_offset:  # a rolled log: the patched header names its ledger map
+                sealed += 1
+                maps = [r for r in records if r.ledger_map is not None]
+                assert len(maps) == 1 and maps[0].offset == header.ledger_map_offset
+                assert set(maps[0].ledger_map) <= {1, 2} and header.ledger_count == len(maps[0].ledger_map)
+        assert sealed >= 3
+        for i in range(20):
+            assert (await e.read_entry(1 + i % 2, i // 2))[1] == entry(1 + i % 2, i // 2, b"x" * 300)
+        await e.close()
+    run(scenario())
+
+
+def test_instance_id_with_or_without_dashes_is_the_same_cluster(engines):
+    async def scenario():
+        engines.instance_id = engines.instance_id.replace("-", "")
+        e = await engines.started()
+        await e.add_entries([(entry(1, 0), KEY, 0)])
+        e.abandon()
+        e = await engines.started()
+        assert e.replay_report.records >= 1 and (await e.read_entry(1, 0))[0] == S.OK
+        await e.close()
+    run(scenario())
