@@ -1,0 +1,253 @@
+"""Real `bksim bookie run` processes for integration tests, and the workload helpers they share.
+
+`BookieProcess` starts a bookie with processes.spawn (its own session, log file), passes configuration
+only through BKSIM_ environment variables (cwd is the test's tmp dir, so no deploy/bksim.toml is read),
+and waits for observable conditions with deadlines: the ZooKeeper registration owned by a new session,
+the process exit. Nothing here sleeps to synchronise.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import random
+import sys
+from dataclasses import dataclass, field
+
+from kazoo.client import KazooClient
+
+from bksim.adapters import processes
+from bksim.adapters.bookie_client import BookieClient, BookieUnavailable
+from bksim.formats.entry import encode_entry, master_key
+from bksim.model.status import StatusCode
+from helpers import free_port, wait_until
+
+SESSION_TIMEOUT_MS = 2000  # with the fixture's 200 ms tick: a killed bookie's node expires in ~2 s
+START_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 15.0
+MARKER = "bksim.cli.main bookie run"
+PASSWORD = b"secret"
+KEY = master_key(PASSWORD)
+
+
+class BookieProcess:
+    """One bookie process with fixed directories; can be started, killed and restarted."""
+
+    def __init__(self, zookeeper, base_dir: str, name: str = "bookie", env: dict[str, str] | None = None,
+                 journal_dir: str | None = None, ledger_dir: str | None = None, port: int | None = None) -> None:
+        self.zookeeper = zookeeper
+        self.base_dir = os.path.join(str(base_dir), name)
+        os.makedirs(self.base_dir, exist_ok=True)
+        self.port = port or free_port()
+        self.bookie_id = f"127.0.0.1:{self.port}"
+        self.address = self.bookie_id
+        self.journal_dir = journal_dir or os.path.join(self.base_dir, "journal")
+        self.ledger_dir = ledger_dir or os.path.join(self.base_dir, "ledgers")
+        self.extra_env = dict(env or {})
+        self.log_path = os.path.join(self.base_dir, "bookie.log")
+        self.pid: int | None = None
+        self._popen = None
+        self.starts = 0
+
+    def environment(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
+        env.update({
+            "BKSIM_CLUSTER_RUN_DIR": self.base_dir,
+            "BKSIM_ZOOKEEPER_HOST": self.zookeeper.host,
+            "BKSIM_ZOOKEEPER_PORT": str(self.zookeeper.port),
+            "BKSIM_ZOOKEEPER_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
+            "BKSIM_BOOKIE_PORT": str(self.port),
+            "BKSIM_BOOKIE_JOURNAL_DIR": self.journal_dir,
+            "BKSIM_BOOKIE_LEDGER_DIR": self.ledger_dir,
+            "BKSIM_BOOKIE_SHUTDOWN_GRACE_MS": "3000",
+            "BKSIM_BOOKIE_DISK_CHECK_INTERVAL_MS": "100",
+        })
+        env.update(self.extra_env)
+        return env
+
+    # -- life cycle --------------------------------------------------------------------------------------
+
+    def spawn(self) -> int:
+        """Start the process (does not wait for anything)."""
+        self.starts += 1
+        with open(self.log_path, "a") as f:
+            f.write(f"\n===== start #{self.starts} =====\n")
+        argv = [sys.executable, "-m", "bksim.cli.main", "bookie", "run"]
+        self.pid = processes.spawn(argv, self.environment(), self.log_path, cwd=self.base_dir)
+        self._popen = processes._children.get(self.pid)  # kept for the exit code (see report: exit_code(pid))
+        return self.pid
+
+    def start(self, zk: KazooClient, previous_owner: int | None = None) -> int:
+        """Spawn and wait until registered by a session other than `previous_owner`; returns the new owner."""
+        self.spawn()
+        return self.wait_registered(zk, previous_owner)
+
+    def wait_registered(self, zk: KazooClient, previous_owner: int | None = None, read_only: bool = False,
+                        timeout_s: float = START_TIMEOUT_S) -> int:
+        path = registration_path(self.bookie_id, read_only)
+
+        def registered():
+            if not self.alive():
+                raise AssertionError(f"bookie exited with {self.exit_code()} during start-up:\n{self.log_tail()}")
+            stat = zk.exists(path)
+            return stat is not None and stat.ephemeralOwner != previous_owner and stat.ephemeralOwner
+
+        try:
+            return wait_until(registered, timeout_s, interval_s=0.05, message=f"{path} registered")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n--- bookie log ---\n{self.log_tail()}") from None
+
+    def owner(self, zk: KazooClient, read_only: bool = False) -> int | None:
+        stat = zk.exists(registration_path(self.bookie_id, read_only))
+        return stat.ephemeralOwner if stat is not None else None
+
+    def alive(self) -> bool:
+        return processes.is_alive(self.pid, MARKER)
+
+    def kill9(self) -> None:
+        assert processes.kill9(self.pid, timeout_s=10.0, expect_in_cmdline=MARKER), f"pid {self.pid} survived SIGKILL"
+
+    def terminate(self) -> int | None:
+        """SIGTERM and wait (bounded) for the exit; returns the exit code."""
+        assert processes.terminate(self.pid, MARKER), f"bookie pid {self.pid} not running:\n{self.log_tail()}"
+        assert processes.wait_exit(self.pid, STOP_TIMEOUT_S), f"bookie did not exit after SIGTERM:\n{self.log_tail()}"
+        return self.exit_code()
+
+    def wait_exit(self, timeout_s: float = START_TIMEOUT_S) -> int | None:
+        assert processes.wait_exit(self.pid, timeout_s), f"bookie still running:\n{self.log_tail()}"
+        return self.exit_code()
+
+    def exit_code(self) -> int | None:
+        return self._popen.poll() if self._popen is not None else None
+
+    def cleanup(self) -> None:
+        if self.pid is not None and self.alive():
+            processes.stop(self.pid, STOP_TIMEOUT_S, MARKER)
+
+    def log_text(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return processes.tail(self.log_path, lines)
+
+    def last_start_log(self) -> str:
+        return self.log_text().rsplit("===== start #", 1)[-1]
+
+
+def registration_path(bookie_id: str, read_only: bool = False) -> str:
+    return f"/ledgers/available/{'readonly/' if read_only else ''}{bookie_id}"
+
+
+def kazoo_client(zookeeper) -> KazooClient:
+    import logging
+    client = KazooClient(hosts=zookeeper.connect, timeout=5.0, logger=logging.getLogger("tests.kazoo"))
+    client.start(timeout=10.0)
+    return client
+
+
+# -- workload ------------------------------------------------------------------------------------------
+
+@dataclass
+class Workload:
+    """Entries for a few interleaved ledgers with varied, deterministic payloads; remembers what was acked."""
+
+    ledgers: tuple[int, ...]
+    seed: int = 1
+    payload_bytes_max: int = 3000
+    next_entry: dict[int, int] = field(default_factory=dict)
+    acked: dict[tuple[int, int], bytes] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+        for ledger in self.ledgers:
+            self.next_entry.setdefault(ledger, 0)
+
+    def batch(self, size: int) -> list[tuple[bytes, bytes, int]]:
+        out = []
+        for _ in range(size):
+            ledger = self._rng.choice(self.ledgers)
+            entry_id = self.next_entry[ledger]
+            self.next_entry[ledger] = entry_id + 1
+            payload = self._rng.randbytes(self._rng.randint(0, self.payload_bytes_max))
+            out.append((encode_entry(ledger, entry_id, entry_id - 1, 0, payload), KEY, 0))
+        return out
+
+    def record(self, entries, statuses) -> int:
+        n = 0
+        for (entry, _, _), status in zip(entries, statuses):
+            if status == StatusCode.OK:
+                ledger, entry_id = int.from_bytes(entry[:8], "big", signed=True), int.from_bytes(entry[8:16], "big", signed=True)
+                self.acked[(ledger, entry_id)] = entry
+                n += 1
+        return n
+
+
+async def stream_until(client: BookieClient, workload: Workload, acked_target: int, batch_size: int,
+                       window_max: int = 16, on_target=None) -> int:
+    """Pipeline batches until `acked_target` entries are acknowledged, then call `on_target()` (e.g. kill -9)
+    and collect every answer that still arrived. Returns the number of acknowledged entries.
+
+    Before `on_target` every answer must be OK; after it, an unanswered batch has an unknown outcome.
+    """
+    stream = client.add_stream(window_max=window_max, response_timeout_s=10.0)
+    inflight: collections.deque = collections.deque()
+    fired = False
+    batch_id = 0
+    try:
+        while True:
+            if not fired and len(workload.acked) >= acked_target:
+                fired = True
+                if on_target is not None:
+                    on_target()
+            if not fired and len(inflight) < window_max:
+                entries = workload.batch(batch_size)
+                inflight.append((await stream.send(batch_id, entries), entries))
+                batch_id += 1
+                continue
+            if not inflight:
+                break
+            future, entries = inflight.popleft()
+            try:
+                result = await stream.result(future)
+            except BookieUnavailable:
+                if fired:
+                    break  # answers are in order: nothing later was answered either
+                raise
+            if not fired:
+                assert all(s == StatusCode.OK for s in result.statuses), result
+            workload.record(entries, result.statuses)
+    finally:
+        await stream.close(timeout_s=2.0)
+    return len(workload.acked)
+
+
+async def read_back(client: BookieClient, expected: dict[tuple[int, int], bytes], concurrency: int = 64) -> list[str]:
+    """Read every expected entry; return a list of problems (empty = all identical)."""
+    problems: list[str] = []
+    keys = sorted(expected)
+    for i in range(0, len(keys), concurrency):
+        chunk = keys[i:i + concurrency]
+        results = await asyncio.gather(*(client.read_entry(l, e) for l, e in chunk))
+        for (l, e), r in zip(chunk, results):
+            if r.status != StatusCode.OK:
+                problems.append(f"{l}:{e} -> {r.status.name} {r.message}")
+            elif r.entry != expected[(l, e)]:
+                problems.append(f"{l}:{e} -> different bytes ({len(r.entry)} vs {len(expected[(l, e)])})")
+    return problems
+
+
+async def wait_serving(address: str, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Wait until the bookie's gRPC health check says SERVING (bounded)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with BookieClient(address, deadline_s=1.0) as client:
+        while True:
+            try:
+                if await client.health() == "SERVING":
+                    return
+            except BookieUnavailable:
+                pass
+            if loop.time() >= deadline:
+                raise AssertionError(f"bookie {address} not SERVING within {timeout_s:.0f}s")
+            await asyncio.sleep(0.05)  # poll interval of a bounded wait, not synchronisation
