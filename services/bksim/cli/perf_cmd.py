@@ -121,13 +121,16 @@ def cmd_grpc_baseline(args) -> int:
 
 
 def cmd_bookie_add(args) -> int:
+    from bksim.cli import config as cfgload
     from bksim.perf import bookie_add, grpc_baseline
+
+    config = cfgload.load(args.config)  # the bookie process loads the same file (and environment) itself
 
     def measure(workdir: str, idle: Callable[[str], float]) -> tuple[list[Result], list[Ratio]]:
         base = grpc_baseline.measure(workdir, args.record_bytes, args.group, args.inflight, args.seconds,
                                      args.records, idle)
         subject = bookie_add.measure(workdir, args.record_bytes, args.group, args.inflight, args.seconds,
-                                     args.records, idle, config_path=args.config)
+                                     args.records, idle, config, config_path=args.config)
         return [base, subject], [ratio(subject, base, bookie_add.TARGET_RATIO)]
 
     return _run("bookie-add", args, measure)

@@ -1,0 +1,109 @@
+"""bookie-add: AddEntries batches against one real bookie process, compared with grpc-baseline.
+
+Starts a real ZooKeeper (adapters.zookeeper_server) and one `bksim bookie run` process (its port, run dir,
+journal and ledger dirs given as BKSIM_ environment overrides, everything under the benchmark's temp dir),
+waits until the bookie's gRPC health says SERVING, then streams AddRequests through
+bookie_client.AddStream with the same window, batch size, record size and entry factory as grpc-baseline
+(`grpc_baseline.drive`), and waits for every ack. OK means the entry is durable (journal fsync). The
+bookie is stopped with SIGTERM (drain + checkpoint; its stop time is reported), then ZooKeeper, by pid.
+
+Target on this machine: >= 0.5x grpc-baseline's records/s at the same batch size.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from typing import Callable
+
+from bksim.adapters.bookie_client import BookieClient, BookieUnavailable
+from bksim.adapters.zookeeper_server import ZooKeeperServer
+from bksim.gen import bookie_pb2
+from bksim.model.config import Config
+from bksim.perf.grpc_baseline import RESPONSE_TIMEOUT_S, EntryFactory, drive, drive_result
+from bksim.perf.machine import process_cpu_s
+from bksim.perf.procs import Child, ProcessGroup, free_port
+from bksim.perf.stats import Result
+
+TARGET_RATIO = 0.5
+ZOOKEEPER_READY_TIMEOUT_S = 60.0
+BOOKIE_READY_TIMEOUT_S = 60.0
+LEDGER_ID = 7
+
+
+def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds: float, records_max: int,
+            idle_guard: Callable[[str], float], config: Config, config_path: str | None = None) -> Result:
+    """Start ZooKeeper + one bookie under `workdir`, measure adds, stop both; return the figures."""
+    group = ProcessGroup()
+    run_dir = os.path.join(workdir, "cluster")
+    os.makedirs(run_dir, exist_ok=True)
+    try:
+        zk = ZooKeeperServer("127.0.0.1", free_port(), os.path.join(run_dir, "zookeeper"),
+                             config.zookeeper.tick_time_ms, config.zookeeper.heap_mb,
+                             os.path.join(run_dir, "zookeeper.log"))
+        zk.start()
+        group.adopt("zookeeper", zk.pid, zk.log_path, zk.stop)
+        zk.wait_ready(ZOOKEEPER_READY_TIMEOUT_S)
+        port = free_port()
+        bookie_home = os.path.join(run_dir, f"bookie-{port}")
+        env = dict(os.environ)
+        env.update({
+            "BKSIM_CLUSTER_RUN_DIR": run_dir,
+            "BKSIM_ZOOKEEPER_HOST": zk.host,
+            "BKSIM_ZOOKEEPER_PORT": str(zk.port),
+            "BKSIM_BOOKIE_HOST": "127.0.0.1",
+            "BKSIM_BOOKIE_PORT": str(port),
+            "BKSIM_BOOKIE_BOOKIE_ID": f"127.0.0.1:{port}",
+            "BKSIM_BOOKIE_JOURNAL_DIR": os.path.join(bookie_home, "journal"),
+            "BKSIM_BOOKIE_LEDGER_DIR": os.path.join(bookie_home, "ledgers"),
+            "PYTHONUNBUFFERED": "1",
+        })
+        argv = [sys.executable, "-m", "bksim.cli.main"] + (["--config", config_path] if config_path else [])
+        bookie = group.spawn("bookie", argv + ["bookie", "run"], os.path.join(run_dir, "bookie.log"), env)
+        result, bookie_cpu_s, idle = asyncio.run(_measure(bookie, port, record_bytes, batch, inflight, seconds,
+                                                          records_max, idle_guard))
+        stop_started = time.monotonic()
+        stopped = group.stop(bookie)
+        stop_s = time.monotonic() - stop_started
+    finally:
+        group.stop_all()
+    out = drive_result("bookie-add", record_bytes, batch, inflight, result, idle, bookie_cpu_s)
+    out.extra["bookie_stop_s"] = stop_s if stopped else -1.0
+    return out
+
+
+async def _measure(bookie: Child, port: int, record_bytes: int, batch: int, inflight: int, seconds: float,
+                   records_max: int, idle_guard: Callable[[str], float]):
+    async with BookieClient(f"127.0.0.1:{port}", deadline_s=RESPONSE_TIMEOUT_S) as client:
+        await _wait_serving(client, bookie)
+        idle = idle_guard("bookie-add")
+        cpu_start = process_cpu_s(bookie.pid)
+        stream = client.add_stream(window_max=inflight, response_timeout_s=RESPONSE_TIMEOUT_S)
+        try:
+            result = await drive(stream, bookie_pb2.AddRequest, EntryFactory(record_bytes, LEDGER_ID), batch,
+                                 seconds, records_max)
+        except BookieUnavailable as e:
+            raise RuntimeError(f"bookie (pid {bookie.pid}) stream broke: {e}; its log:\n{bookie.log_tail()}") from None
+        cpu_s = process_cpu_s(bookie.pid) - cpu_start
+    return result, cpu_s, idle
+
+
+async def _wait_serving(client: BookieClient, bookie: Child) -> None:
+    """Wait (bounded) until the bookie's health check says SERVING; fail fast with its log if it exits."""
+    deadline = time.monotonic() + BOOKIE_READY_TIMEOUT_S
+    last = ""
+    while True:
+        if not bookie.alive():
+            raise RuntimeError(f"bookie (pid {bookie.pid}) exited during start-up; its log:\n{bookie.log_tail()}")
+        try:
+            await client.wait_ready(0.5)
+            last = await client.health(deadline_s=1.0)
+            if last == "SERVING":
+                return
+        except BookieUnavailable as e:
+            last = str(e)
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"bookie (pid {bookie.pid}) not SERVING after {BOOKIE_READY_TIMEOUT_S:.0f} s "
+                               f"(last: {last}); its log:\n{bookie.log_tail()}")
+        await asyncio.sleep(0.1)
