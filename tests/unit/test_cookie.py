@@ -132,3 +132,12 @@ def test_zookeeper_cookie_naming_another_bookie_refuses():
     wrong = Cookie("127.0.0.1:9999", INSTANCE, J, L)
     with pytest.raises(CookieError, match="names bookie 127.0.0.1:9999"):
         verify(zk=wrong, jc=MINE, lc=MINE, jdata=True, ldata=True)
+
+
+def test_swapped_ledger_directory_is_named_as_another_bookies_not_as_moved():
+    # bookie A restarted with its own journal but B's ledger directory: A's journal cookie records A's old
+    # ledger path (a "moved" mismatch), but the more specific diagnosis is B's cookie in the ledger dir
+    b_ledgers = "/data/b2/ledgers"
+    theirs = Cookie("127.0.0.1:3182", INSTANCE, "/data/b2/journal", b_ledgers)
+    with pytest.raises(CookieError, match=f"ledger directory {b_ledgers} holds the cookie of bookie 127.0.0.1:3182"):
+        verify(zk=MINE, jc=MINE, lc=theirs, jdata=True, ldata=True, dirs=(J, b_ledgers))

@@ -85,10 +85,12 @@ def verify(bookie_id: str, instance_id: str, dirs: tuple[str, str], zk_cookie: C
 
     if zk_cookie is not None:
         _check_zk_cookie(zk_cookie, bookie_id, instance_id)
-    for d in unique_dirs:
-        found = dir_cookies.get(d)
-        if found is not None:
-            _check_dir_cookie(expected, found, d, role[d])
+    # identity first (the most specific diagnosis: another bookie's or another cluster's directory), then paths
+    for check in (_check_dir_identity, _check_dir_paths):
+        for d in unique_dirs:
+            found = dir_cookies.get(d)
+            if found is not None:
+                check(expected, found, d, role[d])
 
     if zk_cookie is None:
         with_cookie = [d for d in unique_dirs if dir_cookies.get(d) is not None]
@@ -130,7 +132,7 @@ def _check_zk_cookie(zk_cookie: Cookie, bookie_id: str, instance_id: str) -> Non
             f"but /ledgers/INSTANCEID is {instance_id}: the cluster metadata was re-created; refusing to start")
 
 
-def _check_dir_cookie(expected: Cookie, found: Cookie, d: str, role: str) -> None:
+def _check_dir_identity(expected: Cookie, found: Cookie, d: str, role: str) -> None:
     if found.bookie_id != expected.bookie_id:
         raise CookieError(
             f"{role} {d} holds the cookie of bookie {found.bookie_id}, not of bookie {expected.bookie_id}: "
@@ -140,6 +142,9 @@ def _check_dir_cookie(expected: Cookie, found: Cookie, d: str, role: str) -> Non
         raise CookieError(
             f"{role} {d} holds a cookie of cluster instance {found.instance_id}, but this cluster is "
             f"{expected.instance_id}: the directory comes from another cluster; refusing to start")
+
+
+def _check_dir_paths(expected: Cookie, found: Cookie, d: str, role: str) -> None:
     if (found.journal_dir, found.ledger_dir) != (expected.journal_dir, expected.ledger_dir):
         raise CookieError(
             f"{role} {d} holds a cookie for journal_dir={found.journal_dir} ledger_dir={found.ledger_dir}, "

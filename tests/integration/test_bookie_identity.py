@@ -1,0 +1,124 @@
+"""Cookies with real processes: a bookie whose directories were wiped or swapped refuses to start and says why.
+
+Also: a bookie whose ZooKeeper session expires (SIGSTOP longer than the session timeout) re-registers
+by itself when it runs again.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+
+import pytest
+
+from bksim.adapters.bookie_client import BookieClient
+from bksim.bookie import cookie as cookies
+from bksim.formats.entry import encode_entry
+from integration.bookie_harness import KEY, BookieProcess, kazoo_client, registration_path
+from helpers import wait_until
+
+
+@pytest.fixture
+def zk(zookeeper):
+    client = kazoo_client(zookeeper)
+    yield client
+    client.stop()
+    client.close()
+
+
+@pytest.fixture
+def bookies():
+    started: list[BookieProcess] = []
+    yield started
+    for b in started:
+        b.cleanup()
+
+
+def add_some(bookie: BookieProcess, ledger: int) -> None:
+    async def scenario():
+        async with BookieClient(bookie.address) as client:
+            stream = client.add_stream()
+            result = await stream.add(0, [(encode_entry(ledger, i, i - 1, 0, b"data"), KEY, 0) for i in range(10)])
+            await stream.close()
+            assert result.ok, result
+    asyncio.run(scenario())
+
+
+def test_first_start_writes_cookies_everywhere(zookeeper, zk, bookies, tmp_path):
+    bookie = BookieProcess(zookeeper, tmp_path)
+    bookies.append(bookie)
+    bookie.start(zk)
+    data, _ = zk.get(f"/ledgers/cookies/{bookie.bookie_id}")
+    in_zk = cookies.decode(data)
+    instance_id = zk.get("/ledgers/INSTANCEID")[0].decode()
+    assert in_zk == cookies.Cookie(bookie.bookie_id, instance_id, bookie.journal_dir, bookie.ledger_dir)
+    for d in (bookie.journal_dir, bookie.ledger_dir):
+        with open(os.path.join(d, "COOKIE"), "rb") as f:
+            assert cookies.decode(f.read()) == in_zk
+    registered = json.loads(zk.get(registration_path(bookie.bookie_id))[0])
+    assert registered == {"bookie_id": bookie.bookie_id, "host": "127.0.0.1", "port": bookie.port,
+                          "state": "writable"}
+
+
+@pytest.mark.parametrize("wiped", ["ledger", "journal"])
+def test_wiped_directory_refuses_to_start(zookeeper, zk, bookies, tmp_path, wiped):
+    bookie = BookieProcess(zookeeper, tmp_path)
+    bookies.append(bookie)
+    bookie.start(zk)
+    add_some(bookie, 201)
+    assert bookie.terminate() == 0
+    victim = bookie.ledger_dir if wiped == "ledger" else bookie.journal_dir
+    shutil.rmtree(victim)
+
+    bookie.spawn()
+    assert bookie.wait_exit() == 2
+    log = bookie.last_start_log()
+    assert f"{wiped} directory {victim} has no cookie but ZooKeeper has one for bookie {bookie.bookie_id}" in log
+    assert "wiped or replaced" in log
+    assert zk.exists(registration_path(bookie.bookie_id)) is None
+    assert "gRPC server listening" not in log
+
+
+def test_swapped_directories_refuse_to_start(zookeeper, zk, bookies, tmp_path):
+    a = BookieProcess(zookeeper, tmp_path, name="a")
+    b = BookieProcess(zookeeper, tmp_path, name="b")
+    bookies.extend([a, b])
+    for bookie, ledger in ((a, 211), (b, 212)):
+        bookie.start(zk)
+        add_some(bookie, ledger)
+        assert bookie.terminate() == 0
+
+    # a restarted with b's ledger directory (and its own journal)
+    swapped = BookieProcess(zookeeper, tmp_path, name="a", port=a.port, journal_dir=a.journal_dir,
+                            ledger_dir=b.ledger_dir)
+    bookies.append(swapped)
+    swapped.spawn()
+    assert swapped.wait_exit() == 2
+    log = swapped.last_start_log()
+    assert f"ledger directory {b.ledger_dir} holds the cookie of bookie {b.bookie_id}, not of bookie {a.bookie_id}" in log
+    assert zk.exists(registration_path(a.bookie_id)) is None
+
+    # both restarted on their own directories are fine (nothing was changed by the refused start)
+    for bookie in (a, b):
+        bookie.start(zk)
+        assert bookie.alive()
+
+
+def test_session_expiry_re_registers(zookeeper, zk, bookies, tmp_path):
+    bookie = BookieProcess(zookeeper, tmp_path)
+    bookies.append(bookie)
+    owner = bookie.start(zk)
+    os.kill(bookie.pid, signal.SIGSTOP)
+    try:
+        # the server expires the frozen bookie's session (timeout 2 s) and deletes its ephemeral node
+        wait_until(lambda: zk.exists(registration_path(bookie.bookie_id)) is None, 15.0,
+                   message="the stopped bookie's registration to expire")
+    finally:
+        os.kill(bookie.pid, signal.SIGCONT)
+    new_owner = bookie.wait_registered(zk, previous_owner=owner)
+    assert new_owner != owner
+    wait_until(lambda: "re-registered at /ledgers/available/" in bookie.last_start_log(), 5.0,
+               message="the re-registration log line")
+    add_some(bookie, 221)  # still serving
