@@ -14,8 +14,8 @@ import pytest
 from bksim.adapters.bookie_client import BookieClient
 from bksim.formats.entry import encode_entry
 from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode
-from bksim.adapters import registration
-from integration.bookie_harness import (KEY, BookieProcess, Workload, kazoo_client, read_back,
+from bksim.adapters import processes, registration
+from integration.bookie_harness import (KEY, MARKER, BookieProcess, Workload, kazoo_client, read_back,
                                         stream_until, wait_serving)
 
 
@@ -122,13 +122,15 @@ def test_sigterm_exits_zero_deregisters_and_loses_nothing(zookeeper, zk, bookies
     bookies.append(bookie)
     bookie.start(zk)
     workload = Workload(ledgers=(31, 32), seed=31)
+    sigterm = lambda: processes.terminate(bookie.pid, MARKER)  # noqa: E731 - mid-stream, adds in flight
 
     async def write():
         async with BookieClient(bookie.address) as client:
-            await stream_until(client, workload, 1_500, batch_size=50)
+            await stream_until(client, workload, 1_500, batch_size=50, on_target=sigterm)
 
     asyncio.run(write())
-    assert bookie.terminate() == 0, bookie.log_tail()
+    assert len(workload.acked) >= 1_500
+    assert bookie.wait_exit(15.0) == 0, bookie.log_tail()
     assert zk.exists(registration.registration_path(bookie.bookie_id, False)) is None
     assert zk.exists(registration.registration_path(bookie.bookie_id, True)) is None
     log = bookie.last_start_log()
