@@ -202,3 +202,30 @@ def test_up_accepts_a_read_only_registration(tmp_path, clean_env, monkeypatch):
         assert cluster_cmd.cmd_up(_args(config)) == 0
     finally:
         assert cluster_cmd.cmd_down(_args(config)) == 0
+
+
+def test_up_with_real_bookies_survives_kill9_and_restart(tmp_path):
+    """`bksim bookie run` processes: up registers them, a kill -9'd one is restarted by `up`, down stops all."""
+    config = write_config(tmp_path, bookies=2)
+    run = tmp_path / "run"
+    up = bksim(config, "cluster", "up")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr + (run / "logs" / "bookie-1.log").read_text()
+        assert up.stdout.count("registered writable") == 2
+        pids = [processes.read_pid(str(run / "pids" / f"bookie-{i}.pid")) for i in (1, 2)]
+        assert all(processes.is_alive(p, "bksim.cli.main") for p in pids)
+        status = json.loads(bksim(config, "cluster", "status", "--json").stdout)
+        assert [r["registered"] for r in status["processes"][1:]] == ["writable", "writable"]
+        assert (run / "bookie-1" / "journal").is_dir() and (run / "bookie-2" / "ledgers").is_dir()
+
+        assert processes.kill9(pids[0])
+        again = bksim(config, "cluster", "up")
+        assert again.returncode == 0, again.stdout + again.stderr + (run / "logs" / "bookie-1.log").read_text()
+        restarted = processes.read_pid(str(run / "pids" / "bookie-1.pid"))
+        assert restarted != pids[0] and processes.is_alive(restarted, "bksim.cli.main")
+        assert f"already running (pid {pids[1]})" in again.stdout
+        pids.append(restarted)
+    finally:
+        down = bksim(config, "cluster", "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not any(processes.is_alive(p) for p in pids)
