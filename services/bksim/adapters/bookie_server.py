@@ -71,6 +71,8 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         self._queue_max = config.add_inflight_per_stream_max
         self._inflight_total = 0  # entries inside engine.add_entries, all streams
         self._streams: set[_Stream] = set()
+        self._no_streams = asyncio.Event()
+        self._no_streams.set()
         self.draining = False
         # statistics
         self.add_requests = 0
@@ -87,6 +89,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         queue: asyncio.Queue = asyncio.Queue(self._queue_max)
         stream.reader = asyncio.create_task(self._read_adds(request_iterator, queue, stream))
         self._streams.add(stream)
+        self._no_streams.clear()
         self.streams_opened += 1
         try:
             while True:
@@ -106,6 +109,8 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 yield _AddResponse(batch_id=batch_id, statuses=statuses, message=message)
         finally:
             self._streams.discard(stream)
+            if not self._streams:
+                self._no_streams.set()
             stream.reader.cancel()
 
     async def _read_adds(self, request_iterator, queue: asyncio.Queue, stream: _Stream) -> None:
@@ -155,6 +160,14 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         for stream in list(self._streams):
             if stream.reader is not None:
                 stream.reader.cancel()
+
+    async def wait_streams_closed(self, timeout_s: float) -> bool:
+        """Wait (bounded) until every AddEntries stream has ended; True if they all did."""
+        try:
+            await asyncio.wait_for(self._no_streams.wait(), max(0.0, timeout_s))
+        except TimeoutError:
+            return False
+        return True
 
     @property
     def open_streams(self) -> int:
@@ -291,7 +304,14 @@ class BookieServer:
             await self._clock.sleep_ms(interval)
 
     async def stop(self, grace_ms: float) -> None:
-        """NOT_SERVING, stop reading adds, answer what was accepted, stop the server within `grace_ms`."""
+        """Drain, then stop; all within `grace_ms`.
+
+        1. health NOT_SERVING; new AddEntries streams are refused (UNAVAILABLE) but the port stays open, so
+           clients can still ask for health and finish reads; 2. every stream stops reading requests,
+           answers what it accepted, and ends; 3. the gRPC server stops (in-flight unary calls get the rest
+           of the grace period, then are cancelled).
+        """
+        deadline = self._clock.monotonic_ms() + grace_ms
         await self.health.enter_graceful_shutdown()
         self.servicer.begin_drain()
         if self._monitor is not None:
@@ -300,8 +320,12 @@ class BookieServer:
                 await self._monitor
             except asyncio.CancelledError:
                 pass
+        drained = await self.servicer.wait_streams_closed((deadline - self._clock.monotonic_ms()) / 1000.0)
+        if not drained:
+            self._log(f"{self.servicer.open_streams} add stream(s) still answering after shutdown_grace_ms={grace_ms}: "
+                      f"cancelling them (their unanswered adds have an unknown outcome)")
         if self._server is not None:
-            await self._server.stop(grace_ms / 1000.0)
+            await self._server.stop(max(0.0, (deadline - self._clock.monotonic_ms()) / 1000.0))
 
     def statistics(self) -> dict:
         return {**self.servicer.statistics(), "reported_read_only": self._reported_read_only}
