@@ -122,3 +122,51 @@ def test_session_expiry_re_registers(zookeeper, zk, bookies, tmp_path):
     wait_until(lambda: "re-registered at /ledgers/available/" in bookie.last_start_log(), 5.0,
                message="the re-registration log line")
     add_some(bookie, 221)  # still serving
+
+
+def test_port_in_use_refuses_with_a_clear_message(zookeeper, zk, bookies, tmp_path):
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        bookie = BookieProcess(zookeeper, tmp_path, port=holder.getsockname()[1])
+        bookies.append(bookie)
+        bookie.spawn()
+        assert bookie.wait_exit() == 2
+    log = bookie.last_start_log()
+    assert f"cannot listen on 127.0.0.1:{bookie.port}" in log
+    assert "storage closed" in log  # the engine that had started was closed cleanly
+    assert zk.exists(registration_path(bookie.bookie_id)) is None
+
+
+def test_bookie_list_shows_registered_bookies_with_their_info(zookeeper, zk, bookies, tmp_path):
+    import subprocess
+    import sys
+
+    bookie = BookieProcess(zookeeper, tmp_path)
+    bookies.append(bookie)
+    bookie.start(zk)
+    # a registration whose bookie is not reachable is listed, marked unreachable
+    ghost = "127.0.0.1:1"
+    zk.create(registration_path(ghost, read_only=True),
+              json.dumps({"bookie_id": ghost, "host": "127.0.0.1", "port": 1, "state": "read-only"}).encode(),
+              ephemeral=True)
+    try:
+        env = bookie.environment()
+        argv = [sys.executable, "-m", "bksim.cli.main", "bookie", "list"]
+        as_json = subprocess.run(argv + ["--json"], env=env, cwd=bookie.base_dir, capture_output=True, text=True,
+                                 timeout=30)
+        as_table = subprocess.run(argv, env=env, cwd=bookie.base_dir, capture_output=True, text=True, timeout=30)
+    finally:
+        zk.delete(registration_path(ghost, read_only=True))
+    assert as_json.returncode == 0, as_json.stderr
+    listed = json.loads(as_json.stdout)
+    mine = [r for r in listed["writable"] if r["bookie_id"] == bookie.bookie_id]
+    assert len(mine) == 1 and mine[0]["port"] == bookie.port
+    assert mine[0]["info"]["state"] == "writable" and mine[0]["info"]["bookie_id"] == bookie.bookie_id
+    ghosts = [r for r in listed["readonly"] if r["bookie_id"] == ghost]
+    assert len(ghosts) == 1 and ghosts[0]["info"] is None and "UNAVAILABLE" in ghosts[0]["error"]
+    assert as_table.returncode == 0, as_table.stderr
+    assert bookie.bookie_id in as_table.stdout and "unreachable" in as_table.stdout
+    assert "writable" in as_table.stdout.splitlines()[-1]

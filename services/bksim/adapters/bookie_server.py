@@ -31,6 +31,7 @@ from grpc_reflection.v1alpha import reflection
 
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.model.config import BookieConfig
+from bksim.model.errors import BksimError
 from bksim.model.status import FLAG_FENCE, StatusCode
 
 SERVICE_NAME = bookie_pb2.DESCRIPTOR.services_by_name["Bookie"].full_name
@@ -261,10 +262,11 @@ class BookieServer:
         address = f"{self._config.host}:{self._config.port}"
         try:
             port = server.add_insecure_port(address)
-        except RuntimeError as e:
-            raise OSError(f"cannot listen on {address}: {e} (is another bookie using the port?)") from None
+        except RuntimeError:
+            port = 0
         if port == 0:
-            raise OSError(f"cannot listen on {address} (is another bookie using the port?)")
+            raise BksimError(f"cannot listen on {address}: the address is in use or not local "
+                             f"(is another bookie running on port {self._config.port}?)")
         await server.start()
         self._server = server
         self.port = port
