@@ -53,6 +53,8 @@ def register(subparsers) -> None:
     p = sub.add_parser("bookie-add", help="a real bookie process over gRPC vs grpc-baseline (same run)")
     _common(p, group_name="--batch", group_default=100, group_help="records per AddRequest")
     _inflight(p)
+    p.add_argument("--py-spy", metavar="OUT", help="sample the bookie with py-spy (installed by hand) during the "
+                   "measurement; write collapsed stacks to OUT")
     p.set_defaults(func=cmd_bookie_add)
 
 
@@ -130,7 +132,8 @@ def cmd_bookie_add(args) -> int:
         base = grpc_baseline.measure(workdir, args.record_bytes, args.group, args.inflight, args.seconds,
                                      args.records, idle)
         subject = bookie_add.measure(workdir, args.record_bytes, args.group, args.inflight, args.seconds,
-                                     args.records, idle, config, config_path=args.config)
+                                     args.records, idle, config, config_path=args.config,
+                                     py_spy_out=args.py_spy)
         return [base, subject], [ratio(subject, base, bookie_add.TARGET_RATIO)]
 
     return _run("bookie-add", args, measure)

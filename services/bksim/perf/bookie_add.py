@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 import time
 from typing import Callable
 
+from bksim.adapters import processes
 from bksim.adapters.bookie_client import BookieClient, BookieUnavailable
 from bksim.adapters.zookeeper_server import ZooKeeperServer
 from bksim.gen import bookie_pb2
@@ -30,11 +32,17 @@ TARGET_RATIO = 0.5
 ZOOKEEPER_READY_TIMEOUT_S = 60.0
 BOOKIE_READY_TIMEOUT_S = 60.0
 LEDGER_ID = 7
+PY_SPY_WAIT_S = 90.0  # py-spy stops by itself after the measurement's duration; wait this long at most
 
 
 def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds: float, records_max: int,
-            idle_guard: Callable[[str], float], config: Config, config_path: str | None = None) -> Result:
-    """Start ZooKeeper + one bookie under `workdir`, measure adds, stop both; return the figures."""
+            idle_guard: Callable[[str], float], config: Config, config_path: str | None = None,
+            py_spy_out: str | None = None) -> Result:
+    """Start ZooKeeper + one bookie under `workdir`, measure adds, stop both; return the figures.
+
+    With `py_spy_out`, py-spy (installed by hand, not a dependency) samples the bookie during the
+    measurement and writes collapsed stacks (flamegraph.pl / speedscope input) there.
+    """
     group = ProcessGroup()
     run_dir = os.path.join(workdir, "cluster")
     os.makedirs(run_dir, exist_ok=True)
@@ -61,8 +69,9 @@ def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds:
         })
         argv = [sys.executable, "-m", "bksim.cli.main"] + (["--config", config_path] if config_path else [])
         bookie = group.spawn("bookie", argv + ["bookie", "run"], os.path.join(run_dir, "bookie.log"), env)
+        profiler = _profiler(group, bookie, py_spy_out, seconds, run_dir)
         result, bookie_cpu_s, idle = asyncio.run(_measure(bookie, port, record_bytes, batch, inflight, seconds,
-                                                          records_max, idle_guard))
+                                                          records_max, idle_guard, profiler))
         stop_started = time.monotonic()
         stopped = group.stop(bookie)
         stop_s = time.monotonic() - stop_started
@@ -73,11 +82,26 @@ def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds:
     return out
 
 
+def _profiler(group: ProcessGroup, bookie: Child, out: str | None, seconds: float,
+              run_dir: str) -> Callable[[], Child] | None:
+    """A function that starts py-spy on the bookie (None without `out`)."""
+    if not out:
+        return None
+    py_spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(py_spy):
+        raise RuntimeError("--py-spy needs py-spy: install it by hand (.venv/bin/pip install py-spy)")
+    duration_s = max(1, int(seconds)) if seconds > 0 else 60
+    argv = [py_spy, "record", "-p", str(bookie.pid), "-d", str(duration_s), "-r", "250", "--threads", "--gil",
+            "--nonblocking", "-f", "raw", "-o", os.path.abspath(out)]
+    return lambda: group.spawn("py-spy", argv, os.path.join(run_dir, "py-spy.log"))
+
+
 async def _measure(bookie: Child, port: int, record_bytes: int, batch: int, inflight: int, seconds: float,
-                   records_max: int, idle_guard: Callable[[str], float]):
+                   records_max: int, idle_guard: Callable[[str], float], profiler: Callable[[], Child] | None):
     async with BookieClient(f"127.0.0.1:{port}", deadline_s=RESPONSE_TIMEOUT_S) as client:
         await _wait_serving(client, bookie)
         idle = idle_guard("bookie-add")
+        spy = profiler() if profiler else None
         cpu_start = process_cpu_s(bookie.pid)
         stream = client.add_stream(window_max=inflight, response_timeout_s=RESPONSE_TIMEOUT_S)
         try:
@@ -86,6 +110,8 @@ async def _measure(bookie: Child, port: int, record_bytes: int, batch: int, infl
         except BookieUnavailable as e:
             raise RuntimeError(f"bookie (pid {bookie.pid}) stream broke: {e}; its log:\n{bookie.log_tail()}") from None
         cpu_s = process_cpu_s(bookie.pid) - cpu_start
+    if spy is not None and not processes.wait_exit(spy.pid, PY_SPY_WAIT_S):
+        print(f"# py-spy (pid {spy.pid}) still running after {PY_SPY_WAIT_S:.0f} s: stopping it", file=sys.stderr)
     return result, cpu_s, idle
 
 
