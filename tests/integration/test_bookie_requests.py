@@ -12,7 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from bksim.adapters.bookie_client import BookieClient, BookieUnavailable
+from bksim.adapters.bookie_client import BookieClient, BookieUnavailable, SyncBookieClient
 from bksim.formats.entry import encode_entry, master_key
 from bksim.model.status import StatusCode
 from integration.bookie_harness import KEY, BookieProcess, kazoo_client
@@ -198,9 +198,16 @@ def test_write_lac_then_read_lac(bookie):
 
 
 def test_info_health_and_reflection(bookie):
+    sync_client = SyncBookieClient(bookie.address)
+    try:
+        info = sync_client.info()
+        added = sync_client.add([(entry(108, 0), KEY, 0)])
+        read = sync_client.read_entry(108, 0)
+    finally:
+        sync_client.close()
+    assert added.ok and read.status == StatusCode.OK and read.entry == entry(108, 0)
+
     async def scenario():
-        async with BookieClient(bookie.address) as client:
-            info = await client.info()
         async with grpc.aio.insecure_channel(bookie.address) as channel:
             health = await health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service="bksim.bookie.v1.Bookie"), timeout=2.0)
@@ -211,9 +218,9 @@ def test_info_health_and_reflection(bookie):
             services = []
             async for response in stub.ServerReflectionInfo(ask(), timeout=2.0):
                 services = [s.name for s in response.list_services_response.service]
-        return info, health, services
+        return health, services
 
-    info, health, services = run(scenario())
+    health, services = run(scenario())
     assert info["bookie_id"] == bookie.bookie_id
     assert info["state"] == "writable"
     assert 0 < info["free_bytes"] <= info["total_bytes"]
