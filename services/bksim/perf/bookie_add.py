@@ -50,8 +50,8 @@ def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds:
         zk = ZooKeeperServer("127.0.0.1", free_port(), os.path.join(run_dir, "zookeeper"),
                              config.zookeeper.tick_time_ms, config.zookeeper.heap_mb,
                              os.path.join(run_dir, "zookeeper.log"))
-        zk.start()
-        group.adopt("zookeeper", zk.pid, zk.log_path, zk.stop)
+        zk_pid = zk.start()
+        group.adopt("zookeeper", zk_pid, zk.log_path, zk.stop)
         zk.wait_ready(ZOOKEEPER_READY_TIMEOUT_S)
         port = free_port()
         bookie_home = os.path.join(run_dir, f"bookie-{port}")
@@ -79,6 +79,8 @@ def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds:
         group.stop_all()
     out = drive_result("bookie-add", record_bytes, batch, inflight, result, idle, bookie_cpu_s)
     out.extra["bookie_stop_s"] = stop_s if stopped else -1.0
+    out.extra["server_pid"] = bookie.pid  # both stopped before measure() returns
+    out.extra["zookeeper_pid"] = zk_pid
     return out
 
 

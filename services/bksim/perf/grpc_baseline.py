@@ -203,7 +203,9 @@ async def _measure(server: Child, port: int, record_bytes: int, batch: int, infl
         server_cpu_start = process_cpu_s(server.pid)
         result = await drive_echo(channel, record_bytes, batch, inflight, seconds, records_max)
         server_cpu_s = process_cpu_s(server.pid) - server_cpu_start
-    return drive_result("grpc-baseline", record_bytes, batch, inflight, result, idle, server_cpu_s)
+    out = drive_result("grpc-baseline", record_bytes, batch, inflight, result, idle, server_cpu_s)
+    out.extra["server_pid"] = server.pid  # stopped when measure() returns
+    return out
 
 
 def drive_result(name: str, record_bytes: int, batch: int, inflight: int, result: DriveResult, idle: float,

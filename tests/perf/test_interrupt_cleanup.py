@@ -1,0 +1,66 @@
+"""A benchmark interrupted mid-run (Ctrl-C = SIGINT, or SIGTERM) stops every child it started and removes
+its temp dir."""
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from bksim.adapters import processes
+from helpers import wait_until
+
+START_TIMEOUT_S = 60.0
+EXIT_TIMEOUT_S = 60.0
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            with open(path) as f:
+                out += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def child_running(pid: int, marker: str) -> int | None:
+    for child in children(pid):
+        if marker in processes.cmdline(child):
+            return child
+    return None
+
+
+@pytest.mark.parametrize("command, marker, sig", [
+    ("grpc-baseline", "bksim.perf.grpc_baseline serve", signal.SIGINT),
+    ("bookie-add", "bookie run", signal.SIGINT),
+    ("bookie-add", "bookie run", signal.SIGTERM),
+])
+def test_interrupted_benchmark_leaves_nothing_behind(tmp_path, repo_root, command, marker, sig):
+    base = tmp_path / "perf"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
+    # bookie-add measures its baseline for --seconds first, then starts ZooKeeper and the bookie
+    seconds = "120" if command == "grpc-baseline" else "2"
+    proc = subprocess.Popen([sys.executable, "-m", "bksim.cli.main", "perf", command, "--seconds", seconds,
+                             "--idle-min", "0", "--idle-wait-s", "0", "--dir", str(base)],
+                            cwd=repo_root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        target = wait_until(lambda: child_running(proc.pid, marker), START_TIMEOUT_S,
+                            message=f"{command} did not start a '{marker}' process")
+        started = children(proc.pid)
+        assert list(base.iterdir()), "no temp dir while running"
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=EXIT_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=EXIT_TIMEOUT_S)
+    assert proc.returncode == 130, stderr.decode(errors="replace")
+    assert target in started
+    for pid in started:
+        assert not processes.is_alive(pid), f"{processes.cmdline(pid)} (pid {pid}) survived"
+    assert list(base.iterdir()) == [], f"temp files left behind: {list(base.iterdir())}"
