@@ -6,7 +6,7 @@ import os
 import pytest
 
 from bksim.perf import machine
-from bksim.perf.stats import LatencyRecorder, format_table, make_result, ratio
+from bksim.perf.stats import LatencyRecorder, format_table, make_result, median_ratio, ratio
 
 
 def test_percentiles_are_nearest_rank_over_records():
@@ -119,3 +119,14 @@ def test_proc_readers_work_on_this_machine():
     assert machine.process_cpu_s(os.getpid()) > 0
     facts = machine.facts(".")
     assert facts["cores"] >= 1 and facts["python"].count(".") == 2 and facts["dir_fs"] != ""
+
+
+def test_median_of_repeated_ratios():
+    base = _result("fsync-baseline", records=1000, elapsed_s=1.0)
+    qs = [ratio(_result("journal-append", records=n, elapsed_s=1.0), base, 0.5) for n in (300, 700, 600)]
+    m = median_ratio(qs)
+    assert m.records_per_s_ratio == pytest.approx(0.6) and m.met
+    assert m.subject == "journal-append (median of 3)"
+    assert median_ratio(qs[:2]).records_per_s_ratio == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        median_ratio([])

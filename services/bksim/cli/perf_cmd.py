@@ -19,7 +19,7 @@ import tempfile
 from typing import Callable
 
 from bksim.perf import machine
-from bksim.perf.stats import Ratio, Result, format_table, ratio
+from bksim.perf.stats import Ratio, Result, format_table, median_ratio, ratio
 
 SECONDS_DEFAULT = 5.0
 DIR_DEFAULT = os.path.join(".run", "perf")
@@ -71,6 +71,8 @@ def _common(p: argparse.ArgumentParser, group_name: str, group_default: int, gro
                    help=f"wait for this CPU idle fraction before measuring (default {machine.IDLE_MIN_DEFAULT})")
     p.add_argument("--idle-wait-s", type=float, default=machine.IDLE_WAIT_S_DEFAULT,
                    help=f"longest wait for idle CPUs; then measure anyway (default {machine.IDLE_WAIT_S_DEFAULT:g})")
+    p.add_argument("--repeat", type=int, default=1, help="repeat the measurement(s) N times (default 1); "
+                   "with a baseline, the ratio of each pair and their median are printed")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, data) for inspection")
     p.add_argument("--json", action="store_true", help="print one JSON object (human lines go to stderr)")
 
@@ -158,14 +160,21 @@ def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple
                                      lambda line: print(line, file=human, flush=True), label)
 
     previous = signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
+    results: list[Result] = []
+    ratios: list[Ratio] = []
     try:
-        results, ratios = measure(workdir, idle)
+        for _ in range(args.repeat):
+            more_results, more_ratios = measure(workdir, idle)
+            results += more_results
+            ratios += more_ratios
     finally:
         signal.signal(signal.SIGTERM, previous)
         if args.keep:
             print(f"# kept {workdir}", file=human)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+    if args.repeat > 1 and ratios:
+        ratios.append(median_ratio(ratios))
     print(format_table(results, ratios), file=human, flush=True)
     if args.json:
         print(json.dumps({"benchmark": name, "machine": facts, "results": [r.to_json() for r in results],
@@ -180,6 +189,8 @@ def _check_bounds(args) -> None:
         raise ConfigError("give a bound: --seconds > 0 and/or --records > 0")
     if args.record_bytes <= 0 or args.group <= 0:
         raise ConfigError("--record-bytes and the group/batch size must be > 0")
+    if args.repeat <= 0:
+        raise ConfigError("--repeat must be > 0")
     if getattr(args, "inflight", 1) <= 0:
         raise ConfigError("--inflight must be > 0")
 

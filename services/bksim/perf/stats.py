@@ -134,6 +134,19 @@ def ratio(subject: Result, baseline: Result, target: float) -> Ratio:
     return Ratio(subject.name, baseline.name, value, target)
 
 
+def median_ratio(ratios: list[Ratio]) -> Ratio:
+    """The median of repeated like ratios (same subject, baseline and target), named "... (median of N)"."""
+    if not ratios:
+        raise ValueError("no ratios to take the median of")
+    first = ratios[0]
+    if any((q.subject, q.baseline, q.target) != (first.subject, first.baseline, first.target) for q in ratios):
+        raise ValueError("median of unlike ratios")
+    values = sorted(q.records_per_s_ratio for q in ratios)
+    mid = len(values) // 2
+    value = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    return Ratio(f"{first.subject} (median of {len(values)})", first.baseline, value, first.target)
+
+
 COLUMNS = (("benchmark", "<", 16), ("rec B", ">", 7), ("group", ">", 6), ("records", ">", 9),
            ("s", ">", 6), ("rec/s", ">", 10), ("MB/s", ">", 8), ("p50 ms", ">", 8), ("p99 ms", ">", 8),
            ("p99.9 ms", ">", 9), ("max ms", ">", 8), ("idle", ">", 5))
