@@ -59,7 +59,7 @@ def test_first_start_writes_cookies_everywhere(zookeeper, zk, bookies, tmp_path)
             assert cookies.decode(f.read()) == in_zk
     registered = json.loads(zk.get(registration_path(bookie.bookie_id))[0])
     assert registered == {"bookie_id": bookie.bookie_id, "host": "127.0.0.1", "port": bookie.port,
-                          "state": "writable"}
+                          "state": "writable", "pid": bookie.pid}
 
 
 @pytest.mark.parametrize("wiped", ["ledger", "journal"])

@@ -4,7 +4,8 @@ Owns: the layout a bookie needs (`/ledgers`, `/ledgers/available`, `/ledgers/ava
 `/ledgers/cookies`), the cluster's `/ledgers/INSTANCEID` (created with a uuid4 by the first bookie, read by
 every later one; race-safe), the bookie's cookie znode `/ledgers/cookies/<bookie id>` (created once,
 never overwritten), and its ephemeral registration `/ledgers/available/<bookie id>` or
-`/ledgers/available/readonly/<bookie id>` with data {"bookie_id", "host", "port", "state"}.
+`/ledgers/available/readonly/<bookie id>` with data {"bookie_id", "host", "port", "state", "pid"} (the pid
+lets `bksim cluster up` tell a restarted bookie's node from its dead predecessor's).
 
 Invariants:
 - At most one registration node of this bookie exists when calls return; `switch_state` creates the new
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -132,7 +134,7 @@ def list_bookies(client: KazooClient) -> dict[str, list[str]]:
 
 
 def read_registration(client: KazooClient, bookie_id: str, read_only: bool) -> dict | None:
-    """The registration data of a bookie ({"bookie_id", "host", "port", "state"}) or None."""
+    """The registration data of a bookie ({"bookie_id", "host", "port", "state", "pid"}) or None."""
     try:
         data, _ = client.retry(client.get, registration_path(bookie_id, read_only))
     except NoNodeError:
@@ -201,7 +203,7 @@ class Registration:
 
     def _data(self, read_only: bool) -> bytes:
         return json.dumps({"bookie_id": self.bookie_id, "host": self._host, "port": self._port,
-                           "state": STATE_READ_ONLY if read_only else STATE_WRITABLE}).encode()
+                           "state": STATE_READ_ONLY if read_only else STATE_WRITABLE, "pid": os.getpid()}).encode()
 
     def _ensure_node(self, read_only: bool) -> None:
         """Make our ephemeral node exist at the right path, owned by our current session."""
