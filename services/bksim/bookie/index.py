@@ -29,8 +29,9 @@ class LocationIndex:
         lid, eid = fmt.decode_location_key(found[0])
         return eid if lid == ledger_id else -1
 
-    async def put_batch(self, items: list[tuple[bytes, fmt.Location]]) -> None:
-        await self._store.write([(k, fmt.encode_location(loc)) for k, loc in items], [], sync=True)
+    async def put_batch(self, items: list[tuple[bytes, bytes]]) -> None:
+        """Write encoded (location key, location value) pairs in one synced batch."""
+        await self._store.write(items, [], sync=True)
 
     def close(self) -> None:
         self._store.close()

@@ -8,7 +8,7 @@ import pytest
 
 from bksim.adapters.rocks import open_rocks
 from bksim.bookie.index import LedgerIndex, LocationIndex
-from bksim.formats.index import ENTRY_ID_MAX, LedgerRecord, Location, location_key
+from bksim.formats.index import ENTRY_ID_MAX, LedgerRecord, Location, encode_location, location_key
 
 
 def loc(n: int) -> Location:
@@ -17,7 +17,7 @@ def loc(n: int) -> Location:
 
 
 def put(index: LocationIndex, pairs) -> None:
-    asyncio.run(index.put_batch([(location_key(lid, eid), loc(eid)) for lid, eid in pairs]))
+    asyncio.run(index.put_batch([(location_key(lid, eid), encode_location(loc(eid))) for lid, eid in pairs]))
 
 
 @pytest.fixture
