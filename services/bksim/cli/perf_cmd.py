@@ -150,7 +150,9 @@ def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple
     workdir = tempfile.mkdtemp(prefix=f"{name}-", dir=args.dir)
     facts = machine.facts(workdir)
     header = machine.header_lines(facts)
-    header.append(f"# {name}: record {args.record_bytes} B, group/batch {args.group}, bound "
+    shape = ("sweep of record bytes x group" if getattr(args, "sweep", False)
+             else f"record {args.record_bytes} B, group/batch {args.group}")
+    header.append(f"# {name}: {shape}, bound "
                   f"{args.seconds:g} s" + (f" / {args.records} records" if args.records else "")
                   + f"; latency per record, submit -> ack")
     print("\n".join(header), file=human, flush=True)

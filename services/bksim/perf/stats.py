@@ -92,7 +92,8 @@ class Result:
             "records_per_s": round(self.records_per_s, 1), "mb_per_s": round(self.mb_per_s, 3),
             "p50_ms": round(self.p50_ms, 4), "p99_ms": round(self.p99_ms, 4), "p999_ms": round(self.p999_ms, 4),
             "max_ms": round(self.max_ms, 4), "mean_ms": round(self.mean_ms, 4),
-            "cpu_idle_before": round(self.cpu_idle_before, 3), **self.extra,
+            "cpu_idle_before": round(self.cpu_idle_before, 3),
+            **{k: round(v, 4) if isinstance(v, float) else v for k, v in self.extra.items()},
         }
 
 
