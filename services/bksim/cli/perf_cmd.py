@@ -135,7 +135,7 @@ def cmd_bookie_add(args) -> int:
                                      args.records, idle)
         subject = bookie_add.measure(workdir, args.record_bytes, args.group, args.inflight, args.seconds,
                                      args.records, idle, config, config_path=args.config,
-                                     py_spy_out=args.py_spy)
+                                     py_spy_out=args.py_spy, keep=args.keep)
         return [base, subject], [ratio(subject, base, bookie_add.TARGET_RATIO)]
 
     return _run("bookie-add", args, measure)
@@ -158,6 +158,7 @@ def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple
     print("\n".join(header), file=human, flush=True)
 
     def idle(label: str) -> float:
+        os.sync()  # write back what earlier measurements left dirty, so it does not land in this one
         return machine.wait_for_idle(args.idle_min, args.idle_wait_s,
                                      lambda line: print(line, file=human, flush=True), label)
 

@@ -15,6 +15,7 @@ import asyncio
 import os
 import shutil
 import sys
+import tempfile
 import time
 from typing import Callable
 
@@ -37,15 +38,15 @@ PY_SPY_WAIT_S = 90.0  # py-spy stops by itself after the measurement's duration;
 
 def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds: float, records_max: int,
             idle_guard: Callable[[str], float], config: Config, config_path: str | None = None,
-            py_spy_out: str | None = None) -> Result:
+            py_spy_out: str | None = None, keep: bool = False) -> Result:
     """Start ZooKeeper + one bookie under `workdir`, measure adds, stop both; return the figures.
 
     With `py_spy_out`, py-spy (installed by hand, not a dependency) samples the bookie during the
-    measurement and writes collapsed stacks (flamegraph.pl / speedscope input) there.
+    measurement and writes collapsed stacks (flamegraph.pl / speedscope input) there. The cluster's
+    directory (a fresh one per call) is removed afterwards unless `keep`, so repeated runs start alike.
     """
     group = ProcessGroup()
-    run_dir = os.path.join(workdir, "cluster")
-    os.makedirs(run_dir, exist_ok=True)
+    run_dir = tempfile.mkdtemp(prefix="cluster-", dir=workdir)
     try:
         zk = ZooKeeperServer("127.0.0.1", free_port(), os.path.join(run_dir, "zookeeper"),
                              config.zookeeper.tick_time_ms, config.zookeeper.heap_mb,
@@ -77,6 +78,8 @@ def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds:
         stop_s = time.monotonic() - stop_started
     finally:
         group.stop_all()
+        if not keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
     out = drive_result("bookie-add", record_bytes, batch, inflight, result, idle, bookie_cpu_s)
     out.extra["bookie_stop_s"] = stop_s if stopped else -1.0
     out.extra["server_pid"] = bookie.pid  # both stopped before measure() returns

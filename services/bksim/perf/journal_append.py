@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import shutil
+import tempfile
 import time
 import uuid
 
@@ -47,16 +49,25 @@ def run(directory: str, record_bytes: int, group: int, seconds: float, records_m
 
 async def _run(directory: str, record_bytes: int, group: int, seconds: float, records_max: int, per_append: int,
                flush_when_idle: bool, depth: int, cpu_idle_before: float) -> Result:
-    producers = depth * group // per_append
     defaults = BookieConfig()
     framed_bytes = record_bytes + journal_format.RECORD_PREFIX_BYTES
-    journal_dir = os.path.join(directory, "journal")
-    os.makedirs(journal_dir, exist_ok=True)
+    journal_dir = tempfile.mkdtemp(prefix="journal-", dir=directory)  # fresh per run, removed at the end
     journal = Journal(LocalDisk(), SystemClock(), journal_dir, str(uuid.uuid4()),
                       group_wait_ms_max=defaults.group_wait_ms_max,
                       group_bytes_max=defaults.group_bytes_max if flush_when_idle else group * framed_bytes,
                       flush_when_idle=flush_when_idle, file_bytes_max=defaults.journal_file_bytes_max,
                       queue_records_max=defaults.journal_queue_records_max, log=lambda line: None)
+    try:
+        return await _drive(journal, record_bytes, group, seconds, records_max, per_append, flush_when_idle, depth,
+                            cpu_idle_before, framed_bytes)
+    finally:
+        shutil.rmtree(journal_dir, ignore_errors=True)
+
+
+async def _drive(journal: Journal, record_bytes: int, group: int, seconds: float, records_max: int,
+                 per_append: int, flush_when_idle: bool, depth: int, cpu_idle_before: float,
+                 framed_bytes: int) -> Result:
+    producers = depth * group // per_append
     await journal.open(0)
     journal.start()
     body = os.urandom(record_bytes)
