@@ -53,14 +53,14 @@ def register(subparsers) -> None:
     p = sub.add_parser("bookie-add", help="a real bookie process over gRPC vs grpc-baseline (same run)")
     _common(p, group_name="--batch", group_default=100, group_help="records per AddRequest")
     _inflight(p)
-    p.add_argument("--py-spy", metavar="OUT", help="sample the bookie with py-spy (installed by hand) during the "
-                   "measurement; write collapsed stacks to OUT")
+    p.add_argument("--py-spy", metavar="OUT", help="sample the bookie's GIL-holding threads with py-spy "
+                   "(installed by hand) during the measurement; write collapsed stacks to OUT")
     p.set_defaults(func=cmd_bookie_add)
 
 
 def _common(p: argparse.ArgumentParser, group_name: str, group_default: int, group_help: str) -> None:
     p.add_argument("--record-bytes", type=int, default=1024, help="bytes per record (default 1024)")
-    p.add_argument(group_name, dest="group", type=int, default=group_default,
+    p.add_argument(group_name, dest="group", metavar=group_name.lstrip("-").upper(), type=int, default=group_default,
                    help=f"{group_help} (default {group_default})")
     p.add_argument("--seconds", type=float, default=SECONDS_DEFAULT,
                    help=f"time bound per measurement (default {SECONDS_DEFAULT:g}; 0 = only --records)")

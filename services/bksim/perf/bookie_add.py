@@ -41,8 +41,8 @@ def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds:
             py_spy_out: str | None = None, keep: bool = False) -> Result:
     """Start ZooKeeper + one bookie under `workdir`, measure adds, stop both; return the figures.
 
-    With `py_spy_out`, py-spy (installed by hand, not a dependency) samples the bookie during the
-    measurement and writes collapsed stacks (flamegraph.pl / speedscope input) there. The cluster's
+    With `py_spy_out`, py-spy (installed by hand, not a dependency) samples the bookie's GIL-holding
+    threads during the measurement and writes collapsed stacks (flamegraph.pl / speedscope input) there. The cluster's
     directory (a fresh one per call) is removed afterwards unless `keep`, so repeated runs start alike.
     """
     group = ProcessGroup()
