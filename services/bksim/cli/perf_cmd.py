@@ -60,8 +60,8 @@ def register(subparsers) -> None:
 
 def _common(p: argparse.ArgumentParser, group_name: str, group_default: int, group_help: str) -> None:
     p.add_argument("--record-bytes", type=int, default=1024, help="bytes per record (default 1024)")
-    p.add_argument(group_name, dest="group", metavar=group_name.lstrip("-").upper(), type=int, default=group_default,
-                   help=f"{group_help} (default {group_default})")
+    p.add_argument(group_name, dest="group", metavar=group_name.lstrip("-").upper(), type=int,
+                   default=group_default, help=f"{group_help} (default {group_default})")
     p.add_argument("--seconds", type=float, default=SECONDS_DEFAULT,
                    help=f"time bound per measurement (default {SECONDS_DEFAULT:g}; 0 = only --records)")
     p.add_argument("--records", type=int, default=0, help="record bound per measurement (default 0 = none)")

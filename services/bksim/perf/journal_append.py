@@ -1,14 +1,16 @@
 """journal-append: the bookie's Journal class (bookie/journal.py) in-process, fsync on, no network.
 
-Closed loop: `depth * group / per_append` producer tasks each frame `per_append` ENTRY records (CRC32C, as the
-bookie does for an add), call `Journal.append_many(records)`, await the future (resolved after the fsync
-that covers the records) and go again. A record's latency is from its append_many call to that future.
+Closed loop: `depth * group / per_append` producer tasks each frame `per_append` ENTRY records as the engine
+does for an add (a 10-byte prefix chunk with the CRC32C, then the entry bytes), call
+`Journal.append_many(chunks, nrecords)`, await the future (resolved after the fsync that covers the records)
+and go again. A record's latency is from its framing (just before append_many) to that future.
 
 Group size: so that one fsync covers `group` records, as in fsync-baseline, the journal's byte threshold
 (`group_bytes_max`) is set to exactly `group` framed records: the group is written as soon as every
 producer has re-submitted. With `depth` > 1, `depth` groups are outstanding: the next group is already
-queued while one syncs (what a loaded bookie sees). `--flush-when-idle` instead lets the journal's idle flush form the groups (the
-measured mean group size is reported either way). Every other journal option is the bookie default.
+queued while one syncs (what a loaded bookie sees). `--flush-when-idle` instead lets the journal's idle
+flush form the groups (the measured mean group size is reported either way). Every other journal option
+is the bookie default. The journal files go to a fresh directory that is removed afterwards.
 
 Compared, in the same run, with fsync-baseline at the same record size and group (target >= 0.5x).
 """

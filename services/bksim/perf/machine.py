@@ -118,7 +118,8 @@ def wait_for_idle(idle_min: float = IDLE_MIN_DEFAULT, wait_s_max: float = IDLE_W
     idle = sample_idle()
     while idle < idle_min and time.monotonic() < deadline:
         idle = sample_idle()
-    verdict = "ok" if idle >= idle_min else f"BUSY: still below {idle_min:.2f} after {wait_s_max:.0f} s, measuring anyway"
+    verdict = ("ok" if idle >= idle_min
+               else f"BUSY: still below {idle_min:.2f} after {wait_s_max:.0f} s, measuring anyway")
     log(f"# cpu idle before {label or 'measurement'}: {idle:.2f} ({verdict})")
     return idle
 
