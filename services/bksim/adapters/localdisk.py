@@ -39,7 +39,7 @@ class LocalFile:
     async def write_chunks(self, chunks: list[bytes]) -> None:
         await asyncio.to_thread(self._write_chunks, chunks)
 
-    def _write_and_sync(self, data: bytes) -> None:
+    def write_synced_now(self, data: bytes) -> None:
         self.write(data)
         os.fdatasync(self._fd)
 
@@ -47,7 +47,7 @@ class LocalFile:
         await asyncio.to_thread(os.fdatasync, self._fd)
 
     async def write_synced(self, data: bytes) -> None:
-        await asyncio.to_thread(self._write_and_sync, data)
+        await asyncio.to_thread(self.write_synced_now, data)
 
     def pwrite(self, offset: int, data: bytes) -> None:
         os.pwrite(self._fd, data, offset)

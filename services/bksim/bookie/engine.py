@@ -37,7 +37,9 @@ LASTMARK_FILE = "lastmark"
 _MARK = struct.Struct(">qqI")  # journal id, offset, crc32c of the first 16 bytes
 _IDS = entry_fmt.IDS
 _HEADER_BYTES = entry_fmt.HEADER_BYTES
-_RECORD_PREFIX = jfmt.RECORD_PREFIX
+_pack_prefix = jfmt.RECORD_PREFIX.pack
+_LENGTH_MIN = jfmt.LENGTH_MIN
+_ENTRY = int(jfmt.RecordType.ENTRY)
 # CRC of (type, flags) for ENTRY records, by RECOVERY_ADD flag: the record CRC continues from it over the body
 _ENTRY_CRC_SEED = (crc32c(bytes((jfmt.RecordType.ENTRY, 0))), crc32c(bytes((jfmt.RecordType.ENTRY, 1))))
 CHECKPOINT_STEPS = ("mark", "swap", "entrylog_write", "entrylog_sync", "index_write", "ledger_index_write",
@@ -82,7 +84,8 @@ class BookieEngine:
         self._journal = Journal(disk, clock, journal_dir, instance_id, group_wait_ms_max=config.group_wait_ms_max,
                                 group_bytes_max=config.group_bytes_max, flush_when_idle=config.journal_flush_when_idle,
                                 file_bytes_max=config.journal_file_bytes_max,
-                                queue_records_max=config.journal_queue_records_max, log=log)
+                                queue_records_max=config.journal_queue_records_max,
+                                sync_on_loop=config.journal_sync_on_loop, log=log)
         self._locations: LocationIndex | None = None
         self._ledgers: LedgerIndex | None = None
         self._lac: dict[int, int] = {}  # highest piggybacked LAC seen per ledger since start
@@ -231,8 +234,7 @@ class BookieEngine:
             if lac > lacs.get(ledger_id, -1):
                 lacs[ledger_id] = lac
             recovery = flags & FLAG_RECOVERY_ADD
-            append(_RECORD_PREFIX.pack(size + jfmt.LENGTH_MIN, crc32c(entry, _ENTRY_CRC_SEED[recovery]),
-                                       jfmt.RecordType.ENTRY, recovery))
+            append(_pack_prefix(size + _LENGTH_MIN, crc32c(entry, _ENTRY_CRC_SEED[recovery]), _ENTRY, recovery))
             append(entry)
             nrecords += 1
             accepted.append(i)

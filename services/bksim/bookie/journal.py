@@ -5,6 +5,9 @@ Owns the journal files of one directory while the bookie runs. Replay is in book
 Ordering contract: the future returned by `append_many(records)` resolves only after an fdatasync that
 covers every byte of those records; only then may the bookie acknowledge the adds (PROTOCOL.md §2.2 step 4).
 
+Sync placement (`sync_on_loop`): on the event loop (one blocking fdatasync per group, no thread hand-off)
+or on a worker thread (the loop keeps serving while the device syncs). Either way one sync covers a group.
+
 Group commit: one writer task takes queued records and writes+syncs them as one group when the oldest
 record has waited `group_wait_ms_max`, or `group_bytes_max` bytes are queued, or (with `flush_when_idle`)
 as soon as it finds the queue non-empty. While a sync is in flight, new records queue up and form the next
@@ -49,13 +52,14 @@ def list_journal_ids(disk: Disk, journal_dir: str) -> list[int]:
 class Journal:
     def __init__(self, disk: Disk, clock: Clock, journal_dir: str, instance_id: str, *, group_wait_ms_max: float,
                  group_bytes_max: int, flush_when_idle: bool, file_bytes_max: int, queue_records_max: int,
-                 log: Callable[[str], None] = print) -> None:
+                 sync_on_loop: bool, log: Callable[[str], None] = print) -> None:
         self._disk, self._clock, self._dir, self._instance_id = disk, clock, journal_dir, instance_id
         self._group_wait_ms_max = group_wait_ms_max
         self._group_bytes_max = group_bytes_max
         self._flush_when_idle = flush_when_idle or group_wait_ms_max <= 0
         self._file_bytes_max = file_bytes_max
         self._queue_records_max = queue_records_max
+        self._sync_on_loop = sync_on_loop
         self._log = log
         self._queue: collections.deque[_Pending] = collections.deque()
         self._queued_records = 0
@@ -186,7 +190,10 @@ class Journal:
     async def _write_group(self, group: list[_Pending]) -> None:
         data = b"".join([c for pending in group for c in pending.chunks])
         assert self._file is not None
-        await self._file.write_synced(data)
+        if self._sync_on_loop:
+            self._file.write_synced_now(data)  # blocks the loop for one sync; no thread hand-off
+        else:
+            await self._file.write_synced(data)
         self._synced = JournalMark(self._file_id, self._file.size)
         self.stats["groups"] += 1
         self.stats["records"] += sum(p.nrecords for p in group)

@@ -53,6 +53,9 @@ class BookieConfig:
     group_wait_ms_max: float = option(2.0, "group commit: flush when the oldest unsynced record waited this long")
     group_bytes_max: int = option(512 * KiB, "group commit: flush when this many bytes are buffered")
     journal_flush_when_idle: bool = option(False, "group commit: also flush as soon as the queue is empty")
+    journal_sync_on_loop: bool = option(True, "fdatasync journal groups on the event loop, not a worker thread: "
+                                        "saves two thread hand-offs per group (this machine: 5.4k vs 3.2k "
+                                        "syncs/s of 16 KiB); set false where one sync takes milliseconds")
     journal_file_bytes_max: int = option(256 * MiB, "roll the journal file after this many bytes")
     journal_backups_max: int = option(5, "journal files below the checkpoint mark kept (when not archiving)")
     journal_queue_records_max: int = option(100_000, "records waiting for the journal writer before adds get TOO_MANY_REQUESTS")

@@ -17,7 +17,6 @@ Compared, in the same run, with fsync-baseline at the same record size and group
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import shutil
 import tempfile
@@ -58,7 +57,8 @@ async def _run(directory: str, record_bytes: int, group: int, seconds: float, re
                       group_wait_ms_max=defaults.group_wait_ms_max,
                       group_bytes_max=defaults.group_bytes_max if flush_when_idle else group * framed_bytes,
                       flush_when_idle=flush_when_idle, file_bytes_max=defaults.journal_file_bytes_max,
-                      queue_records_max=defaults.journal_queue_records_max, log=lambda line: None)
+                      queue_records_max=defaults.journal_queue_records_max,
+                      sync_on_loop=defaults.journal_sync_on_loop, log=lambda line: None)
     try:
         return await _drive(journal, record_bytes, group, seconds, records_max, per_append, flush_when_idle, depth,
                             cpu_idle_before, framed_bytes)
@@ -77,7 +77,7 @@ async def _drive(journal: Journal, record_bytes: int, group: int, seconds: float
     entry_type = journal_format.RecordType.ENTRY
     frame_length = record_bytes + journal_format.LENGTH_MIN
     crc_seed = crc32c(bytes((entry_type, 0)))
-    append = _append_function(journal)
+    append = journal.append_many
     latencies = LatencyRecorder()
     state = {"submitted": 0, "last_ack": 0.0}
     start = time.perf_counter()
@@ -117,14 +117,3 @@ async def _drive(journal: Journal, record_bytes: int, group: int, seconds: float
         "syncs_per_s": groups / elapsed_s if elapsed_s > 0 else 0.0, "journal_rolls": stats.get("rolls", 0),
     })
 
-
-def _append_function(journal: Journal):
-    """append(chunks, nrecords) -> awaitable, for either Journal.append_many signature.
-
-    The current one is append_many(chunks, nrecords) (a record may span chunks); the first one was
-    append_many(records), one bytes object per record.
-    """
-    if "nrecords" in inspect.signature(journal.append_many).parameters:
-        return journal.append_many
-    return lambda chunks, nrecords: journal.append_many(
-        [chunks[i] + chunks[i + 1] for i in range(0, len(chunks), 2)])

@@ -28,6 +28,9 @@ class AppendFile(Protocol):
     async def write_synced(self, data: bytes) -> None:
         """Append `data` and fdatasync, as one step off the event loop (the journal's group commit)."""
 
+    def write_synced_now(self, data: bytes) -> None:
+        """Append `data` and fdatasync on the calling thread (blocks it for one device sync)."""
+
     def pwrite(self, offset: int, data: bytes) -> None:
         """Overwrite bytes in place (entry-log header patch); not durable until sync."""
 
