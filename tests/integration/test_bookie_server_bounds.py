@@ -24,19 +24,27 @@ TOTAL_MAX = 1500
 WAIT_S = 5.0
 
 
+class GatedBatch:
+    def __init__(self, gate: asyncio.Event, n: int) -> None:
+        self.gate, self.n = gate, n
+
+    async def result(self):
+        await self.gate.wait()
+        return [StatusCode.OK] * self.n, ""
+
+
 class GatedEngine:
-    """add_entries waits for `gate`; everything else answers at once."""
+    """An add batch's result waits for `gate`; everything else answers at once."""
 
     def __init__(self) -> None:
         self.gate = asyncio.Event()
-        self.entered = 0  # entries that reached add_entries
+        self.entered = 0  # entries that reached start_adds
         self.read_only = False
         self.usage: list[tuple[int, int]] = []
 
-    async def add_entries(self, items):
+    def start_adds(self, items):
         self.entered += len(items)
-        await self.gate.wait()
-        return [StatusCode.OK] * len(items), ""
+        return GatedBatch(self.gate, len(items))
 
     def set_disk_usage(self, total_bytes: int, free_bytes: int) -> bool:
         self.usage.append((total_bytes, free_bytes))

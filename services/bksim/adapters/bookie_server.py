@@ -4,9 +4,9 @@ Owns: translating wire messages to engine calls and back; the AddEntries stream'
 in-flight bounds; gRPC health (SERVING, NOT_SERVING while draining) and reflection; the disk monitor
 that feeds disk usage to the engine and reports read-only flips; draining on shutdown.
 
-AddEntries pipelining: a reader task takes AddRequests in arrival order and starts one engine
-`add_entries` task per request; the tasks wait in a bounded in-order queue; the RPC's writer answers
-each request, in request order, once its task finished. OK in a response means the entry is durable
+AddEntries pipelining: a reader task takes AddRequests in arrival order and starts each batch in the
+engine (`start_adds`: validation, cache, journal queueing, no task per batch); the batches wait in a
+bounded in-order queue; the RPC's writer answers each request, in request order, once its batch is durable. OK in a response means the entry is durable
 (the engine returns only after the journal sync covering it).
 
 Bounds (named options of [bookie]): `add_inflight_per_stream_max` unacknowledged entries per stream and
@@ -100,23 +100,25 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 if item.__class__ is _AddResponse:
                     yield item  # rejected up front
                     continue
-                batch_id, n, task = item
+                batch_id, n, batch = item
                 try:
-                    statuses, message = await task
+                    statuses, message = await batch.result()
                 except Exception as e:  # noqa: BLE001 - an engine bug must not kill the stream silently
                     self._log(f"add_entries failed: {type(e).__name__}: {e}")
                     statuses, message = [_IO_ERROR] * n, f"bookie internal error: {type(e).__name__}: {e}"
                 stream.inflight -= n
+                self._inflight_total -= n
                 yield _AddResponse(batch_id=batch_id, statuses=statuses, message=message)
         finally:
+            self._inflight_total -= stream.inflight  # unanswered adds of a stream that ended stop counting
+            stream.inflight = 0
             self._streams.discard(stream)
             if not self._streams:
                 self._no_streams.set()
             stream.reader.cancel()
 
     async def _read_adds(self, request_iterator, queue: asyncio.Queue, stream: _Stream) -> None:
-        engine_add = self._engine.add_entries
-        create_task = asyncio.get_running_loop().create_task
+        start_adds = self._engine.start_adds
         per_stream_max = self._per_stream_max
         total_max = self._total_max
         try:
@@ -132,9 +134,12 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 self.add_entries += n
                 stream.inflight += n
                 self._inflight_total += n
-                task = create_task(engine_add([(e.entry, e.master_key, e.flags) for e in entries]))
-                task.add_done_callback(lambda _t, n=n: self._release(n))
-                await queue.put((req.batch_id, n, task))
+                try:
+                    batch = start_adds([(e.entry, e.master_key, e.flags) for e in entries])
+                except Exception as e:  # noqa: BLE001 - an engine bug must not kill the stream silently
+                    self._log(f"add_entries failed: {type(e).__name__}: {e}")
+                    batch = _FailedBatch(n, f"bookie internal error: {type(e).__name__}: {e}")
+                await queue.put((req.batch_id, n, batch))
         except asyncio.CancelledError:
             pass  # draining, or the RPC ended: stop reading; what was accepted is still answered
         except grpc.RpcError:
@@ -144,9 +149,6 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 queue.put_nowait(None)
             except asyncio.QueueFull:
                 await _put_end(queue)
-
-    def _release(self, n: int) -> None:
-        self._inflight_total -= n
 
     def _overload_reason(self, stream: _Stream, n: int) -> str:
         if stream.inflight + n > self._per_stream_max:
@@ -217,6 +219,16 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         return {"add_requests": self.add_requests, "add_entries": self.add_entries,
                 "add_rejected_entries": self.add_rejected_entries, "streams_opened": self.streams_opened,
                 "streams_open": len(self._streams), "add_inflight_total": self._inflight_total}
+
+
+class _FailedBatch:
+    """Stands in for an engine AddBatch when start_adds itself failed (a bug): every entry is IO_ERROR."""
+
+    def __init__(self, n: int, message: str) -> None:
+        self._outcome = ([_IO_ERROR] * n, message)
+
+    async def result(self):
+        return self._outcome
 
 
 async def _put_end(queue: asyncio.Queue) -> None:

@@ -38,6 +38,10 @@ class WriteCache:
             half.last_entry[ledger_id] = entry_id
         return True
 
+    def has_room(self, size: int) -> bool:
+        """Could an entry of `size` bytes go into the active half now?"""
+        return self._active.nbytes + size <= self.half_bytes_max
+
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
         key = (ledger_id, entry_id)
         entry = self._active.entries.get(key)

@@ -98,7 +98,7 @@ class BookieEngine:
         self._total_bytes = 1 << 62
         self._closing = False
         self.replay_report: ReplayReport | None = None
-        self.stats = {"adds": 0, "add_errors": 0, "reads": 0, "fences": 0, "checkpoints": 0, "throttled": 0}
+        self.stats = {"adds": 0, "reads": 0, "fences": 0, "checkpoints": 0, "throttled": 0}
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -182,35 +182,54 @@ class BookieEngine:
         """Add a batch of (entry, master key, flags). Returns (statuses, first error message).
 
         Returns only when every OK entry is durable in the journal. Never raises for bad input.
-        This is the hot path: the per-ledger checks run once per run of same-ledger entries in a batch.
         """
-        statuses = [OK] * len(items)
+        return await self.start_adds(items).result()
+
+    def start_adds(self, items: Sequence[tuple[bytes, bytes, int]]) -> "AddBatch":
+        """Begin an add batch without a task: validation, write-cache insertion and journal queueing happen
+        now (PROTOCOL.md §2.2 steps 1-3); `await batch.result()` returns once the OK entries are durable.
+
+        Only when the write cache is full does the rest of the batch continue in a task (throttling).
+        """
+        batch = AddBatch(len(items))
         if self._closing or self._journal.failed is not None:
             why = "bookie is shutting down" if self._closing else f"journal failed: {self._journal.failed}"
-            return [StatusCode.IO_ERROR] * len(items), why
-        message = ""
-        chunks: list[bytes] = []  # journal records, each as (prefix, body) chunks: the entry is not copied
+            batch.fail_accepted(StatusCode.IO_ERROR, why)
+            return batch
+        self.stats["adds"] += len(items)
+        stopped_at = self._accept(items, 0, batch)
+        if stopped_at < len(items):
+            batch.durable = asyncio.get_running_loop().create_task(self._accept_throttled(items, stopped_at, batch))
+        else:
+            self._journal_batch(batch)
+        return batch
+
+    def _accept(self, items: Sequence[tuple[bytes, bytes, int]], start: int, batch: "AddBatch") -> int:
+        """Validate and cache items[start:], queueing their journal records in `batch`. Returns len(items), or
+        the index of the first entry the full write cache could not take.
+
+        This is the hot path: the per-ledger checks run once per run of same-ledger entries.
+        """
+        statuses = batch.statuses
+        chunks = batch.chunks  # journal records as (prefix, body) chunks: the entry bytes are not copied
         append = chunks.append
         nrecords = 0
-        accepted: list[int] = []
         cache_put = self._write_cache.put
         lacs = self._lac
         size_max = self._entry_bytes_max
         checked: tuple | None = None  # (ledger id, master key, flags) that passed the per-ledger checks
-        throttle_deadline: float | None = None  # one throttle budget per batch
-        for i, (entry, master_key, flags) in enumerate(items):
+        for i in range(start, len(items)):
+            entry, master_key, flags = items[i]
             size = len(entry)
             if size < _HEADER_BYTES or size > size_max:
-                statuses[i] = StatusCode.BAD_REQUEST
-                message = message or (f"entry of {size} bytes outside [{_HEADER_BYTES}, {size_max}] "
-                                       f"(entry_bytes_max / half the write cache)")
+                batch.reject(i, StatusCode.BAD_REQUEST, f"entry of {size} bytes outside [{_HEADER_BYTES}, "
+                                                        f"{size_max}] (entry_bytes_max / half the write cache)")
                 continue
             ledger_id, entry_id, lac = _IDS.unpack_from(entry)
             if checked is None or checked[0] != ledger_id or checked[1] != master_key or checked[2] != flags:
                 status, why = self._check_ledger(ledger_id, master_key, flags)
                 if status is not OK:
-                    statuses[i] = status
-                    message = message or why
+                    batch.reject(i, status, why)
                     continue
                 record = self._ledgers.get(ledger_id)
                 if record is None or not record.master_key:
@@ -219,36 +238,48 @@ class BookieEngine:
                     nrecords += 1
                 checked = (ledger_id, master_key, flags)
             if entry_id < 0:
-                statuses[i] = StatusCode.BAD_REQUEST
-                message = message or f"invalid entry id {entry_id}"
+                batch.reject(i, StatusCode.BAD_REQUEST, f"invalid entry id {entry_id}")
                 continue
             if not cache_put(ledger_id, entry_id, entry):
-                if throttle_deadline is None:
-                    throttle_deadline = self._clock.monotonic_ms() + self.config.write_cache_throttle_ms_max
-                status, why = await self._wait_for_cache_room(ledger_id, entry_id, entry, throttle_deadline)
-                checked = None  # state may have changed while waiting (fence, read-only)
-                if status is not OK:
-                    statuses[i] = status
-                    message = message or why
-                    continue
+                batch.nrecords += nrecords
+                return i
             if lac > lacs.get(ledger_id, -1):
                 lacs[ledger_id] = lac
             recovery = flags & FLAG_RECOVERY_ADD
             append(_pack_prefix(size + _LENGTH_MIN, crc32c(entry, _ENTRY_CRC_SEED[recovery]), _ENTRY, recovery))
             append(entry)
             nrecords += 1
-            accepted.append(i)
-        if chunks:
-            try:
-                await self._journal.append_many(chunks, nrecords)
-            except BookieError as e:
-                for i in accepted:
-                    statuses[i] = e.status
-                message = message or e.message
-        self.stats["adds"] += len(items)
-        if message:
-            self.stats["add_errors"] += sum(1 for s in statuses if s is not OK)
-        return statuses, message
+        batch.nrecords += nrecords
+        return len(items)
+
+    async def _accept_throttled(self, items: Sequence[tuple[bytes, bytes, int]], start: int,
+                                batch: "AddBatch") -> None:
+        """The write cache filled at items[start]: wait for room (one write_cache_throttle_ms_max budget per
+        batch, a checkpoint frees a half), go on with the rest, then journal the batch."""
+        self.stats["throttled"] += 1
+        deadline = self._clock.monotonic_ms() + self.config.write_cache_throttle_ms_max
+        i = start
+        while i < len(items):
+            if await self._wait_for_cache_room(len(items[i][0]), deadline):
+                i = self._accept(items, i, batch)  # state may have changed while waiting: checks run again
+            else:
+                batch.reject(i, StatusCode.TOO_MANY_REQUESTS, f"write cache full for "
+                             f"{self.config.write_cache_throttle_ms_max} ms (write_cache_throttle_ms_max)")
+                i += 1
+        self._journal_batch(batch)
+        if batch.durable is not None:
+            await batch.durable
+
+    def _journal_batch(self, batch: "AddBatch") -> None:
+        """Queue the batch's journal records; its `durable` future resolves after the covering sync."""
+        if not batch.chunks:
+            batch.durable = None
+            return
+        try:
+            batch.durable = self._journal.append_many(batch.chunks, batch.nrecords)
+        except BookieError as e:
+            batch.durable = None
+            batch.fail_accepted(e.status, e.message)
 
     def _check_ledger(self, ledger_id: int, master_key: bytes, flags: int) -> tuple[StatusCode, str]:
         """Per-ledger validation in the order of PROTOCOL.md §2.1 (after the entry-size check)."""
@@ -267,24 +298,20 @@ class BookieEngine:
             return StatusCode.BAD_REQUEST, "missing master key"
         return OK, ""
 
-    async def _wait_for_cache_room(self, ledger_id: int, entry_id: int, entry: bytes,
-                                   deadline: float) -> tuple[StatusCode, str]:
-        """The write cache is full: trigger a checkpoint and wait until `deadline` (write_cache_throttle_ms_max)."""
-        self.stats["throttled"] += 1
-        while True:
+    async def _wait_for_cache_room(self, size: int, deadline: float) -> bool:
+        """Trigger a checkpoint and wait until the active write-cache half has room for `size` bytes, or until
+        `deadline`. True if there is room."""
+        while not self._write_cache.has_room(size):
             self._request_checkpoint()
             self._cache_room.clear()
             remaining_ms = deadline - self._clock.monotonic_ms()
             if remaining_ms <= 0:
-                break
+                return False
             try:
                 await asyncio.wait_for(self._cache_room.wait(), remaining_ms / 1000.0)
             except TimeoutError:
                 pass
-            if self._write_cache.put(ledger_id, entry_id, entry):
-                return OK, ""
-        return StatusCode.TOO_MANY_REQUESTS, (
-            f"write cache full for {self.config.write_cache_throttle_ms_max} ms (write_cache_throttle_ms_max)")
+        return True
 
     # -- fencing and LAC ---------------------------------------------------------------------------------
     async def _journal_and_wait(self, records: list[bytes]) -> tuple[StatusCode, str]:
@@ -507,6 +534,39 @@ class BookieEngine:
         if archive:
             await self._disk.sync_dir(archive)
         await self._disk.sync_dir(self.journal_dir)
+
+
+class AddBatch:
+    """An add batch in flight: per-entry statuses (OK = accepted, durable once `result()` returns), the
+    journal records to write, and what to await for durability."""
+
+    __slots__ = ("statuses", "message", "chunks", "nrecords", "durable")
+
+    def __init__(self, n: int) -> None:
+        self.statuses: list[StatusCode] = [OK] * n
+        self.message = ""
+        self.chunks: list[bytes] = []
+        self.nrecords = 0
+        self.durable: asyncio.Future | None = None
+
+    def reject(self, i: int, status: StatusCode, why: str) -> None:
+        self.statuses[i] = status
+        if not self.message:
+            self.message = why
+
+    def fail_accepted(self, status: StatusCode, why: str) -> None:
+        """Every accepted entry failed (journal failure): its outcome is `status`, never OK."""
+        self.statuses = [status if s is OK else s for s in self.statuses]
+        self.message = self.message or why
+
+    async def result(self) -> tuple[list[StatusCode], str]:
+        """(statuses, first error message) once every OK entry is durable."""
+        if self.durable is not None:
+            try:
+                await self.durable
+            except BookieError as e:
+                self.fail_accepted(e.status, e.message)
+        return self.statuses, self.message
 
 
 def mark_after_previous(record: jfmt.JournalRecord, mark_after: JournalMark) -> JournalMark:

@@ -17,6 +17,7 @@ from bksim.ports.disk import AppendFile, Disk
 
 _LENGTH = fmt.LENGTH.pack
 _KEY = index_fmt.LOCATION_KEY.pack
+_CHUNKS_PER_WRITE = 8192  # 4096 records per write: the checkpoint yields to the event loop between writes
 _VALUE = index_fmt.LOCATION_VALUE.pack
 
 
@@ -81,6 +82,10 @@ class EntryLogger:
             put(entry)
             add((_KEY(ledger_id, entry_id), _VALUE(log_id, position, size)))
             position += 4 + size
+            if len(chunk) >= _CHUNKS_PER_WRITE:  # write as we go: bounded buffers, and adds run meanwhile
+                await self._file.write_chunks(chunk)
+                chunk = []
+                put = chunk.append
         self._count_run(run_ledger, position - run_start)
         if chunk:
             await self._file.write_chunks(chunk)
