@@ -73,4 +73,12 @@ clean:
 	rm -rf $(RUN_DIR)
 
 # ---- benchmarks (perf targets go here) -----------------------------------------------------------------
-# PERF-TARGETS: the `perf-*` targets are added below this line.
+# `make perf` runs every benchmark; see the README section Benchmarks.
+PERF_SECONDS ?= 5
+PERF_REPEAT ?= 3
+.PHONY: perf
+perf: deps  ## every benchmark with its same-run ratio (prints figures; not a pass/fail test)
+	$(BKSIM) perf fsync-baseline --record-bytes 1024 --group 16 --seconds $(PERF_SECONDS)
+	$(BKSIM) perf journal-append --record-bytes 1024 --group 16 --seconds $(PERF_SECONDS) --repeat $(PERF_REPEAT)
+	$(BKSIM) perf grpc-baseline --batch 100 --record-bytes 1024 --seconds $(PERF_SECONDS)
+	$(BKSIM) perf bookie-add --batch 100 --record-bytes 1024 --seconds $(PERF_SECONDS) --repeat $(PERF_REPEAT)

@@ -9,13 +9,33 @@ from __future__ import annotations
 Key = tuple[int, int]
 
 
-class _Half:
-    __slots__ = ("entries", "nbytes", "last_entry")
+class _Ledger:
+    """One ledger's entries in one half, and the highest entry id among them."""
+    __slots__ = ("entries", "last")
 
     def __init__(self) -> None:
-        self.entries: dict[Key, bytes] = {}
+        self.entries: dict[int, bytes] = {}
+        self.last = -1
+
+
+class _Half:
+    """One half: entries grouped per ledger, so an add needs no tuple key and a flush sorts small integer
+    keys per ledger (already in order when adds arrive in order: timsort is then linear)."""
+    __slots__ = ("ledgers", "nbytes")
+
+    def __init__(self) -> None:
+        self.ledgers: dict[int, _Ledger] = {}
         self.nbytes = 0
-        self.last_entry: dict[int, int] = {}
+
+    def sorted_runs(self) -> list[tuple[int, list[tuple[int, bytes]]]]:
+        return [(ledger_id, sorted(self.ledgers[ledger_id].entries.items())) for ledger_id in sorted(self.ledgers)]
+
+    def get(self, ledger_id: int, entry_id: int) -> bytes | None:
+        ledger = self.ledgers.get(ledger_id)
+        return ledger.entries.get(entry_id) if ledger is not None else None
+
+    def count(self) -> int:
+        return sum(len(ledger.entries) for ledger in self.ledgers.values())
 
 
 class WriteCache:
@@ -27,15 +47,18 @@ class WriteCache:
     def put(self, ledger_id: int, entry_id: int, entry: bytes) -> bool:
         """Insert (or replace: re-adds are idempotent). False when the active half has no room."""
         half = self._active
-        key = (ledger_id, entry_id)
-        old = half.entries.get(key)
-        size = len(entry) - (len(old) if old is not None else 0)
+        ledger = half.ledgers.get(ledger_id)
+        if ledger is None:
+            ledger = half.ledgers[ledger_id] = _Ledger()
+        entries = ledger.entries
+        old = entries.get(entry_id)
+        size = len(entry) if old is None else len(entry) - len(old)
         if half.nbytes + size > self.half_bytes_max:
             return False
-        half.entries[key] = entry
+        entries[entry_id] = entry
         half.nbytes += size
-        if entry_id > half.last_entry.get(ledger_id, -1):
-            half.last_entry[ledger_id] = entry_id
+        if entry_id > ledger.last:
+            ledger.last = entry_id
         return True
 
     def has_room(self, size: int) -> bool:
@@ -43,15 +66,16 @@ class WriteCache:
         return self._active.nbytes + size <= self.half_bytes_max
 
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
-        key = (ledger_id, entry_id)
-        entry = self._active.entries.get(key)
+        entry = self._active.get(ledger_id, entry_id)
         if entry is None:
-            entry = self._flushing.entries.get(key)
+            entry = self._flushing.get(ledger_id, entry_id)
         return entry
 
     def last_entry_id(self, ledger_id: int) -> int:
         """Highest entry id of the ledger held in either half, or -1."""
-        return max(self._active.last_entry.get(ledger_id, -1), self._flushing.last_entry.get(ledger_id, -1))
+        active = self._active.ledgers.get(ledger_id)
+        flushing = self._flushing.ledgers.get(ledger_id)
+        return max(active.last if active is not None else -1, flushing.last if flushing is not None else -1)
 
     @property
     def active_bytes(self) -> int:
@@ -61,22 +85,23 @@ class WriteCache:
     def flushing_bytes(self) -> int:
         return self._flushing.nbytes
 
-    def swap(self) -> list[tuple[Key, bytes]]:
-        """Make the active half the flushing half; return its entries sorted by (ledger, entry)."""
-        assert not self._flushing.entries, "swap while the previous flush is unfinished"
+    def swap(self) -> list[tuple[int, list[tuple[int, bytes]]]]:
+        """Make the active half the flushing half; return its entries as runs sorted by ledger, each
+        [(ledger id, [(entry id, entry), ...sorted by entry id])]."""
+        assert not self._flushing.ledgers, "swap while the previous flush is unfinished"
         self._active, self._flushing = self._flushing, self._active
-        return sorted(self._flushing.entries.items())
+        return self._flushing.sorted_runs()
 
-    def flushing_entries(self) -> list[tuple[Key, bytes]]:
-        """The flushing half's entries, sorted (to retry a flush that failed after its swap)."""
-        return sorted(self._flushing.entries.items())
+    def flushing_runs(self) -> list[tuple[int, list[tuple[int, bytes]]]]:
+        """The flushing half's runs, as swap() returned them (to retry a flush that failed after its swap)."""
+        return self._flushing.sorted_runs()
 
     def flushed(self) -> None:
         """The flushing half is durable in the entry log and index: drop it."""
         self._flushing = _Half()
 
     def __len__(self) -> int:
-        return len(self._active.entries) + len(self._flushing.entries)
+        return self._active.count() + self._flushing.count()
 
 
 class ReadCache:

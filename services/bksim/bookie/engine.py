@@ -210,14 +210,14 @@ class BookieEngine:
 
         This is the hot path: the per-ledger checks run once per run of same-ledger entries.
         """
-        statuses = batch.statuses
         chunks = batch.chunks  # journal records as (prefix, body) chunks: the entry bytes are not copied
         append = chunks.append
         nrecords = 0
         cache_put = self._write_cache.put
-        lacs = self._lac
         size_max = self._entry_bytes_max
         checked: tuple | None = None  # (ledger id, master key, flags) that passed the per-ledger checks
+        run_lac = -1  # highest piggybacked LAC in the current run of the checked ledger
+        stopped_at = len(items)
         for i in range(start, len(items)):
             entry, master_key, flags = items[i]
             size = len(entry)
@@ -227,6 +227,9 @@ class BookieEngine:
                 continue
             ledger_id, entry_id, lac = _IDS.unpack_from(entry)
             if checked is None or checked[0] != ledger_id or checked[1] != master_key or checked[2] != flags:
+                if checked is not None:
+                    self._note_lac(checked[0], run_lac)
+                    checked, run_lac = None, -1
                 status, why = self._check_ledger(ledger_id, master_key, flags)
                 if status is not OK:
                     batch.reject(i, status, why)
@@ -241,16 +244,23 @@ class BookieEngine:
                 batch.reject(i, StatusCode.BAD_REQUEST, f"invalid entry id {entry_id}")
                 continue
             if not cache_put(ledger_id, entry_id, entry):
-                batch.nrecords += nrecords
-                return i
-            if lac > lacs.get(ledger_id, -1):
-                lacs[ledger_id] = lac
+                stopped_at = i
+                break
+            if lac > run_lac:
+                run_lac = lac
             recovery = flags & FLAG_RECOVERY_ADD
             append(_pack_prefix(size + _LENGTH_MIN, crc32c(entry, _ENTRY_CRC_SEED[recovery]), _ENTRY, recovery))
             append(entry)
             nrecords += 1
+        if checked is not None:
+            self._note_lac(checked[0], run_lac)
         batch.nrecords += nrecords
-        return len(items)
+        return stopped_at
+
+    def _note_lac(self, ledger_id: int, lac: int) -> None:
+        """Remember the highest piggybacked LAC seen for a ledger (LacMonotonic: never lowered)."""
+        if lac > self._lac.get(ledger_id, -1):
+            self._lac[ledger_id] = lac
 
     async def _accept_throttled(self, items: Sequence[tuple[bytes, bytes, int]], start: int,
                                 batch: "AddBatch") -> None:
@@ -440,8 +450,7 @@ class BookieEngine:
             if not self._write_cache.put(ledger_id, entry_id, body):
                 await self.checkpoint(mark=mark_after_previous(record, mark_after))
                 assert self._write_cache.put(ledger_id, entry_id, body), "entry larger than half the write cache"
-            if lac > self._lac.get(ledger_id, -1):
-                self._lac[ledger_id] = lac
+            self._note_lac(ledger_id, lac)
         elif record.type == jfmt.RecordType.MASTER_KEY:
             ledger_id = jfmt.LEDGER_ID.unpack_from(body)[0]
             existing = self._ledgers.get(ledger_id)
@@ -485,11 +494,11 @@ class BookieEngine:
                 m = self._persisted_mark  # maybe: nothing new was synced since the mark was last persisted
             step("mark")
             if self._write_cache.flushing_bytes:  # maybe: an earlier checkpoint failed after its swap
-                await self._flush_half(self._write_cache.flushing_entries(), step)
+                await self._flush_half(self._write_cache.flushing_runs(), step)
                 self._write_cache.flushed()
-            entries = self._write_cache.swap()  # 2.
+            runs = self._write_cache.swap()  # 2.
             self._cache_room.set()  # adds waiting for room can go on while this half is flushed
-            await self._flush_half(entries, step)  # 3.-5.
+            await self._flush_half(runs, step)  # 3.-5.
             self._write_cache.flushed()
             await self._ledgers.flush()  # 6.
             step("ledger_index_write")
@@ -499,10 +508,10 @@ class BookieEngine:
             self._cache_room.set()
             await self._collect_journals(m)
 
-    async def _flush_half(self, entries: list, step: Callable[[str], None]) -> None:
-        """Checkpoint steps 3-5 for one swapped write-cache half (entries sorted by ledger, entry)."""
+    async def _flush_half(self, runs: list, step: Callable[[str], None]) -> None:
+        """Checkpoint steps 3-5 for one swapped write-cache half (per-ledger runs, sorted)."""
         step("swap")
-        locations = await self._entry_logger.append_sorted(entries)  # 3.
+        locations = await self._entry_logger.append_sorted(runs)  # 3.
         step("entrylog_write")
         await self._entry_logger.flush()  # 4.
         step("entrylog_sync")

@@ -51,10 +51,12 @@ class EntryLogger:
     def current_log_id(self) -> int:
         return self._log_id
 
-    async def append_sorted(self, entries: list[tuple[tuple[int, int], bytes]]) -> list[tuple[bytes, bytes]]:
-        """Append entries (sorted by ledger, entry); return their encoded (index key, location) pairs.
+    async def append_sorted(self, runs: list[tuple[int, list[tuple[int, bytes]]]]) -> list[tuple[bytes, bytes]]:
+        """Append per-ledger runs of entries (ledgers ascending, entries ascending within a run); return the
+        encoded (index key, location) pairs. Not durable until flush().
 
-        Not durable until flush(). Hot at checkpoints: per entry only two packs and three appends.
+        Hot at checkpoints: per entry two packs and three appends; the buffer is written every
+        _CHUNKS_PER_WRITE chunks, so the event loop runs in between.
         """
         out: list[tuple[bytes, bytes]] = []
         add = out.append
@@ -64,35 +66,33 @@ class EntryLogger:
         position = self._file.size
         bytes_max = self._bytes_max
         log_id = self._log_id
-        run_ledger, run_start = None, position  # entries are sorted, so each ledger is one run per log
-        for (ledger_id, entry_id), entry in entries:
-            size = len(entry)
-            if ledger_id != run_ledger:
-                self._count_run(run_ledger, position - run_start)
-                run_ledger, run_start = ledger_id, position
-            if position + 4 + size > bytes_max and position > fmt.HEADER_BYTES:
-                self._count_run(run_ledger, position - run_start)
-                await self._file.write_chunks(chunk)
-                chunk = []
-                put = chunk.append
-                await self._roll()
-                position = run_start = self._file.size
-                log_id = self._log_id
-            put(_LENGTH(size))
-            put(entry)
-            add((_KEY(ledger_id, entry_id), _VALUE(log_id, position, size)))
-            position += 4 + size
-            if len(chunk) >= _CHUNKS_PER_WRITE:  # write as we go: bounded buffers, and adds run meanwhile
-                await self._file.write_chunks(chunk)
-                chunk = []
-                put = chunk.append
-        self._count_run(run_ledger, position - run_start)
+        for ledger_id, entries in runs:
+            run_start = position
+            for entry_id, entry in entries:
+                size = len(entry)
+                if position + 4 + size > bytes_max and position > fmt.HEADER_BYTES:
+                    self._count_run(ledger_id, position - run_start)
+                    await self._file.write_chunks(chunk)
+                    chunk = []
+                    put = chunk.append
+                    await self._roll()
+                    position = run_start = self._file.size
+                    log_id = self._log_id
+                put(_LENGTH(size))
+                put(entry)
+                add((_KEY(ledger_id, entry_id), _VALUE(log_id, position, size)))
+                position += 4 + size
+                if len(chunk) >= _CHUNKS_PER_WRITE:
+                    await self._file.write_chunks(chunk)
+                    chunk = []
+                    put = chunk.append
+            self._count_run(ledger_id, position - run_start)
         if chunk:
             await self._file.write_chunks(chunk)
         return out
 
-    def _count_run(self, ledger_id: int | None, nbytes: int) -> None:
-        if ledger_id is not None and nbytes:
+    def _count_run(self, ledger_id: int, nbytes: int) -> None:
+        if nbytes:
             self._ledger_bytes[ledger_id] = self._ledger_bytes.get(ledger_id, 0) + nbytes
 
     async def _roll(self) -> None:
