@@ -26,7 +26,7 @@ from bksim.gen import bookie_pb2
 from bksim.model.config import Config
 from bksim.perf.grpc_baseline import RESPONSE_TIMEOUT_S, EntryFactory, drive, drive_result
 from bksim.perf.machine import process_cpu_s
-from bksim.perf.procs import Child, ProcessGroup, free_port
+from bksim.perf.procs import Child, ProcessGroup, free_port, interrupts_deferred
 from bksim.perf.stats import Result
 
 TARGET_RATIO = 0.5
@@ -51,8 +51,9 @@ def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds:
         zk = ZooKeeperServer("127.0.0.1", free_port(), os.path.join(run_dir, "zookeeper"),
                              config.zookeeper.tick_time_ms, config.zookeeper.heap_mb,
                              os.path.join(run_dir, "zookeeper.log"))
-        zk_pid = zk.start()
-        group.adopt("zookeeper", zk_pid, zk.log_path, zk.stop)
+        with interrupts_deferred():  # a Ctrl-C between the start and the adopt would orphan ZooKeeper
+            zk_pid = zk.start()
+            group.adopt("zookeeper", zk_pid, zk.log_path, zk.stop)
         zk.wait_ready(ZOOKEEPER_READY_TIMEOUT_S)
         port = free_port()
         bookie_home = os.path.join(run_dir, f"bookie-{port}")

@@ -6,8 +6,11 @@ behind. Only pids this group started are ever signalled.
 """
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -21,6 +24,24 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def interrupts_deferred():
+    """Hold SIGINT/SIGTERM for the duration of the block, then deliver them to the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(caught):
+            signal.raise_signal(sig)
 
 
 @dataclass
@@ -42,8 +63,9 @@ class ProcessGroup:
     children: list[Child] = field(default_factory=list)
 
     def spawn(self, name: str, argv: list[str], log_path: str, env: dict[str, str] | None = None) -> Child:
-        child = Child(name, processes.spawn(argv, env, log_path), log_path)
-        self.children.append(child)
+        with interrupts_deferred():  # a Ctrl-C between the fork and the append would orphan the child
+            child = Child(name, processes.spawn(argv, env, log_path), log_path)
+            self.children.append(child)
         return child
 
     def adopt(self, name: str, pid: int, log_path: str, stopper: Callable[[], bool]) -> Child:
