@@ -15,24 +15,8 @@ from bksim.adapters.bookie_client import BookieClient
 from bksim.formats.entry import encode_entry
 from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode
 from bksim.adapters import processes, registration
-from integration.bookie_harness import (KEY, MARKER, BookieProcess, Workload, kazoo_client, read_back,
+from integration.bookie_harness import (KEY, MARKER, BookieProcess, Workload, read_back,
                                         stream_until, wait_serving)
-
-
-@pytest.fixture
-def zk(zookeeper):
-    client = kazoo_client(zookeeper)
-    yield client
-    client.stop()
-    client.close()
-
-
-@pytest.fixture
-def bookies():
-    started: list[BookieProcess] = []
-    yield started
-    for b in started:
-        b.cleanup()
 
 
 @pytest.mark.parametrize("kill_after, flush_interval_ms, batch_size", [

@@ -16,24 +16,8 @@ import pytest
 from bksim.adapters.bookie_client import BookieClient
 from bksim.bookie import cookie as cookies
 from bksim.formats.entry import encode_entry
-from integration.bookie_harness import KEY, BookieProcess, kazoo_client, registration_path
+from integration.bookie_harness import KEY, BookieProcess, registration_path
 from helpers import wait_until
-
-
-@pytest.fixture
-def zk(zookeeper):
-    client = kazoo_client(zookeeper)
-    yield client
-    client.stop()
-    client.close()
-
-
-@pytest.fixture
-def bookies():
-    started: list[BookieProcess] = []
-    yield started
-    for b in started:
-        b.cleanup()
 
 
 def add_some(bookie: BookieProcess, ledger: int) -> None:

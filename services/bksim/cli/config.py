@@ -49,12 +49,12 @@ def dump(config: schema.Config) -> str:
         part = getattr(config, section)
         for s, name, _, _ in schema.describe():
             if s == section:
-                lines.append(f"{name} = {_toml_value(getattr(part, name))}")
+                lines.append(f"{name} = {toml_value(getattr(part, name))}")
         lines.append("")
     return "\n".join(lines)
 
 
-def _toml_value(v: object) -> str:
+def toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
