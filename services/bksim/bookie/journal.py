@@ -203,6 +203,8 @@ class Journal:
                 pending.future.set_result(None)
         if self._file.size >= self._file_bytes_max:
             await self._roll(self._file_id + 1)
+        elif self._sync_on_loop:
+            await asyncio.sleep(0)  # let the acknowledged adds answer before the next group is written
 
     async def _roll(self, new_id: int) -> None:
         """Close the current file and start `new_id`; its header and directory entry are durable first."""
