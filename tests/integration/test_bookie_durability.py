@@ -16,7 +16,7 @@ from bksim.formats.entry import encode_entry
 from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode
 from bksim.adapters import processes, registration
 from integration.bookie_harness import (KEY, MARKER, BookieProcess, Workload, read_back,
-                                        stream_until, wait_serving)
+                                        stream_until)
 
 
 @pytest.mark.parametrize("kill_after, flush_interval_ms, batch_size", [

@@ -149,7 +149,7 @@ def test_journal_dump_reports_corruption_and_keeps_going(bookie, capsys):
     open(path, "wb").write(bytes(data))
     code, out, _ = run(capsys, "journal", "dump", path)
     assert code == 1
-    assert f"CORRUPTION (replay refuses to start)" in out and f"CRC mismatch at offset {bad.offset}" in out
+    assert "CORRUPTION (replay refuses to start)" in out and f"CRC mismatch at offset {bad.offset}" in out
     lines = [line.split(" ", 1)[1] for line in record_lines(out)]
     assert lines == EXPECTED_RECORDS[:2] + EXPECTED_RECORDS[3:]
     code, out, _ = run(capsys, "journal", "dump", "--json", path)

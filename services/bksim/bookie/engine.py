@@ -14,27 +14,25 @@ from __future__ import annotations
 import asyncio
 import hmac
 import os
-import struct
 from typing import Callable, Sequence
 
 from bksim.bookie.caches import ReadCache, WriteCache
 from bksim.bookie.entry_log import EntryLogger
 from bksim.bookie.index import LedgerIndex, LocationIndex
 from bksim.bookie.journal import Journal, JournalMark, list_journal_ids
+from bksim.bookie.lastmark import LASTMARK_FILE, encode_lastmark, read_lastmark
 from bksim.bookie.replay import ReplayReport, replay
 from bksim.formats import entry as entry_fmt
 from bksim.formats import journal as jfmt
 from bksim.formats.crc import crc32c
 from bksim.model.config import BookieConfig
-from bksim.model.errors import BookieError, FormatError, JournalCorruptError
+from bksim.model.errors import BookieError, FormatError
 from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode
 from bksim.ports.clock import Clock
 from bksim.ports.disk import Disk
 from bksim.ports.kv import KeyValueStore
 
 OK = StatusCode.OK
-LASTMARK_FILE = "lastmark"
-_MARK = struct.Struct(">qqI")  # journal id, offset, crc32c of the first 16 bytes
 _IDS = entry_fmt.IDS
 _HEADER_BYTES = entry_fmt.HEADER_BYTES
 _pack_prefix = jfmt.RECORD_PREFIX.pack
@@ -44,27 +42,6 @@ _ENTRY = int(jfmt.RecordType.ENTRY)
 _ENTRY_CRC_SEED = (crc32c(bytes((jfmt.RecordType.ENTRY, 0))), crc32c(bytes((jfmt.RecordType.ENTRY, 1))))
 CHECKPOINT_STEPS = ("mark", "swap", "entrylog_write", "entrylog_sync", "index_write", "ledger_index_write",
                     "lastmark_write")
-
-
-def encode_lastmark(mark: JournalMark) -> bytes:
-    head = struct.pack(">qq", mark.journal_id, mark.offset)
-    return head + crc32c(head).to_bytes(4, "big")
-
-
-def decode_lastmark(data: bytes) -> JournalMark:
-    if len(data) != _MARK.size:
-        raise FormatError(f"lastmark file is {len(data)} bytes, expected {_MARK.size}")
-    journal_id, offset, crc = _MARK.unpack(data)
-    if crc32c(data[:16]) != crc:
-        raise FormatError("lastmark file has a bad checksum")
-    return JournalMark(journal_id, offset)
-
-
-def read_lastmark(disk: Disk, ledger_dir: str) -> JournalMark:
-    path = os.path.join(ledger_dir, LASTMARK_FILE)
-    if not disk.exists(path):
-        return JournalMark(0, 0)
-    return decode_lastmark(disk.read_all(path))
 
 
 class BookieEngine:

@@ -1,7 +1,7 @@
 """`bksim journal dump`, `bksim entrylog dump`, `bksim lastmark`: read-only views of a bookie's files.
 
 Owns nothing on disk and changes nothing: it reads files through the same format functions the bookie uses
-(formats.journal.scan_records, formats.entrylog.scan, bookie.engine.read_lastmark), so what it prints is
+(formats.journal.scan_records, formats.entrylog.scan, bookie.lastmark.read_lastmark), so what it prints is
 what replay would see. It never prints a master key, only its length.
 
 Damage is reported, never a traceback. Exit codes:
@@ -286,7 +286,7 @@ def entrylog_dump(args) -> int:
 def lastmark(args) -> int:
     """bksim lastmark DIR [--json]"""
     from bksim.adapters.localdisk import LocalDisk
-    from bksim.bookie.engine import LASTMARK_FILE, read_lastmark
+    from bksim.bookie.lastmark import LASTMARK_FILE, read_lastmark
 
     if not os.path.isdir(args.dir):
         return _missing(args.dir)

@@ -154,7 +154,7 @@ def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple
              else f"record {args.record_bytes} B, group/batch {args.group}")
     header.append(f"# {name}: {shape}, bound "
                   f"{args.seconds:g} s" + (f" / {args.records} records" if args.records else "")
-                  + f"; latency per record, submit -> ack")
+                  + "; latency per record, submit -> ack")
     print("\n".join(header), file=human, flush=True)
 
     def idle(label: str) -> float:

@@ -3,11 +3,11 @@ journals below the mark are deleted (keeping N) or archived."""
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
-from bksim.bookie.engine import CHECKPOINT_STEPS, decode_lastmark, encode_lastmark, read_lastmark
+from bksim.bookie.engine import CHECKPOINT_STEPS
+from bksim.bookie.lastmark import decode_lastmark, encode_lastmark, read_lastmark
 from bksim.bookie.journal import JournalMark, list_journal_ids
 from bksim.adapters.localdisk import LocalDisk
 from bksim.model.errors import FormatError
