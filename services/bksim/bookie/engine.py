@@ -26,7 +26,7 @@ from bksim.formats import entry as entry_fmt
 from bksim.formats import journal as jfmt
 from bksim.formats.crc import crc32c
 from bksim.model.config import BookieConfig
-from bksim.model.errors import BookieError, FormatError
+from bksim.model.errors import BksimError, BookieError, FormatError
 from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode
 from bksim.ports.clock import Clock
 from bksim.ports.disk import Disk
@@ -426,7 +426,10 @@ class BookieEngine:
                 self._ledgers.update(ledger_id)
             if not self._write_cache.put(ledger_id, entry_id, body):
                 await self.checkpoint(mark=mark_after_previous(record, mark_after))
-                assert self._write_cache.put(ledger_id, entry_id, body), "entry larger than half the write cache"
+                if not self._write_cache.put(ledger_id, entry_id, body):
+                    raise BksimError(f"journal entry {ledger_id}:{entry_id} of {len(body)} bytes does not fit half "
+                                     f"the write cache (write_cache_bytes_max={self.config.write_cache_bytes_max}): "
+                                     f"raise write_cache_bytes_max to replay this journal")
             self._note_lac(ledger_id, lac)
         elif record.type == jfmt.RecordType.MASTER_KEY:
             ledger_id = jfmt.LEDGER_ID.unpack_from(body)[0]

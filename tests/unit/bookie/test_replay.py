@@ -148,3 +148,19 @@ def test_engine_restarts_cleanly_after_a_torn_tail(engines):
         assert e.replay_report.torn == [] and (await e.read_entry(1, 3))[1] == entry(1, 3)
         await e.close()
     asyncio.run(scenario())
+
+
+def test_replay_refuses_clearly_when_an_entry_no_longer_fits_the_write_cache(engines):
+    from bksim.model.errors import BksimError
+
+    async def scenario():
+        e = await engines.started()
+        await e.add_entries([(entry(1, 0, b"x" * 3000), KEY, 0)])
+        e.abandon()
+        with pytest.raises(BksimError, match="raise write_cache_bytes_max"):
+            small = engines.make(write_cache_bytes_max=4096, entry_bytes_max=1024)
+            try:
+                await small.start()
+            finally:
+                small.abandon()
+    asyncio.run(scenario())
