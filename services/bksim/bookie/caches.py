@@ -6,16 +6,20 @@ Reads look in active, then flushing. Both halves are bounded by `bytes_max // 2`
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 Key = tuple[int, int]
 
 
 class _Ledger:
-    """One ledger's entries in one half, and the highest entry id among them."""
-    __slots__ = ("entries", "last")
+    """One ledger's entries in one half, the highest entry id among them, and whether they were inserted in
+    ascending order (the usual case: then a flush needs no sort)."""
+    __slots__ = ("entries", "last", "in_order")
 
     def __init__(self) -> None:
         self.entries: dict[int, bytes] = {}
         self.last = -1
+        self.in_order = True
 
 
 class _Half:
@@ -27,8 +31,12 @@ class _Half:
         self.ledgers: dict[int, _Ledger] = {}
         self.nbytes = 0
 
-    def sorted_runs(self) -> list[tuple[int, list[tuple[int, bytes]]]]:
-        return [(ledger_id, sorted(self.ledgers[ledger_id].entries.items())) for ledger_id in sorted(self.ledgers)]
+    def sorted_runs(self) -> list[tuple[int, Iterable[tuple[int, bytes]]]]:
+        runs = []
+        for ledger_id in sorted(self.ledgers):
+            ledger = self.ledgers[ledger_id]
+            runs.append((ledger_id, ledger.entries.items() if ledger.in_order else sorted(ledger.entries.items())))
+        return runs
 
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
         ledger = self.ledgers.get(ledger_id)
@@ -59,6 +67,8 @@ class WriteCache:
         half.nbytes += size
         if entry_id > ledger.last:
             ledger.last = entry_id
+        elif old is None:
+            ledger.in_order = False
         return True
 
     def has_room(self, size: int) -> bool:
@@ -85,14 +95,14 @@ class WriteCache:
     def flushing_bytes(self) -> int:
         return self._flushing.nbytes
 
-    def swap(self) -> list[tuple[int, list[tuple[int, bytes]]]]:
+    def swap(self) -> list[tuple[int, Iterable[tuple[int, bytes]]]]:
         """Make the active half the flushing half; return its entries as runs sorted by ledger, each
         [(ledger id, [(entry id, entry), ...sorted by entry id])]."""
         assert not self._flushing.ledgers, "swap while the previous flush is unfinished"
         self._active, self._flushing = self._flushing, self._active
         return self._flushing.sorted_runs()
 
-    def flushing_runs(self) -> list[tuple[int, list[tuple[int, bytes]]]]:
+    def flushing_runs(self) -> list[tuple[int, Iterable[tuple[int, bytes]]]]:
         """The flushing half's runs, as swap() returned them (to retry a flush that failed after its swap)."""
         return self._flushing.sorted_runs()
 

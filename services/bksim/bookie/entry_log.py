@@ -7,6 +7,7 @@ learn a log's ledgers without scanning it. Appends are not durable until `flush(
 from __future__ import annotations
 
 import os
+from typing import Iterable
 
 from bksim.formats import entrylog as fmt
 from bksim.formats import index as index_fmt
@@ -53,7 +54,7 @@ class EntryLogger:
     def current_log_id(self) -> int:
         return self._log_id
 
-    async def append_sorted(self, runs: list[tuple[int, list[tuple[int, bytes]]]]) -> list[tuple[bytes, bytes]]:
+    async def append_sorted(self, runs: list[tuple[int, Iterable[tuple[int, bytes]]]]) -> list[tuple[bytes, bytes]]:
         """Append per-ledger runs of entries (ledgers ascending, entries ascending within a run); return the
         encoded (index key, location) pairs. Durable when flush() returns (checkpoint step 4).
 
