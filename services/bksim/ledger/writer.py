@@ -1,0 +1,278 @@
+"""The ledger writer as a sans-I/O state machine (PROTOCOL.md §4: add, ordered LAC, ensemble change, close).
+
+Events in (method calls) -> commands out (returned lists). No clock, no network, no metadata store: a shell
+(the broker, or the simulator) turns SendAdd into bookie requests, UpdateEnsemble / CloseLedger into
+compare-and-set writes of the ledger metadata, timeouts into `on_add_result(..., status=None)`, and
+Acknowledge / AddsFailed into answers to the application. Randomness (placement) comes from the `rng` the
+shell passes in, so a simulator seed decides it.
+
+Ordering contracts (written on the commands):
+- Acknowledge(entry_id) is emitted strictly in entry-id order, once the entry and every earlier one reached
+  Qa acks from their write sets; it means "LAC = entry_id". Never emitted while an ensemble change is
+  pending (the new segment must start at LAC + 1).
+- FENCED or UNAUTHORIZED from any bookie is fatal: every pending add fails (outcome unknown), nothing more
+  is sent or acknowledged.
+- Any other error or a timeout from a bookie of the current ensemble triggers an ensemble change: replace
+  the failed bookies (never with one already in the ensemble), CAS a new segment starting at LAC + 1, and
+  resend each pending entry whose write set contains a replaced index to its replacement.
+
+State table (illegal transitions raise WriterError naming the state):
+
+    WRITING         --bookie error-->      CHANGING_ENSEMBLE --on_ensemble_changed--> WRITING
+    WRITING / CHANGING --FENCED, UNAUTHORIZED, metadata not OPEN--> FAILED
+    WRITING         --close, once nothing is pending--> CLOSING --on_closed--> CLOSED
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from bksim.formats.entry import encode_entry
+from bksim.ledger.quorum import check_quorum_sizes, write_set_indexes
+from bksim.model.errors import BksimError
+from bksim.model.status import StatusCode
+
+
+class WriterError(BksimError):
+    """An event the writer cannot take in its current state (a bug in the shell, or a use after close)."""
+
+
+class WriterState(enum.Enum):
+    WRITING = "writing"
+    CHANGING_ENSEMBLE = "changing-ensemble"
+    CLOSING = "closing"
+    CLOSED = "closed"
+    FAILED = "failed"
+
+
+class Rng(Protocol):
+    def choice(self, seq: Sequence[str]) -> str: ...
+
+
+# -- commands ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SendAdd:
+    """Send `entry` (PROTOCOL.md §1 bytes, LAC piggybacked) to `bookie`; report with on_add_result."""
+    bookie: str
+    entry_id: int
+    entry: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Acknowledge:
+    """The application's add of `entry_id` succeeded; LAC is now `entry_id` (emitted in id order)."""
+    entry_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddsFailed:
+    """These adds will never be acknowledged by this writer (their outcome is unknown: a later reader or
+    recovery may still find them)."""
+    entry_ids: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateEnsemble:
+    """CAS the ledger metadata: new last segment {first_entry_id, ensemble} (replacing the last segment if it
+    starts at the same id), allowed only while the ledger is OPEN. Report with on_ensemble_changed or
+    on_ensemble_change_rejected."""
+    first_entry_id: int
+    ensemble: tuple[str, ...]
+    replaced: tuple[tuple[int, str], ...]  # (ensemble index, failed bookie) pairs, for logs and checks
+
+
+@dataclass(frozen=True, slots=True)
+class CloseLedger:
+    """CAS the ledger metadata to CLOSED with this last entry id and length. Report with on_closed."""
+    last_entry_id: int
+    length: int
+
+
+Command = SendAdd | Acknowledge | AddsFailed | UpdateEnsemble | CloseLedger
+
+
+@dataclass(slots=True)
+class _Pending:
+    entry_id: int
+    entry: bytes
+    length: int  # ledger length including this entry
+    acked: set[int] = field(default_factory=set)  # ensemble indexes that acknowledged
+    sent: bool = False
+
+
+class LedgerWriter:
+    def __init__(self, ledger_id: int, *, ensemble: Sequence[str], segment_first_entry_id: int,
+                 write_quorum_size: int, ack_quorum_size: int, rng: Rng, digest_type: str = "crc32c",
+                 last_add_confirmed: int = -1, length: int = 0) -> None:
+        check_quorum_sizes(len(ensemble), write_quorum_size, ack_quorum_size)
+        self.ledger_id = ledger_id
+        self.ensemble = tuple(ensemble)
+        self.segment_first_entry_id = segment_first_entry_id
+        self.write_quorum_size = write_quorum_size
+        self.ack_quorum_size = ack_quorum_size
+        self._rng = rng
+        self._digest_type = digest_type
+        self.last_add_confirmed = last_add_confirmed
+        self.last_add_pushed = last_add_confirmed
+        self.length = length  # of everything pushed
+        self.confirmed_length = length  # of everything up to the LAC
+        self.state = WriterState.WRITING
+        self.failure: str | None = None
+        self._pending: dict[int, _Pending] = {}  # entry id -> pending add, ids > LAC, in id order
+        self._failed: dict[int, str] = {}  # ensemble index -> failed bookie, awaiting replacement
+        self._close_requested = False
+        self._writable: tuple[str, ...] = ()  # the latest writable bookies a shell reported, for replacements
+
+    # -- events ------------------------------------------------------------------------------------------
+    def append(self, payload: bytes) -> list[Command]:
+        """Assign the next entry id (LAP + 1) and send it to its write set (held while the ensemble changes)."""
+        if self.state not in (WriterState.WRITING, WriterState.CHANGING_ENSEMBLE) or self._close_requested:
+            raise WriterError(f"ledger {self.ledger_id}: cannot append in state {self.state.value}"
+                              + (f" ({self.failure})" if self.failure else "")
+                              + (" (closing)" if self._close_requested else ""))
+        entry_id = self.last_add_pushed + 1
+        self.last_add_pushed = entry_id
+        self.length += len(payload)
+        entry = encode_entry(self.ledger_id, entry_id, self.last_add_confirmed, self.length, payload,
+                             self._digest_type)
+        pending = _Pending(entry_id, entry, self.length)
+        self._pending[entry_id] = pending
+        if self.state is WriterState.CHANGING_ENSEMBLE:
+            return []
+        return self._send(pending)
+
+    def on_add_result(self, entry_id: int, bookie: str, status: StatusCode | None,
+                      writable_bookies: Sequence[str] = ()) -> list[Command]:
+        """A bookie answered an add (status None = timeout). `writable_bookies`: current candidates for
+        replacing a failed bookie (needed only when status is an error)."""
+        if self.state in (WriterState.FAILED, WriterState.CLOSED):
+            return []  # late answers after the end change nothing
+        pending = self._pending.get(entry_id)
+        index = self._index_of(bookie, entry_id)
+        if status is StatusCode.OK:
+            if pending is None or index is None:
+                return []  # already acknowledged, or from a bookie no longer in this entry's write set
+            pending.acked.add(index)
+            return self._acknowledge_ready()
+        if status in (StatusCode.FENCED, StatusCode.UNAUTHORIZED):
+            return self._fail(f"bookie {bookie} answered {status.name}: the ledger was fenced or the "
+                              f"password is wrong; this writer can make no further progress")
+        if index is None or bookie not in self.ensemble:
+            return []  # an old segment's bookie: its entries are confirmed already
+        self._writable = tuple(writable_bookies) or self._writable
+        self._failed[self.ensemble.index(bookie)] = bookie
+        if self.state is WriterState.CHANGING_ENSEMBLE:
+            return []  # the next change picks it up
+        return self._start_ensemble_change(self._writable)
+
+    def on_ensemble_changed(self, first_entry_id: int, ensemble: Sequence[str]) -> list[Command]:
+        """The UpdateEnsemble CAS succeeded with this last segment."""
+        self._require(WriterState.CHANGING_ENSEMBLE, "on_ensemble_changed")
+        old = self.ensemble
+        self.ensemble, self.segment_first_entry_id = tuple(ensemble), first_entry_id
+        replaced = {i for i in range(len(old)) if old[i] != self.ensemble[i]}
+        for i in replaced:
+            self._failed.pop(i, None)
+        self.state = WriterState.WRITING
+        commands: list[Command] = []
+        for pending in self._pending.values():
+            if not pending.sent:
+                commands += self._send(pending)
+                continue
+            for i in write_set_indexes(pending.entry_id, len(self.ensemble), self.write_quorum_size):
+                if i in replaced:
+                    pending.acked.discard(i)  # an ack from the replaced bookie no longer counts
+                    commands.append(SendAdd(self.ensemble[i], pending.entry_id, pending.entry))
+        commands += self._acknowledge_ready()
+        if self._failed and self.state is WriterState.WRITING:
+            commands += self._start_ensemble_change(self._writable)  # failures reported during the change
+        return commands
+
+    def on_ensemble_change_rejected(self, ledger_state: str, ensemble: Sequence[str],
+                                    writable_bookies: Sequence[str]) -> list[Command]:
+        """The CAS met another version. `ledger_state`/`ensemble`: the metadata as re-read. Not OPEN means
+        another client is recovering or closed the ledger: this writer is fenced. Still OPEN: re-decide."""
+        self._require(WriterState.CHANGING_ENSEMBLE, "on_ensemble_change_rejected")
+        if ledger_state != "OPEN":
+            return self._fail(f"ledger {self.ledger_id} is {ledger_state} in the metadata: another client "
+                              f"is recovering or closed it")
+        self.ensemble = tuple(ensemble)
+        self.state = WriterState.WRITING
+        self._writable = tuple(writable_bookies) or self._writable
+        return self._start_ensemble_change(self._writable)
+
+    def close(self) -> list[Command]:
+        """Stop taking appends; CLOSE once every pending add is acknowledged (or right away if none)."""
+        if self.state in (WriterState.FAILED, WriterState.CLOSED):
+            raise WriterError(f"ledger {self.ledger_id}: cannot close in state {self.state.value}")
+        self._close_requested = True
+        return self._maybe_close()
+
+    def on_closed(self) -> list[Command]:
+        self._require(WriterState.CLOSING, "on_closed")
+        self.state = WriterState.CLOSED
+        return []
+
+    # -- internals ---------------------------------------------------------------------------------------
+    def _require(self, state: WriterState, event: str) -> None:
+        if self.state is not state:
+            raise WriterError(f"ledger {self.ledger_id}: {event} in state {self.state.value}")
+
+    def _index_of(self, bookie: str, entry_id: int) -> int | None:
+        """The ensemble index of `bookie` if it is in the current write set of `entry_id`."""
+        if entry_id < self.segment_first_entry_id:
+            return None
+        for i in write_set_indexes(entry_id, len(self.ensemble), self.write_quorum_size):
+            if self.ensemble[i] == bookie:
+                return i
+        return None
+
+    def _send(self, pending: _Pending) -> list[Command]:
+        pending.sent = True
+        return [SendAdd(self.ensemble[i], pending.entry_id, pending.entry)
+                for i in write_set_indexes(pending.entry_id, len(self.ensemble), self.write_quorum_size)]
+
+    def _acknowledge_ready(self) -> list[Command]:
+        """Pop complete entries from the head, in order; LAC follows. Paused during an ensemble change."""
+        commands: list[Command] = []
+        if self.state is not WriterState.WRITING:
+            return commands
+        while self._pending:
+            head = self._pending[next(iter(self._pending))]
+            if len(head.acked) < self.ack_quorum_size:
+                break
+            del self._pending[head.entry_id]
+            assert head.entry_id == self.last_add_confirmed + 1, "LAC must advance one entry at a time"
+            self.last_add_confirmed, self.confirmed_length = head.entry_id, head.length
+            commands.append(Acknowledge(head.entry_id))
+        return commands + self._maybe_close()
+
+    def _maybe_close(self) -> list[Command]:
+        if self._close_requested and not self._pending and self.state is WriterState.WRITING:
+            self.state = WriterState.CLOSING
+            return [CloseLedger(self.last_add_confirmed, self.confirmed_length)]
+        return []
+
+    def _start_ensemble_change(self, writable_bookies: Sequence[str]) -> list[Command]:
+        candidates = [b for b in writable_bookies if b not in self.ensemble and b not in self._failed.values()]
+        ensemble = list(self.ensemble)
+        replaced = []
+        for i, bookie in sorted(self._failed.items()):
+            if not candidates:
+                return self._fail(f"NOT_ENOUGH_BOOKIES: no writable bookie outside the ensemble to replace "
+                                  f"{bookie}")
+            replacement = self._rng.choice(candidates)
+            candidates.remove(replacement)
+            ensemble[i] = replacement
+            replaced.append((i, bookie))
+        self.state = WriterState.CHANGING_ENSEMBLE
+        return [UpdateEnsemble(self.last_add_confirmed + 1, tuple(ensemble), tuple(replaced))]
+
+    def _fail(self, reason: str) -> list[Command]:
+        self.state = WriterState.FAILED
+        self.failure = reason
+        failed = tuple(self._pending)
+        self._pending.clear()
+        return [AddsFailed(failed, reason)] if failed else []
