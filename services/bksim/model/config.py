@@ -38,6 +38,10 @@ class ZooKeeperConfig:
     session_timeout_ms: int = option(10_000, "session timeout bookies ask for (ephemeral registration lifetime)")
     heap_mb: int = option(256, "JVM heap of the ZooKeeper server")
     data_dir: str = option("", "ZooKeeper data directory; empty = <run_dir>/zookeeper")
+    operation_timeout_ms: int = option(10_000, "a metadata operation unanswered this long fails as a connection "
+                                       "loss (outcome unknown)")
+    read_tries_max: int = option(3, "tries in all for a metadata read after connection losses; writes are "
+                                 "never retried blindly")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,8 @@ class Config:
                  "bookie.add_inflight_per_stream_max must be <= bookie.add_inflight_total_max")
         _require(b.journal_backups_max >= 0, "bookie.journal_backups_max must be >= 0")
         _require(self.cluster.bookies >= 0, "cluster.bookies must be >= 0")
+        _require(self.zookeeper.operation_timeout_ms > 0, "zookeeper.operation_timeout_ms must be > 0")
+        _require(self.zookeeper.read_tries_max >= 1, "zookeeper.read_tries_max must be >= 1")
         return self
 
 

@@ -4,8 +4,21 @@
     ├── ConfigError                 a configuration value is missing, malformed or out of range
     ├── BookieError(status)         an operation answered with a non-OK StatusCode (PROTOCOL.md §2.1)
     ├── FormatError                 bytes that do not parse (bad magic, short record, bad CRC)
-    │   └── JournalCorruptError     journal damage that is not a torn tail: the bookie refuses to start
-    └── CookieError                 directories and ZooKeeper disagree on the bookie's identity
+    │   ├── JournalCorruptError     journal damage that is not a torn tail: the bookie refuses to start
+    │   └── MetadataFormatError     ledger metadata bytes that are not JSON of a known format_version
+    ├── CookieError                 directories and ZooKeeper disagree on the bookie's identity
+    ├── MetadataError(path)         the metadata store (ZooKeeper, or the in-memory twin) refused an operation
+    │   ├── NoNodeError             the node does not exist (for create: its parent does not)
+    │   ├── NodeExistsError         create of a path that exists
+    │   ├── BadVersionError         a compare-and-set lost: the node's version is not the expected one;
+    │   │                           re-read and re-decide, never overwrite (PROTOCOL.md §3)
+    │   ├── NotEmptyError           delete of a node that has children
+    │   ├── NoChildrenForEphemeralsError  create under an ephemeral node
+    │   ├── SessionExpiredError     the session of the caller is gone: its ephemeral nodes were deleted and
+    │   │                           every later call through it fails; open a new session
+    │   └── ConnectionLossError     no answer in time: the outcome of a write is UNKNOWN (re-read first)
+    └── LedgerStateError            a ledger metadata transition the current state forbids (e.g. closing a
+                                    ledger that is CLOSED with other values)
 
 Bugs (a broken invariant) are not in this tree: they are ``assert`` statements and crash loudly.
 """
@@ -38,4 +51,51 @@ class JournalCorruptError(FormatError):
 
 
 class CookieError(BksimError):
+    pass
+
+
+class MetadataFormatError(FormatError):
+    pass
+
+
+class MetadataError(BksimError):
+    """An operation of the metadata store failed; `path` names the node (ZooKeeper's error codes)."""
+
+    default_message = "metadata store error"
+
+    def __init__(self, path: str = "", message: str = "") -> None:
+        self.path = path
+        self.message = message or self.default_message
+        super().__init__(f"{path}: {self.message}" if path else self.message)
+
+
+class NoNodeError(MetadataError):
+    default_message = "no such node"
+
+
+class NodeExistsError(MetadataError):
+    default_message = "node exists"
+
+
+class BadVersionError(MetadataError):
+    default_message = "bad version (another writer changed the node: re-read and re-decide)"
+
+
+class NotEmptyError(MetadataError):
+    default_message = "node has children"
+
+
+class NoChildrenForEphemeralsError(MetadataError):
+    default_message = "ephemeral nodes cannot have children"
+
+
+class SessionExpiredError(MetadataError):
+    default_message = "session expired (its ephemeral nodes are gone)"
+
+
+class ConnectionLossError(MetadataError):
+    default_message = "no answer from the metadata store: the outcome is unknown"
+
+
+class LedgerStateError(BksimError):
     pass
