@@ -34,14 +34,9 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from bksim.bookie import cookie as cookies
 from bksim.bookie.cookie import Cookie
+from bksim.metadata.paths import AVAILABLE, COOKIES, INSTANCEID, READONLY, READONLY_CHILD
+from bksim.metadata.paths import LEDGERS_ROOT as LEDGERS
 from bksim.model.errors import BksimError, CookieError
-
-LEDGERS = "/ledgers"
-AVAILABLE = "/ledgers/available"
-READONLY = "/ledgers/available/readonly"
-COOKIES = "/ledgers/cookies"
-INSTANCEID = "/ledgers/INSTANCEID"
-READONLY_CHILD = "readonly"  # the child of AVAILABLE that is a directory, not a bookie
 
 STATE_WRITABLE = "writable"
 STATE_READ_ONLY = "read-only"
