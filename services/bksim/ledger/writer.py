@@ -53,10 +53,12 @@ class Rng(Protocol):
 # -- commands ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class SendAdd:
-    """Send `entry` (PROTOCOL.md §1 bytes, LAC piggybacked) to `bookie`; report with on_add_result."""
+    """Send `entry` (PROTOCOL.md §1 bytes, LAC piggybacked) to `bookie`; report with on_add_result.
+    `recovery`: send with the RECOVERY_ADD flag (a recovery write-back, accepted by fenced bookies)."""
     bookie: str
     entry_id: int
     entry: bytes
+    recovery: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +107,9 @@ class _Pending:
 class LedgerWriter:
     def __init__(self, ledger_id: int, *, ensemble: Sequence[str], segment_first_entry_id: int,
                  write_quorum_size: int, ack_quorum_size: int, rng: Rng, digest_type: str = "crc32c",
-                 last_add_confirmed: int = -1, length: int = 0) -> None:
+                 last_add_confirmed: int = -1, length: int = 0, recovery: bool = False) -> None:
+        """`recovery`: this writer writes back entries found by recovery (RECOVERY_ADD; the ledger is
+        IN_RECOVERY in the metadata, which is then the state its ensemble changes expect)."""
         check_quorum_sizes(len(ensemble), write_quorum_size, ack_quorum_size)
         self.ledger_id = ledger_id
         self.ensemble = tuple(ensemble)
@@ -124,6 +128,8 @@ class LedgerWriter:
         self._failed: dict[int, str] = {}  # ensemble index -> failed bookie, awaiting replacement
         self._close_requested = False
         self._writable: tuple[str, ...] = ()  # the latest writable bookies a shell reported, for replacements
+        self.recovery = recovery
+        self._expected_state = "IN_RECOVERY" if recovery else "OPEN"
 
     # -- events ------------------------------------------------------------------------------------------
     def append(self, payload: bytes) -> list[Command]:
@@ -143,6 +149,20 @@ class LedgerWriter:
             return []
         return self._send(pending)
 
+    def append_existing(self, entry: bytes, ledger_length: int) -> list[Command]:
+        """Recovery write-back: send an entry exactly as a bookie returned it (same bytes on every replica:
+        NoLogDivergence). It must be the next entry id (LAP + 1)."""
+        if not self.recovery:
+            raise WriterError(f"ledger {self.ledger_id}: append_existing is for recovery write-back only")
+        if self.state is not WriterState.WRITING or self._close_requested:
+            raise WriterError(f"ledger {self.ledger_id}: cannot append in state {self.state.value}")
+        entry_id = self.last_add_pushed + 1
+        self.last_add_pushed = entry_id
+        self.length = ledger_length
+        pending = _Pending(entry_id, entry, ledger_length)
+        self._pending[entry_id] = pending
+        return self._send(pending)
+
     def on_add_result(self, entry_id: int, bookie: str, status: StatusCode | None,
                       writable_bookies: Sequence[str] = ()) -> list[Command]:
         """A bookie answered an add (status None = timeout). `writable_bookies`: current candidates for
@@ -159,8 +179,8 @@ class LedgerWriter:
         if status in (StatusCode.FENCED, StatusCode.UNAUTHORIZED):
             return self._fail(f"bookie {bookie} answered {status.name}: the ledger was fenced or the "
                               f"password is wrong; this writer can make no further progress")
-        if index is None or bookie not in self.ensemble:
-            return []  # an old segment's bookie: its entries are confirmed already
+        if pending is None or index is None:
+            return []  # an entry already acknowledged, or an old segment's bookie: nothing left to protect
         self._writable = tuple(writable_bookies) or self._writable
         self._failed[self.ensemble.index(bookie)] = bookie
         if self.state is WriterState.CHANGING_ENSEMBLE:
@@ -184,7 +204,7 @@ class LedgerWriter:
             for i in write_set_indexes(pending.entry_id, len(self.ensemble), self.write_quorum_size):
                 if i in replaced:
                     pending.acked.discard(i)  # an ack from the replaced bookie no longer counts
-                    commands.append(SendAdd(self.ensemble[i], pending.entry_id, pending.entry))
+                    commands.append(SendAdd(self.ensemble[i], pending.entry_id, pending.entry, self.recovery))
         commands += self._acknowledge_ready()
         if self._failed and self.state is WriterState.WRITING:
             commands += self._start_ensemble_change(self._writable)  # failures reported during the change
@@ -192,10 +212,11 @@ class LedgerWriter:
 
     def on_ensemble_change_rejected(self, ledger_state: str, ensemble: Sequence[str],
                                     writable_bookies: Sequence[str]) -> list[Command]:
-        """The CAS met another version. `ledger_state`/`ensemble`: the metadata as re-read. Not OPEN means
-        another client is recovering or closed the ledger: this writer is fenced. Still OPEN: re-decide."""
+        """The CAS met another version. `ledger_state`/`ensemble`: the metadata as re-read. Not OPEN (for a
+        recovery writer: not IN_RECOVERY) means another client recovered or closed the ledger: this writer
+        is fenced. Otherwise: re-decide."""
         self._require(WriterState.CHANGING_ENSEMBLE, "on_ensemble_change_rejected")
-        if ledger_state != "OPEN":
+        if ledger_state != self._expected_state:
             return self._fail(f"ledger {self.ledger_id} is {ledger_state} in the metadata: another client "
                               f"is recovering or closed it")
         self.ensemble = tuple(ensemble)
@@ -231,7 +252,7 @@ class LedgerWriter:
 
     def _send(self, pending: _Pending) -> list[Command]:
         pending.sent = True
-        return [SendAdd(self.ensemble[i], pending.entry_id, pending.entry)
+        return [SendAdd(self.ensemble[i], pending.entry_id, pending.entry, self.recovery)
                 for i in write_set_indexes(pending.entry_id, len(self.ensemble), self.write_quorum_size)]
 
     def _acknowledge_ready(self) -> list[Command]:

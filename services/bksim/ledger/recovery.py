@@ -1,0 +1,217 @@
+"""Ledger recovery as a sans-I/O state machine (PROTOCOL.md §4 "Recovery", steps 2-6).
+
+The shell has already CASed the metadata OPEN -> IN_RECOVERY (step 1) and hands this machine the segments.
+Commands out: ReadEntry (fencing reads and read-forward reads, every one with the FENCE flag), the write-back
+writer's SendAdd (RECOVERY_ADD) / UpdateEnsemble / CloseLedger, and RecoveryFailed. Events in:
+on_read_result, and the writer's events (on_add_result, on_ensemble_changed, on_ensemble_change_rejected,
+on_closed) forwarded as is.
+
+Decisions (never a guess):
+- fencing is done when quorum coverage holds over the last segment's ensemble; UNAUTHORIZED aborts; every
+  reply in without coverage fails recovery (retry later);
+- recovered LAC = max of the LACs piggybacked inside the returned last entries; start = max(recovered LAC,
+  first entry of the last segment - 1);
+- entry `start` is read too (its header gives the ledger length there), then entries start+1, start+2, ...
+  one at a time from their write sets: an entry exists on the first reply that verifies (digest, ledger id,
+  entry id); it is absent only after Qw - Qa + 1 explicit negatives (NO_ENTRY / NO_LEDGER); anything else
+  once every reply is in fails recovery (no truncation on unknowns);
+- found entries are written back in order with RECOVERY_ADD through a LedgerWriter, then the ledger closes at
+  the last one (the shell CASes IN_RECOVERY -> CLOSED; a concurrent recovery that closed first is fine).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from bksim.formats.entry import decode_entry
+from bksim.ledger.quorum import check_quorum_sizes, covered, negatives_needed_for_absence, write_set_indexes
+from bksim.ledger.writer import AddsFailed, Command, LedgerWriter, Rng
+from bksim.model.errors import BksimError, FormatError
+from bksim.model.status import StatusCode
+
+NEGATIVE = (StatusCode.NO_ENTRY, StatusCode.NO_LEDGER)
+
+
+class RecoveryPhase(enum.Enum):
+    FENCING = "fencing"
+    READING = "reading"
+    WRITING_BACK = "writing-back"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class ReadEntry:
+    """Read `entry_id` (-1 = the bookie's last entry) from `bookie` with the FENCE flag (recovery reads always
+    fence: a bookie unreachable during the fencing phase must not accept the old writer's adds after it has
+    told recovery it lacks an entry). Report with on_read_result."""
+    bookie: str
+    entry_id: int
+    fence: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryFailed:
+    """Recovery cannot decide safely (or is not allowed); the ledger stays IN_RECOVERY for a later retry."""
+    reason: str
+
+
+@dataclass(slots=True)
+class _Read:
+    """Replies so far for the entry being read."""
+    entry_id: int
+    bookies: tuple[str, ...]
+    replied: set[str] = field(default_factory=set)
+    negatives: int = 0
+
+
+class LedgerRecovery:
+    def __init__(self, ledger_id: int, *, segments: Sequence[tuple[int, Sequence[str]]], write_quorum_size: int,
+                 ack_quorum_size: int, rng: Rng, digest_type: str = "crc32c", fence_reads: bool = True) -> None:
+        """`segments`: [(first_entry_id, ensemble)] in order, from the IN_RECOVERY metadata.
+        `fence_reads=False` exists only to show, in tests, why read-forward reads must fence."""
+        assert segments, "a ledger has at least one segment"
+        self.ledger_id = ledger_id
+        self.segments = [(first, tuple(ensemble)) for first, ensemble in segments]
+        self.write_quorum_size = write_quorum_size
+        self.ack_quorum_size = ack_quorum_size
+        check_quorum_sizes(len(self.segments[-1][1]), write_quorum_size, ack_quorum_size)
+        self._rng = rng
+        self._digest_type = digest_type
+        self._fence_reads = fence_reads
+        self.phase = RecoveryPhase.FENCING
+        self.failure: str | None = None
+        self.recovered_lac = -1
+        self.start = -1
+        self.found: list[tuple[bytes, int]] = []  # (entry bytes as read, ledger length) of start+1, ...
+        self._start_length = 0  # ledger length at entry `start` (0 when start is -1)
+        self._fence_replies: dict[str, bool] = {}  # bookie -> answered with a decisive reply (OK/negative)
+        self._read: _Read | None = None
+        self.writer: LedgerWriter | None = None
+
+    # -- events ------------------------------------------------------------------------------------------
+    def start_recovery(self) -> list[Command | ReadEntry | RecoveryFailed]:
+        """Step 2: fence every bookie of the last segment."""
+        return [ReadEntry(b, -1) for b in self.segments[-1][1]]
+
+    def on_read_result(self, bookie: str, entry_id: int, status: StatusCode | None,
+                       entry: bytes = b"") -> list[Command | ReadEntry | RecoveryFailed]:
+        """A bookie answered a ReadEntry (status None = timeout)."""
+        if self.phase is RecoveryPhase.FENCING and entry_id == -1:
+            return self._on_fence_reply(bookie, status, entry)
+        if self.phase is RecoveryPhase.READING and self._read is not None and entry_id == self._read.entry_id:
+            return self._on_forward_reply(bookie, status, entry)
+        return []  # late or duplicate replies change nothing
+
+    # -- fencing (steps 2, 3) ------------------------------------------------------------------------------
+    def _on_fence_reply(self, bookie: str, status: StatusCode | None, entry: bytes):
+        ensemble = self.segments[-1][1]
+        if bookie not in ensemble or bookie in self._fence_replies:
+            return []
+        if status is StatusCode.UNAUTHORIZED:
+            return self._fail(f"bookie {bookie} answered UNAUTHORIZED to the fencing read: wrong password")
+        decisive = False
+        if status is StatusCode.OK:
+            last = self._verify(entry, None)
+            if last is not None:
+                self.recovered_lac = max(self.recovered_lac, last.last_add_confirmed)
+                decisive = True
+        elif status in NEGATIVE:
+            decisive = True
+        self._fence_replies[bookie] = decisive
+        unknown = {i for i, b in enumerate(ensemble) if not self._fence_replies.get(b, False)}
+        if covered(len(ensemble), self.write_quorum_size, self.ack_quorum_size, unknown):
+            return self._start_reading()
+        if len(self._fence_replies) == len(ensemble):
+            return self._fail(f"fencing did not reach quorum coverage: no usable reply from "
+                              f"{sorted(ensemble[i] for i in unknown)}")
+        return []
+
+    def _start_reading(self):
+        self.phase = RecoveryPhase.READING
+        self.start = max(self.recovered_lac, self.segments[-1][0] - 1)
+        return self._read_entry(max(self.start, 0))
+
+    # -- read forward (step 4) -----------------------------------------------------------------------------
+    def _segment_of(self, entry_id: int) -> tuple[int, tuple[str, ...]]:
+        return max((s for s in self.segments if s[0] <= entry_id), key=lambda s: s[0])
+
+    def _read_entry(self, entry_id: int):
+        """Ask the write set of `entry_id` (in the segment that holds it) for the entry."""
+        _, ensemble = self._segment_of(entry_id)
+        bookies = tuple(ensemble[i] for i in write_set_indexes(entry_id, len(ensemble), self.write_quorum_size))
+        self._read = _Read(entry_id, bookies)
+        return [ReadEntry(b, entry_id, self._fence_reads) for b in bookies]
+
+    def _on_forward_reply(self, bookie: str, status: StatusCode | None, entry: bytes):
+        read = self._read
+        if bookie not in read.bookies or bookie in read.replied:
+            return []
+        read.replied.add(bookie)
+        if status is StatusCode.OK:
+            decoded = self._verify(entry, read.entry_id)
+            if decoded is not None:  # exists: the first reply that verifies decides
+                if read.entry_id == self.start:
+                    self._start_length = decoded.ledger_length
+                else:
+                    self.found.append((bytes(entry), decoded.ledger_length))
+                return self._read_entry(read.entry_id + 1)
+        elif status in NEGATIVE:
+            read.negatives += 1
+            if read.negatives >= negatives_needed_for_absence(self.write_quorum_size, self.ack_quorum_size):
+                if read.entry_id <= self.start:
+                    return self._fail(f"entry {read.entry_id} is at or below the recovered LAC {self.start} "
+                                      f"but {read.negatives} bookies say they never had it")
+                return self._start_write_back(read.entry_id - 1)
+        if len(read.replied) == len(read.bookies):
+            return self._fail(f"entry {read.entry_id}: no verified copy and only {read.negatives} explicit "
+                              f"negatives (need {negatives_needed_for_absence(self.write_quorum_size, self.ack_quorum_size)}): "
+                              f"cannot tell whether it was acknowledged")
+        return []
+
+    def _verify(self, entry: bytes, entry_id: int | None):
+        try:
+            return decode_entry(entry, self._digest_type, ledger_id=self.ledger_id, entry_id=entry_id)
+        except FormatError:
+            return None  # a bad replica: not a reply that decides anything
+
+    # -- write back and close (steps 5, 6) -----------------------------------------------------------------
+    def _start_write_back(self, last_entry_id: int):
+        self.phase = RecoveryPhase.WRITING_BACK
+        self._read = None
+        first, ensemble = self.segments[-1]
+        self.writer = LedgerWriter(self.ledger_id, ensemble=ensemble, segment_first_entry_id=first,
+                                   write_quorum_size=self.write_quorum_size, ack_quorum_size=self.ack_quorum_size,
+                                   rng=self._rng, digest_type=self._digest_type, last_add_confirmed=self.start,
+                                   length=self._start_length, recovery=True)
+        commands: list = []
+        for entry, ledger_length in self.found:  # written back byte for byte, in order
+            commands += self.writer.append_existing(entry, ledger_length)
+        assert self.writer.last_add_pushed == last_entry_id
+        return self._through_writer(commands + self.writer.close())
+
+    def forward(self, commands: list) -> list:
+        """Pass the result of a writer event (on_add_result, on_ensemble_changed, ...) through recovery."""
+        return self._through_writer(commands)
+
+    def on_closed(self) -> list:
+        if self.writer is None:
+            raise BksimError(f"ledger {self.ledger_id}: on_closed in phase {self.phase.value}")
+        self.writer.on_closed()
+        self.phase = RecoveryPhase.DONE
+        return []
+
+    def _through_writer(self, commands: list) -> list:
+        out = []
+        for c in commands:
+            if isinstance(c, AddsFailed):
+                out += self._fail(f"write-back failed: {c.reason}")
+            else:
+                out.append(c)
+        return out
+
+    def _fail(self, reason: str):
+        self.phase = RecoveryPhase.FAILED
+        self.failure = reason
+        return [RecoveryFailed(reason)]
