@@ -68,9 +68,12 @@ class _Read:
 
 class LedgerRecovery:
     def __init__(self, ledger_id: int, *, segments: Sequence[tuple[int, Sequence[str]]], write_quorum_size: int,
-                 ack_quorum_size: int, rng: Rng, digest_type: str = "crc32c", fence_reads: bool = True) -> None:
+                 ack_quorum_size: int, rng: Rng, digest_type: str = "crc32c", fence_reads: bool = True,
+                 start_rule: bool = True) -> None:
         """`segments`: [(first_entry_id, ensemble)] in order, from the IN_RECOVERY metadata.
-        `fence_reads=False` exists only to show, in tests, why read-forward reads must fence."""
+
+        `fence_reads=False` and `start_rule=False` switch off the two rules the TLA+ specification of the
+        protocol found necessary; they exist only so that regression tests can show each rule matters."""
         assert segments, "a ledger has at least one segment"
         self.ledger_id = ledger_id
         self.segments = [(first, tuple(ensemble)) for first, ensemble in segments]
@@ -80,6 +83,7 @@ class LedgerRecovery:
         self._rng = rng
         self._digest_type = digest_type
         self._fence_reads = fence_reads
+        self._start_rule = start_rule
         self.phase = RecoveryPhase.FENCING
         self.failure: str | None = None
         self.recovered_lac = -1
@@ -130,7 +134,9 @@ class LedgerRecovery:
 
     def _start_reading(self):
         self.phase = RecoveryPhase.READING
-        self.start = max(self.recovered_lac, self.segments[-1][0] - 1)
+        # start rule: never below the last segment (its first entry - 1 was confirmed by the ensemble change);
+        # read-forward reads use the last segment's ensemble, which holds nothing below its first entry
+        self.start = max(self.recovered_lac, self.segments[-1][0] - 1) if self._start_rule else self.recovered_lac
         return self._read_entry(max(self.start, 0))
 
     # -- read forward (step 4) -----------------------------------------------------------------------------
@@ -138,8 +144,9 @@ class LedgerRecovery:
         return max((s for s in self.segments if s[0] <= entry_id), key=lambda s: s[0])
 
     def _read_entry(self, entry_id: int):
-        """Ask the write set of `entry_id` (in the segment that holds it) for the entry."""
-        _, ensemble = self._segment_of(entry_id)
+        """Ask the write set of `entry_id` for the entry: entry `start` in the segment that holds it (for the
+        ledger length there), every later entry in the last segment (upstream does the same)."""
+        _, ensemble = self._segment_of(entry_id) if entry_id <= self.start else self.segments[-1]
         bookies = tuple(ensemble[i] for i in write_set_indexes(entry_id, len(ensemble), self.write_quorum_size))
         self._read = _Read(entry_id, bookies)
         return [ReadEntry(b, entry_id, self._fence_reads) for b in bookies]

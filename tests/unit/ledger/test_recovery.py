@@ -205,3 +205,79 @@ def test_random_histories_keep_the_invariants(seed):
         for c in writer.on_add_result(send.entry_id, send.bookie, b.add(send), writable_bookies=sorted(b.data)):
             assert not (isinstance(c, Acknowledge) and c.entry_id > last), (seed, c, last)
     assert writer.last_add_confirmed <= last or writer.state is WriterState.FAILED
+
+
+# -- the two defects found by the TLA+ specification of the protocol (each test fails without its rule) ------
+def _old_writer_entry_0_acked_by_b0_only(b: FakeBookies):
+    """E=3, Qw=3, Qa=2: the old writer sent entry 0 to everyone; only b0 has received it so far."""
+    w = LedgerWriter(5, ensemble=["b0", "b1", "b2"], segment_first_entry_id=0, write_quorum_size=3,
+                     ack_quorum_size=2, rng=random.Random(0))
+    sends = {s.bookie: s for s in w.append(b"late") if isinstance(s, SendAdd)}
+    assert w.on_add_result(0, "b0", b.add(sends["b0"])) == []
+    return w, sends
+
+
+def _recovery_with_b2_fence_lost(fence_reads: bool):
+    b = FakeBookies(["b0", "b1", "b2"])
+    w, sends = _old_writer_entry_0_acked_by_b0_only(b)
+    rec = LedgerRecovery(5, segments=[(0, ["b0", "b1", "b2"])], write_quorum_size=3, ack_quorum_size=2,
+                         rng=random.Random(1), fence_reads=fence_reads)
+    fence_reads_sent = {c.bookie: c for c in rec.start_recovery()}
+    commands = []
+    for bookie in ("b0", "b1"):  # b2's fencing read is lost: coverage holds with b2 unknown
+        status, data = b.read(fence_reads_sent[bookie])
+        commands += rec.on_read_result(bookie, -1, status, data)
+    reads = {c.bookie: c for c in commands if isinstance(c, ReadEntry)}
+    assert set(reads) == {"b0", "b1", "b2"} and all(r.entry_id == 0 for r in reads.values())
+    closed = None
+    for bookie in ("b1", "b2"):  # b0's answer (it has entry 0) is slow: two negatives arrive first
+        status, data = b.read(reads[bookie])
+        for c in rec.on_read_result(bookie, 0, status, data):
+            if isinstance(c, CloseLedger):
+                closed = c
+    assert closed == CloseLedger(-1, 0)  # Qw - Qa + 1 = 2 negatives: entry 0 is absent
+    # now the old writer's add of entry 0 reaches b2
+    late = [c for c in w.on_add_result(0, "b2", b.add(sends["b2"])) if isinstance(c, Acknowledge)]
+    return closed, late
+
+
+def test_tla_recovery_reads_must_fence():
+    closed, late = _recovery_with_b2_fence_lost(fence_reads=True)
+    assert late == []  # b2 was fenced by the recovery read: the old writer cannot reach Qa
+
+
+def test_tla_recovery_reads_that_do_not_fence_let_the_old_writer_diverge():
+    closed, late = _recovery_with_b2_fence_lost(fence_reads=False)
+    assert late == [Acknowledge(0)] and late[0].entry_id > closed.last_entry_id  # NoDivergence broken
+
+
+def _recovery_after_an_ensemble_change(start_rule: bool):
+    """Entries 0..4 on b0, b1, b2 and confirmed (LAC 4); then b0 and b1 failed and the writer changed the
+    ensemble to b3, b4, b2 from entry 5, and died before writing there. Fencing reaches coverage on the
+    answers of b3 and b4 (nothing stored): no piggybacked LAC is seen, the recovered LAC is -1."""
+    b = FakeBookies(["b0", "b1", "b2", "b3", "b4"])
+    w = LedgerWriter(5, ensemble=["b0", "b1", "b2"], segment_first_entry_id=0, write_quorum_size=3,
+                     ack_quorum_size=2, rng=random.Random(0))
+    for i in range(5):
+        for c in w.append(f"payload-{i}".encode()):
+            w.on_add_result(c.entry_id, c.bookie, b.add(c))
+    assert w.last_add_confirmed == 4
+    segments = [(0, ("b0", "b1", "b2")), (5, ("b3", "b4", "b2"))]
+    b.down = {"b0", "b1"}
+    rec = LedgerRecovery(5, segments=segments, write_quorum_size=3, ack_quorum_size=2, rng=random.Random(1),
+                         start_rule=start_rule)
+    closed = recover(rec, b, segments=segments)
+    return rec, closed
+
+
+def test_tla_recovery_never_starts_below_the_last_segment():
+    rec, closed = _recovery_after_an_ensemble_change(start_rule=True)
+    assert rec.recovered_lac == -1 and rec.start == 4  # the last segment starts at 5: entry 4 is confirmed
+    assert closed == CloseLedger(4, sum(len(f"payload-{i}") for i in range(5)))
+
+
+def test_tla_recovery_starting_below_the_last_segment_truncates_a_confirmed_entry():
+    rec, closed = _recovery_after_an_ensemble_change(start_rule=False)
+    # read-forward from entry 0 in the last segment's ensemble finds nothing there: the confirmed entries
+    # 0..4 are truncated (NoDivergence broken)
+    assert closed is not None and closed.last_entry_id < 4
