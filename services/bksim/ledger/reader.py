@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from bksim.formats.entry import Entry, decode_entry
 from bksim.ledger.quorum import covered, write_set_indexes
