@@ -82,3 +82,18 @@ perf: deps  ## every benchmark with its same-run ratio (prints figures; not a pa
 	$(BKSIM) perf journal-append --record-bytes 1024 --group 16 --seconds $(PERF_SECONDS) --repeat $(PERF_REPEAT)
 	$(BKSIM) perf grpc-baseline --batch 100 --record-bytes 1024 --seconds $(PERF_SECONDS)
 	$(BKSIM) perf bookie-add --batch 100 --record-bytes 1024 --seconds $(PERF_SECONDS) --repeat $(PERF_REPEAT)
+
+# ---- deterministic simulation (see the README section "Deterministic simulation") -----------------------
+# `make sim SEED=N` runs one seed (prints its plan, PASS or the violated invariant with the trace tail);
+# `make sim-sweep SEEDS=N` runs seeds 1..N with a summary. STEPS=K changes the workload length, SIM_ARGS
+# passes more flags (e.g. SIM_ARGS=--trace, SIM_ARGS=--tolerate-known).
+SEED ?= 1
+SEEDS ?= 1000
+STEPS ?=
+SIM_ARGS ?=
+.PHONY: sim sim-sweep
+sim: venv proto
+	$(BKSIM) sim --seed $(SEED) $(if $(STEPS),--steps $(STEPS)) $(SIM_ARGS)
+
+sim-sweep: venv proto
+	$(BKSIM) sim --sweep $(SEEDS) $(if $(STEPS),--steps $(STEPS)) $(SIM_ARGS)
