@@ -65,11 +65,13 @@ class BookieEngine:
                                 sync_on_loop=config.journal_sync_on_loop, log=log)
         self._locations: LocationIndex | None = None
         self._ledgers: LedgerIndex | None = None
-        self._lac: dict[int, int] = {}  # highest piggybacked LAC seen per ledger since start
+        self._lac: dict[int, int] = {}  # highest piggybacked LAC seen per ledger since start (adds, replay)
+        self._base_lac: dict[int, int] = {}  # LAC inside the last entry-log entry of a ledger, read once
         self._persisted_mark = JournalMark(0, 0)
         self._checkpoint_lock = asyncio.Lock()
         self._cache_room = asyncio.Event()  # set when a checkpoint swaps or frees a write-cache half
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task] = []  # the periodic checkpoint loop and checkpoints requested by adds
+        self._checkpoint_timer: asyncio.Task | None = None
         self._read_only = False
         self._free_bytes = 1 << 62
         self._total_bytes = 1 << 62
@@ -91,7 +93,8 @@ class BookieEngine:
         await self.checkpoint(mark=self.replay_report.end)
         await self._journal.open(after_id=self.replay_report.end.journal_id)
         self._journal.start()
-        self._tasks.append(asyncio.get_running_loop().create_task(self._checkpoint_loop(), name="checkpoint"))
+        self._checkpoint_timer = asyncio.get_running_loop().create_task(self._checkpoint_loop(), name="checkpoint")
+        self._tasks.append(self._checkpoint_timer)
         r = self.replay_report
         self._log(f"storage ready: replayed {r.records} journal records from {len(r.journals)} journal(s), "
                   f"{len(self._ledgers)} ledgers, torn tails: {len(r.torn)}, writing journal "
@@ -103,9 +106,9 @@ class BookieEngine:
             return
         self._closing = True
         await self._journal.stop()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._checkpoint_timer is not None:  # the periodic loop only: a running checkpoint (shielded) finishes
+            self._checkpoint_timer.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # checkpoints already started run to the end
         self._tasks.clear()
         if self._journal.failed is None:
             await self.checkpoint()
@@ -349,18 +352,28 @@ class BookieEngine:
         records.append(jfmt.explicit_lac_record(ledger_id, lac))
         return await self._journal_and_wait(records)
 
-    def _known_lac(self, ledger_id: int, last_entry_id: int) -> int:
-        """max(piggybacked LACs seen, explicit LAC). After a restart the piggybacked part starts from the LAC
-        inside the last stored entry. Raises FormatError if that entry is unreadable."""
-        lac = self._lac.get(ledger_id)
-        if lac is None:
-            last_entry = self._get(ledger_id, last_entry_id) if last_entry_id >= 0 else None
-            lac = _IDS.unpack_from(last_entry)[2] if last_entry is not None else -1
-            self._lac[ledger_id] = lac
+    def _known_lac(self, ledger_id: int) -> int:
+        """max(piggybacked LACs seen since start, the LAC inside the last entry that was already durable in the
+        entry logs at first use, explicit LAC): never below what the bookie could answer before a restart.
+        Raises FormatError if that last entry is unreadable or fails its digest."""
+        base = self._base_lac.get(ledger_id)
+        if base is None:
+            base = self._base_lac[ledger_id] = self._lac_in_last_indexed_entry(ledger_id)
+        lac = max(self._lac.get(ledger_id, -1), base)
         record = self._ledgers.get(ledger_id)
         if record is not None and record.explicit_lac is not None:
             lac = max(lac, record.explicit_lac)
         return lac
+
+    def _lac_in_last_indexed_entry(self, ledger_id: int) -> int:
+        last = self._locations.last_entry_id(ledger_id)
+        if last < 0:
+            return -1
+        location = self._locations.get(ledger_id, last)
+        entry = self._entry_logger.read(location, ledger_id, last)
+        if entry[32:36] != b"\0\0\0\0":  # a CRC32C digest: check it before trusting the LAC field
+            entry_fmt.decode_entry(entry, entry_fmt.DIGEST_CRC32C, ledger_id, last)
+        return _IDS.unpack_from(entry)[2]
 
     # -- read path ---------------------------------------------------------------------------------------
     def _last_entry_id(self, ledger_id: int) -> int:
@@ -395,7 +408,7 @@ class BookieEngine:
             last = self._last_entry_id(ledger_id)
             wanted = last if entry_id == -1 else entry_id
             entry = self._get(ledger_id, wanted) if wanted >= 0 else None
-            lac = self._known_lac(ledger_id, last)
+            lac = self._known_lac(ledger_id)
         except FormatError as e:
             return StatusCode.IO_ERROR, b"", -1, f"entry {ledger_id}:{entry_id} unreadable: {e}"
         if entry is None:
@@ -412,7 +425,7 @@ class BookieEngine:
             last = self._last_entry_id(ledger_id)
             if ledger_id not in self._ledgers and last < 0:
                 return StatusCode.NO_LEDGER, -1, -1, f"ledger {ledger_id} not on this bookie"
-            return OK, self._known_lac(ledger_id, last), last, ""
+            return OK, self._known_lac(ledger_id), last, ""
         except FormatError as e:
             return StatusCode.IO_ERROR, -1, -1, f"ledger {ledger_id} last entry unreadable: {e}"
 

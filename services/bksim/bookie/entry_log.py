@@ -109,7 +109,8 @@ class EntryLogger:
         self._file.write(fmt.encode_ledger_map(self._ledger_bytes))
         self._file.pwrite(0, fmt.encode_header(map_offset, len(self._ledger_bytes)))
         self._unsynced.append(self._file)
-        await self._start_log(self._log_id + 1)
+        # maybe: an earlier roll failed after creating its file; never reuse an id that exists on disk
+        await self._start_log(max(self.log_ids() + [self._log_id]) + 1)
 
     async def flush(self) -> None:
         """fsync every log appended to since the last flush (checkpoint step 4)."""
