@@ -2,11 +2,13 @@
 the trace tail and the replay commands; `--sweep` prints progress and a summary listing each failure."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from bksim.cli.main import main
+from bksim.formats import journal as jfmt
 from bksim.sim.bookie_scenario import run_bookie_sim
-from bksim.sim.known_issues import KNOWN_ENGINE_ISSUES
 
 
 def test_one_passing_seed_prints_its_plan_and_pass(capsys):
@@ -19,13 +21,19 @@ def test_one_passing_seed_prints_its_plan_and_pass(capsys):
     assert "PASS seed=3" in out and f"sha256 {run_bookie_sim(3, 60).digest}" in out
 
 
-def test_a_failing_seed_prints_the_invariant_the_tail_and_the_replay_line(capsys):
-    seed = KNOWN_ENGINE_ISSUES["LacMonotonicAcrossRestarts"][0]
-    assert main(["sim", "--seed", str(seed)]) == 1
+@pytest.fixture
+def broken_fence(monkeypatch):
+    """A deliberately broken engine: the FENCE record is journaled as padding, which replay skips."""
+    monkeypatch.setattr(jfmt, "fence_record", lambda ledger_id: jfmt.encode_record(
+        jfmt.RecordType.PADDING, 0, jfmt.LEDGER_ID.pack(ledger_id)))
+
+
+def test_a_failing_seed_prints_the_invariant_the_tail_and_the_replay_line(capsys, broken_fence):
+    assert main(["sim", "--seed", "1"]) == 1
     out = capsys.readouterr().out
-    assert f"FAIL seed={seed}: LacMonotonicAcrossRestarts violated" in out
-    assert "known engine issue" in out and "trace tail (last 40 of" in out
-    assert out.rstrip().endswith(f"replay: make sim SEED={seed}   |   bksim sim --seed {seed} --trace")
+    assert "FAIL seed=1: AcknowledgedFenceHolds violated: " in out
+    assert "trace tail (last 40 of" in out and " CRASH " in out
+    assert out.rstrip().endswith("replay: make sim SEED=1   |   bksim sim --seed 1 --trace")
 
 
 def test_trace_prints_every_line(capsys):
@@ -34,14 +42,20 @@ def test_trace_prints_every_line(capsys):
     assert len([line for line in out.splitlines() if " op#" in line]) >= 30
 
 
-def test_a_sweep_prints_a_summary_and_lists_failures_with_replay_commands(capsys):
-    seed = KNOWN_ENGINE_ISSUES["LacMonotonicAcrossRestarts"][0]
-    assert main(["sim", "--sweep", "3", "--from", str(seed - 1)]) == 1
+def test_a_sweep_prints_a_summary_and_lists_failures_with_replay_commands(capsys, broken_fence):
+    assert main(["sim", "--sweep", "4", "--steps", "150"]) == 1
     captured = capsys.readouterr()
-    assert "3/3 seeds" in captured.err
-    assert "failed in" in captured.out and "LacMonotonicAcrossRestarts" in captured.out
-    assert f"replay: make sim SEED={seed}   |   bksim sim --seed {seed} --trace" in captured.out
-    assert main(["sim", "--sweep", "3", "--from", str(seed - 1), "--tolerate-known"]) == 0
+    assert "4/4 seeds" in captured.err
+    assert "failed in" in captured.out and "failures by invariant: AcknowledgedFenceHolds" in captured.out
+    failed = re.findall(r"^  seed (\d+): AcknowledgedFenceHolds: ", captured.out, re.M)
+    assert failed and f"{4 - len(failed)} passed, {len(failed)} failed" in captured.out
+    for seed in failed:
+        assert f"replay: make sim SEED={seed} STEPS=150   |   bksim sim --seed {seed} --steps 150 --trace" \
+            in captured.out
+
+
+def test_a_passing_sweep(capsys):
+    assert main(["sim", "--sweep", "3", "--from", "5", "--steps", "50"]) == 0
     assert "3 passed, 0 failed" in capsys.readouterr().out
 
 

@@ -489,11 +489,15 @@ class BookieWorld:
             self._audit_answers = collections.Counter()
             if ledger.fence_acked_at is not None:
                 probe = self.history.generate(ledger, b"probe")
+                self.history.sent_lac(ledger, parse_ids(ledger.entries[probe])[2])
+                submitted = self.history.next_tick()
                 statuses, _ = await self.engine.add_entries([(ledger.entries[probe], ledger.master_key, 0)])
                 self.trace.add(f"{op.label}: normal add {lid}:{probe} to the fenced ledger -> {statuses[0].name}")
                 if statuses[0] is not S.FENCED and not (statuses[0] is S.READ_ONLY and self.engine.read_only):
                     self._violate("AcknowledgedFenceHolds", f"{op.label}: a normal add to ledger {lid}, whose "
                                   f"fence was acknowledged, answered {statuses[0].name}")
+                # tolerated: an OK probe is an acknowledged entry like any other
+                self.history.add_answered(ledger, probe, False, statuses[0], submitted, self.history.next_tick())
         self.raise_violation()
 
     def _check_lastmark(self, where: str) -> None:

@@ -1,0 +1,26 @@
+"""Seeds that once found a bug in the engine, kept as regression tests (ARCHITECTURE.md: "seeds that ever
+failed are kept"): each must now pass strictly (nothing tolerated). Replay one: `make sim SEED=N`."""
+from __future__ import annotations
+
+import pytest
+
+from bksim.sim.bookie_scenario import run_bookie_sim
+
+REGRESSION_SEEDS = {
+    4: "LacMonotonicAcrossRestarts: after a restart a RECOVERY_ADD of an older entry set the known LAC below "
+       "the LAC of the last durable entry (8 < 11)",
+    21: "LacMonotonicAcrossRestarts, through replayed records of older entries (44 < 50)",
+    24: "CleanStopSucceeds: close() cancelled a checkpoint inside an entry-log roll; its own checkpoint then "
+        "failed with FileExistsError on the log left behind",
+    1834: "CleanStopSucceeds, seen as 'checkpoint failed' logged during close()",
+    342: "LacFromDamagedEntry: a flipped bit in the LAC field of the last entry was served as the known LAC",
+    469: "LacFromDamagedEntry without a restart (every add so far had carried LAC -1)",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(REGRESSION_SEEDS))
+def test_a_seed_that_once_failed_now_passes(seed):
+    result = run_bookie_sim(seed)
+    assert result.passed, (f"seed {seed} ({REGRESSION_SEEDS[seed]}) fails again: {result.violation}; "
+                           f"replay: make sim SEED={seed}")
+    assert result.stats["acked_entries"] > 0
