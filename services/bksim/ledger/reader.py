@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from bksim.formats.entry import Entry, decode_entry
 from bksim.ledger.quorum import covered, write_set_indexes
+from bksim.ledger.recovery import ReadEntry
 from bksim.model.errors import FormatError
 from bksim.model.status import StatusCode
 
@@ -25,13 +26,6 @@ DECISIVE = (StatusCode.OK, StatusCode.NO_ENTRY, StatusCode.NO_LEDGER)
 class ReadLac:
     """Ask `bookie` for its known LAC (and last stored entry). Report with LacRead.on_reply."""
     bookie: str
-
-
-@dataclass(frozen=True, slots=True)
-class ReadEntry:
-    """Ask `bookie` for entry `entry_id` (no FENCE flag). Report with EntryRead.on_reply."""
-    bookie: str
-    entry_id: int
 
 
 @dataclass(slots=True)

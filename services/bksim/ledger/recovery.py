@@ -43,12 +43,13 @@ class RecoveryPhase(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ReadEntry:
-    """Read `entry_id` (-1 = the bookie's last entry) from `bookie` with the FENCE flag (recovery reads always
-    fence: a bookie unreachable during the fencing phase must not accept the old writer's adds after it has
-    told recovery it lacks an entry). Report with on_read_result."""
+    """Read `entry_id` (-1 = the bookie's last entry) from `bookie`, with the FENCE flag when `fence`.
+    Recovery reads always fence: a bookie unreachable during the fencing phase must not accept the old
+    writer's adds after it has told recovery it lacks an entry. Readers (ledger/reader.py) never fence.
+    Report with on_read_result (recovery) or EntryRead.on_reply (readers)."""
     bookie: str
     entry_id: int
-    fence: bool = True
+    fence: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +98,7 @@ class LedgerRecovery:
     # -- events ------------------------------------------------------------------------------------------
     def start_recovery(self) -> list[Command | ReadEntry | RecoveryFailed]:
         """Step 2: fence every bookie of the last segment."""
-        return [ReadEntry(b, -1) for b in self.segments[-1][1]]
+        return [ReadEntry(b, -1, fence=True) for b in self.segments[-1][1]]
 
     def on_read_result(self, bookie: str, entry_id: int, status: StatusCode | None,
                        entry: bytes = b"") -> list[Command | ReadEntry | RecoveryFailed]:
