@@ -5,6 +5,8 @@ with a bounded deadline and fails with a message that says what did not happen.
 """
 from __future__ import annotations
 
+import asyncio
+import inspect
 import socket
 import time
 from typing import Callable, TypeVar
@@ -34,6 +36,25 @@ def wait_until(pred: Callable[[], T], timeout_s: float, interval_s: float = 0.02
             detail = f"; last error: {last_error!r}" if last_error is not None else ""
             raise AssertionError(f"timed out after {timeout_s:.2f}s ({attempts} attempts) waiting for {what}{detail}")
         time.sleep(interval_s)
+
+
+async def wait_until_async(pred: Callable[[], object], timeout_s: float, interval_s: float = 0.02,
+                           message: str = ""):
+    """`wait_until` inside an event loop: `pred` may be a plain function or return an awaitable. Polls (the
+    event loop keeps running between polls) until a truthy value, or fails with AssertionError at the
+    deadline (measured on the loop's clock)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        value = pred()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() >= deadline:
+            what = message or getattr(pred, "__name__", repr(pred))
+            raise AssertionError(f"timed out after {timeout_s:.2f}s waiting for {what}")
+        await asyncio.sleep(interval_s)  # poll interval of a bounded wait
 
 
 def free_port(host: str = "127.0.0.1") -> int:

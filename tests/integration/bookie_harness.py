@@ -20,7 +20,7 @@ from bksim.adapters import processes
 from bksim.adapters.bookie_client import BookieClient, BookieUnavailable
 from bksim.formats.entry import encode_entry, master_key
 from bksim.model.status import StatusCode
-from helpers import free_port, wait_until
+from helpers import free_port, wait_until, wait_until_async
 
 SESSION_TIMEOUT_MS = 2000  # with the fixture's 200 ms tick: a killed bookie's node expires in ~2 s
 START_TIMEOUT_S = 20.0
@@ -239,15 +239,10 @@ async def read_back(client: BookieClient, expected: dict[tuple[int, int], bytes]
 
 async def wait_serving(address: str, timeout_s: float = START_TIMEOUT_S) -> None:
     """Wait until the bookie's gRPC health check says SERVING (bounded)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
     async with BookieClient(address, deadline_s=1.0) as client:
-        while True:
+        async def serving() -> bool:
             try:
-                if await client.health() == "SERVING":
-                    return
+                return await client.health() == "SERVING"
             except BookieUnavailable:
-                pass
-            if loop.time() >= deadline:
-                raise AssertionError(f"bookie {address} not SERVING within {timeout_s:.0f}s")
-            await asyncio.sleep(0.05)  # poll interval of a bounded wait, not synchronisation
+                return False
+        await wait_until_async(serving, timeout_s, interval_s=0.05, message=f"bookie {address} SERVING")

@@ -17,6 +17,7 @@ from bksim.adapters.clock import SystemClock
 from bksim.formats.entry import encode_entry
 from bksim.model.config import BookieConfig
 from bksim.model.status import StatusCode
+from helpers import wait_until_async
 from integration.bookie_harness import KEY
 
 PER_STREAM_MAX = 1000
@@ -81,11 +82,7 @@ async def start(engine, disk=None, on_change=None) -> BookieServer:
 
 async def until(pred, what: str) -> None:
     """Bounded wait on a condition inside the event loop."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not pred():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
+    await wait_until_async(pred, WAIT_S, interval_s=0.005, message=what)
 
 
 def test_bounds_answer_too_many_requests_without_waiting_and_in_order():

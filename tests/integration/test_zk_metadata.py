@@ -19,6 +19,7 @@ from kazoo.client import KazooClient
 
 from bksim.adapters.zk_metadata import ZkMetadataStore
 from bksim.model.errors import ConnectionLossError, SessionExpiredError
+from helpers import wait_until_async
 from integration.tcp_proxy import TcpProxy
 from metadata_contract import CONTRACT
 
@@ -32,14 +33,7 @@ LOG = logging.getLogger("tests.kazoo")
 
 async def eventually(predicate, timeout_s: float, what: str):
     """Await `predicate()` until it returns a truthy value (returned) or the deadline passes (AssertionError)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s:.1f}s waiting for {what}")
-        await asyncio.sleep(0.05)
+    return await wait_until_async(predicate, timeout_s, interval_s=0.05, message=what)
 
 
 def start_client(hosts: str, session_s: float) -> KazooClient:

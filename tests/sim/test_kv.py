@@ -56,7 +56,7 @@ def test_a_batch_interrupted_by_a_crash_is_not_applied():
         registry = SimKvRegistry(KvFaults(latency_ms_min=1.0, latency_ms_max=1.0))
         store = registry.open_kv("/kv")
         task = asyncio.get_running_loop().create_task(store.write([(b"a", b"1"), (b"b", b"2")], [], sync=True))
-        await asyncio.sleep(0.0005)
+        await asyncio.sleep(0.0005)  # virtual time: crash exactly while the synced write is in flight
         registry.crash(random.Random(0))
         with pytest.raises(ProcessCrashed):
             await task
