@@ -27,6 +27,8 @@ class ClusterConfig:
     run_dir: str = option(".run", "directory for the cluster's data, logs and pid files (relative to the cwd)")
     bookies: int = option(3, "number of bookies `bksim cluster up` starts")
     bookie_port_base: int = option(3181, "bookie i (1-based) listens on bookie_port_base + i - 1")
+    brokers: int = option(2, "number of brokers `bksim cluster up` starts")
+    broker_port_base: int = option(6650, "broker i (1-based) listens on broker_port_base + i - 1")
     start_timeout_ms: int = option(60_000, "how long `cluster up` waits for each process to become ready")
 
 
@@ -85,10 +87,33 @@ class BookieConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """The broker: a stateless gRPC server with the ledger client (PROTOCOL.md §4) inside."""
+    host: str = option("127.0.0.1", "address the broker's gRPC server binds to")
+    port: int = option(6650, "broker gRPC port")
+    broker_id: str = option("", "broker id registered in ZooKeeper (/brokers/available); empty = <host>:<port>")
+    bookie_timeout_ms: int = option(5_000, "a bookie call unanswered this long fails; for an add that means an "
+                                           "ensemble change")
+    speculative_read_ms: int = option(2_000, "a read unanswered this long also asks the next replica")
+    metadata_cas_attempts_max: int = option(10, "read-modify-CAS rounds of one metadata update before giving up")
+    add_batch_entries_max: int = option(512, "entries sent to one bookie in one AddEntries request")
+    add_window_max: int = option(64, "unanswered AddEntries requests per bookie stream")
+    append_inflight_max: int = option(20_000, "unacknowledged appends per ledger; an Append stream waits for room")
+    payload_bytes_max: int = option(5 * MiB - 64 * KiB, "largest entry payload a client may append "
+                                                          "(must fit bookie.entry_bytes_max with the header)")
+    ledgers_open_max: int = option(10_000, "ledgers one broker writes at once; more get RESOURCE_EXHAUSTED")
+    read_window_max: int = option(64, "entries a ReadEntries stream or a recovery reads ahead in parallel")
+    read_entries_max: int = option(1_000_000, "entries one ReadEntries call may ask for")
+    requests_inflight_max: int = option(1_000, "concurrent RPCs a broker serves; more get RESOURCE_EXHAUSTED")
+    shutdown_grace_ms: int = option(10_000, "SIGTERM: how long in-flight requests get to drain")
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     zookeeper: ZooKeeperConfig = field(default_factory=ZooKeeperConfig)
     bookie: BookieConfig = field(default_factory=BookieConfig)
+    broker: BrokerConfig = field(default_factory=BrokerConfig)
 
     def validate(self) -> "Config":
         b = self.bookie
@@ -105,12 +130,20 @@ class Config:
                  "bookie.add_inflight_per_stream_max must be <= bookie.add_inflight_total_max")
         _require(b.journal_backups_max >= 0, "bookie.journal_backups_max must be >= 0")
         _require(self.cluster.bookies >= 0, "cluster.bookies must be >= 0")
+        _require(self.cluster.brokers >= 0, "cluster.brokers must be >= 0")
+        r = self.broker
+        for name in ("bookie_timeout_ms", "speculative_read_ms", "metadata_cas_attempts_max", "add_batch_entries_max",
+                     "add_window_max", "append_inflight_max", "payload_bytes_max", "ledgers_open_max",
+                     "read_window_max", "read_entries_max", "requests_inflight_max"):
+            _require(getattr(r, name) > 0, f"broker.{name} must be > 0")
+        _require(r.payload_bytes_max + 64 <= b.entry_bytes_max,
+                 "broker.payload_bytes_max + 64 must be <= bookie.entry_bytes_max (the entry header must fit)")
         _require(self.zookeeper.operation_timeout_ms > 0, "zookeeper.operation_timeout_ms must be > 0")
         _require(self.zookeeper.read_tries_max >= 1, "zookeeper.read_tries_max must be >= 1")
         return self
 
 
-SECTIONS = {"cluster": ClusterConfig, "zookeeper": ZooKeeperConfig, "bookie": BookieConfig}
+SECTIONS = {"cluster": ClusterConfig, "zookeeper": ZooKeeperConfig, "bookie": BookieConfig, "broker": BrokerConfig}
 
 
 def _require(condition: bool, message: str) -> None:

@@ -99,3 +99,23 @@ class ConnectionLossError(MetadataError):
 
 class LedgerStateError(BksimError):
     pass
+
+
+class BookieUnreachable(BksimError):
+    """A bookie did not answer (connection refused or broken, deadline passed). The outcome of an add that
+    got no answer is unknown: it may be on the bookie's disk."""
+
+    def __init__(self, bookie: str, why: str) -> None:
+        self.bookie = bookie
+        self.why = why
+        super().__init__(f"bookie {bookie}: {why}")
+
+
+class LedgerError(BksimError):
+    """A ledger operation failed with a status a client can act on (proto/broker.proto's LedgerStatus
+    names: NOT_ENOUGH_BOOKIES, NO_SUCH_LEDGER, LEDGER_CLOSED, NOT_WRITER, FENCED, BAD_REQUEST, ...)."""
+
+    def __init__(self, status: str, message: str) -> None:
+        self.status = status
+        self.message = message
+        super().__init__(f"{status}: {message}")
