@@ -100,7 +100,7 @@ class BrokerConfig:
     add_window_max: int = option(64, "unanswered AddEntries requests per bookie stream")
     append_inflight_max: int = option(20_000, "unacknowledged appends per ledger; an Append stream waits for room")
     payload_bytes_max: int = option(5 * MiB - 64 * KiB, "largest entry payload a client may append "
-                                                          "(must fit bookie.entry_bytes_max with the header)")
+                                                          "(keep it + 36 header bytes within the bookies' entry_bytes_max)")
     ledgers_open_max: int = option(10_000, "ledgers one broker writes at once; more get RESOURCE_EXHAUSTED")
     read_window_max: int = option(64, "entries a ReadEntries stream or a recovery reads ahead in parallel")
     read_entries_max: int = option(1_000_000, "entries one ReadEntries call may ask for")
@@ -136,8 +136,6 @@ class Config:
                      "add_window_max", "append_inflight_max", "payload_bytes_max", "ledgers_open_max",
                      "read_window_max", "read_entries_max", "requests_inflight_max"):
             _require(getattr(r, name) > 0, f"broker.{name} must be > 0")
-        _require(r.payload_bytes_max + 64 <= b.entry_bytes_max,
-                 "broker.payload_bytes_max + 64 must be <= bookie.entry_bytes_max (the entry header must fit)")
         _require(self.zookeeper.operation_timeout_ms > 0, "zookeeper.operation_timeout_ms must be > 0")
         _require(self.zookeeper.read_tries_max >= 1, "zookeeper.read_tries_max must be >= 1")
         return self
