@@ -73,6 +73,7 @@ class AddsFailed:
     recovery may still find them)."""
     entry_ids: tuple[int, ...]
     reason: str
+    code: str = "FENCED"  # FENCED | UNAUTHORIZED | NOT_ENOUGH_BOOKIES | ABORTED: what the application is told
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +125,7 @@ class LedgerWriter:
         self.confirmed_length = length  # of everything up to the LAC
         self.state = WriterState.WRITING
         self.failure: str | None = None
+        self.failure_code: str | None = None
         self._pending: dict[int, _Pending] = {}  # entry id -> pending add, ids > LAC, in id order
         self._failed: dict[int, str] = {}  # ensemble index -> failed bookie, awaiting replacement
         self._close_requested = False
@@ -178,7 +180,7 @@ class LedgerWriter:
             return self._acknowledge_ready()
         if status in (StatusCode.FENCED, StatusCode.UNAUTHORIZED):
             return self._fail(f"bookie {bookie} answered {status.name}: the ledger was fenced or the "
-                              f"password is wrong; this writer can make no further progress")
+                              f"password is wrong; this writer can make no further progress", status.name)
         if pending is None or index is None:
             return []  # an entry already acknowledged, or an old segment's bookie: nothing left to protect
         self._writable = tuple(writable_bookies) or self._writable
@@ -282,8 +284,8 @@ class LedgerWriter:
         replaced = []
         for i, bookie in sorted(self._failed.items()):
             if not candidates:
-                return self._fail(f"NOT_ENOUGH_BOOKIES: no writable bookie outside the ensemble to replace "
-                                  f"{bookie}")
+                return self._fail(f"no writable bookie outside the ensemble to replace {bookie}",
+                                  "NOT_ENOUGH_BOOKIES")
             replacement = self._rng.choice(candidates)
             candidates.remove(replacement)
             ensemble[i] = replacement
@@ -291,9 +293,17 @@ class LedgerWriter:
         self.state = WriterState.CHANGING_ENSEMBLE
         return [UpdateEnsemble(self.last_add_confirmed + 1, tuple(ensemble), tuple(replaced))]
 
-    def _fail(self, reason: str) -> list[Command]:
+    def abort(self, reason: str) -> list[Command]:
+        """The shell gives up (metadata unreachable, broker shutting down): fail every pending add (outcome
+        unknown), take no more events. The ledger stays as the metadata says (OPEN: a later recovery closes it)."""
+        if self.state in (WriterState.FAILED, WriterState.CLOSED):
+            return []
+        return self._fail(reason, "ABORTED")
+
+    def _fail(self, reason: str, code: str = "FENCED") -> list[Command]:
         self.state = WriterState.FAILED
         self.failure = reason
+        self.failure_code = code
         failed = tuple(self._pending)
         self._pending.clear()
-        return [AddsFailed(failed, reason)] if failed else []
+        return [AddsFailed(failed, reason, code)] if failed else []

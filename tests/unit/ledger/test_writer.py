@@ -112,7 +112,7 @@ def test_not_enough_bookies_fails_the_writer():
     w = writer(e=3, qw=3, qa=3)
     w.append(b"0")
     [failed] = w.on_add_result(0, "b0", S.IO_ERROR, writable_bookies=B[:3])
-    assert isinstance(failed, AddsFailed) and "NOT_ENOUGH_BOOKIES" in failed.reason
+    assert isinstance(failed, AddsFailed) and failed.code == "NOT_ENOUGH_BOOKIES"
 
 
 def test_a_rejected_ensemble_change_on_a_recovering_ledger_means_fenced():
