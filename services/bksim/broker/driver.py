@@ -1,0 +1,219 @@
+"""The shell that runs a sans-I/O ledger writer (or a recovery's write-back writer) against the world.
+
+Owns, for one ledger: the per-bookie outboxes of SendAdd commands (flushed once per event-loop turn, in
+batches of at most `add_batch_entries_max` entries, so a stream of appends becomes few AddEntries requests),
+the tasks that wait for the bookies' answers, and the compare-and-set writes of the ledger metadata that
+UpdateEnsemble and CloseLedger ask for. Everything it learns goes back into the state machine as an event; the
+commands that come out are executed here. The machine decides; this class only carries messages.
+
+Metadata writes (PROTOCOL.md §3, MetadataVersionsIncrease): always a CAS on the version last read. A lost CAS
+re-reads and re-decides through the machine (on_ensemble_change_rejected) or, for a close, accepts an identical
+CLOSED value (idempotent close) and fails on any other. A ConnectionLossError leaves the outcome unknown: the
+driver re-reads and checks whether its own write landed before deciding anything.
+
+Subclasses say what the machine is (`_sink_*` methods) and what the application is told (`_on_acknowledge`,
+`_on_adds_failed`, `_on_closed`, `_on_failed`).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable, Sequence
+
+from bksim.ledger.writer import Acknowledge, AddsFailed, CloseLedger, SendAdd, UpdateEnsemble
+from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
+from bksim.metadata.store import read_ledger_metadata, write_ledger_metadata
+from bksim.model.errors import (BadVersionError, BookieUnreachable, ConnectionLossError, LedgerStateError,
+                                MetadataError)
+from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode
+from bksim.ports.bookie_transport import BookieTransport
+from bksim.ports.metadata import MetadataStore
+
+Log = Callable[[str], None]
+
+
+class LedgerDriver:
+    def __init__(self, *, ledger_id: int, metadata: LedgerMetadata, version: int, store: MetadataStore,
+                 transport: BookieTransport, master_key: bytes, batch_entries_max: int, cas_attempts_max: int,
+                 writable_bookies: Callable[[], Awaitable[list[str]]], log: Log) -> None:
+        self.ledger_id = ledger_id
+        self.metadata = metadata
+        self.version = version
+        self._store = store
+        self._transport = transport
+        self._master_key = master_key
+        self._batch_max = batch_entries_max
+        self._cas_attempts_max = cas_attempts_max
+        self._writable_bookies = writable_bookies
+        self._log = log
+        self._outboxes: dict[str, list[tuple[int, bytes, int]]] = {}  # bookie -> (entry id, entry, flags)
+        self._flush_scheduled = False
+        self._tasks: set[asyncio.Task] = set()
+        self._stopped = False
+
+    # -- what subclasses provide -----------------------------------------------------------------------------
+    def _sink_add_result(self, entry_id: int, bookie: str, status: StatusCode | None,
+                         writable: Sequence[str]) -> list: raise NotImplementedError
+
+    def _sink_ensemble_changed(self, first_entry_id: int, ensemble: Sequence[str]) -> list: raise NotImplementedError
+
+    def _sink_ensemble_rejected(self, state: str, ensemble: Sequence[str], writable: Sequence[str]) -> list:
+        raise NotImplementedError
+
+    def _sink_closed(self) -> list: raise NotImplementedError
+
+    def _expected_state(self) -> LedgerState: raise NotImplementedError
+
+    def _on_acknowledge(self, entry_id: int) -> None: pass
+
+    def _on_adds_failed(self, command: AddsFailed) -> None: pass
+
+    def _on_closed(self, metadata: LedgerMetadata) -> None: pass
+
+    def _on_failed(self, code: str, reason: str) -> None: pass
+
+    def _on_other(self, command) -> None:
+        raise AssertionError(f"ledger {self.ledger_id}: unexpected command {command!r}")
+
+    # -- executing commands ----------------------------------------------------------------------------------
+    def execute(self, commands: list) -> None:
+        if self._stopped:
+            return
+        for command in commands:
+            kind = type(command)
+            if kind is SendAdd:
+                box = self._outboxes.get(command.bookie)
+                if box is None:
+                    box = self._outboxes[command.bookie] = []
+                box.append((command.entry_id, command.entry, FLAG_RECOVERY_ADD if command.recovery else 0))
+                if not self._flush_scheduled:
+                    self._flush_scheduled = True
+                    asyncio.get_running_loop().call_soon(self._flush)
+            elif kind is Acknowledge:
+                self._on_acknowledge(command.entry_id)
+            elif kind is AddsFailed:
+                self._on_adds_failed(command)
+            elif kind is UpdateEnsemble:
+                self._log(f"ledger {self.ledger_id}: ensemble change at entry {command.first_entry_id}: "
+                          f"replacing {', '.join(f'#{i} {b}' for i, b in command.replaced)} -> "
+                          f"{list(command.ensemble)}")
+                self.spawn(self._update_ensemble(command))
+            elif kind is CloseLedger:
+                self.spawn(self._close(command))
+            else:
+                self._on_other(command)
+
+    def spawn(self, coroutine) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            error = task.exception()
+            self._log(f"ledger {self.ledger_id}: internal error {error!r}")
+            self._on_failed("INTERNAL", f"internal error: {error!r}")
+
+    def stop(self) -> None:
+        """Forget everything in flight (the machine was failed or closed by the caller)."""
+        self._stopped = True
+        self._outboxes.clear()
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def drain(self) -> None:
+        """Wait for the tasks in flight (bounded by the transport's and the store's own deadlines)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # -- adds --------------------------------------------------------------------------------------------------
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._stopped:
+            return
+        outboxes, self._outboxes = self._outboxes, {}
+        for bookie, items in outboxes.items():
+            for start in range(0, len(items), self._batch_max):
+                self.spawn(self._send(bookie, items[start:start + self._batch_max]))
+
+    async def _send(self, bookie: str, items: list[tuple[int, bytes, int]]) -> None:
+        key = self._master_key
+        try:
+            statuses: list = await self._transport.add(bookie, [(entry, key, flags) for _, entry, flags in items])
+            if len(statuses) != len(items):
+                raise BookieUnreachable(bookie, f"answered {len(statuses)} statuses for {len(items)} entries")
+        except BookieUnreachable as e:
+            self._log(f"ledger {self.ledger_id}: {len(items)} add(s) to {bookie} unanswered: {e.why}")
+            statuses = [None] * len(items)
+        writable: Sequence[str] = ()
+        if any(s is not StatusCode.OK and s not in (StatusCode.FENCED, StatusCode.UNAUTHORIZED) for s in statuses):
+            writable = await self._writable_or_none()
+        if self._stopped:
+            return
+        commands: list = []
+        for (entry_id, _, _), status in zip(items, statuses):
+            commands += self._sink_add_result(entry_id, bookie, status, writable)
+        self.execute(commands)
+
+    async def _writable_or_none(self) -> Sequence[str]:
+        try:
+            return await self._writable_bookies()
+        except MetadataError as e:
+            self._log(f"ledger {self.ledger_id}: cannot list writable bookies: {e}")
+            return ()
+
+    # -- metadata ---------------------------------------------------------------------------------------------
+    async def _reread(self) -> None:
+        self.metadata, self.version = await read_ledger_metadata(self._store, self.ledger_id)
+
+    async def _cas(self, wanted: LedgerMetadata) -> bool:
+        """CAS `wanted` on the version last read. True: stored; False: lost (metadata re-read). A connection
+        loss re-reads: our write may have landed (then True)."""
+        try:
+            self.version = await write_ledger_metadata(self._store, self.ledger_id, wanted, self.version)
+            self.metadata = wanted
+            return True
+        except BadVersionError:
+            await self._reread()
+            return False
+        except ConnectionLossError:
+            await self._reread()
+            return self.metadata == wanted
+
+    async def _update_ensemble(self, command: UpdateEnsemble) -> None:
+        try:
+            for _ in range(self._cas_attempts_max):
+                if self.metadata.state is not self._expected_state():
+                    break
+                wanted = self.metadata.with_new_segment(command.first_entry_id, command.ensemble)
+                if await self._cas(wanted):
+                    return self.execute(self._sink_ensemble_changed(command.first_entry_id, command.ensemble))
+                if self.metadata.last_segment == wanted.last_segment and self.metadata.state is wanted.state:
+                    return self.execute(self._sink_ensemble_changed(command.first_entry_id, command.ensemble))
+                if self.metadata.state is not self._expected_state():
+                    break
+            writable = await self._writable_or_none()
+            self.execute(self._sink_ensemble_rejected(self.metadata.state.name, self.metadata.ensemble, writable))
+        except (MetadataError, LedgerStateError) as e:
+            self._on_failed("METADATA_ERROR", f"ensemble change failed: {e}")
+
+    async def _close(self, command: CloseLedger) -> None:
+        try:
+            for _ in range(self._cas_attempts_max):
+                if self.metadata.state is LedgerState.CLOSED or self.metadata.state is not self._expected_state():
+                    break
+                if await self._cas(self.metadata.closed(command.last_entry_id, command.length)):
+                    break
+            md = self.metadata
+            if md.state is LedgerState.CLOSED:
+                if (md.last_entry_id, md.length) != (command.last_entry_id, command.length):
+                    return self._on_failed("FENCED", f"ledger {self.ledger_id} was closed by another client at "
+                                                     f"last_entry_id {md.last_entry_id} (this client: "
+                                                     f"{command.last_entry_id})")
+                self.execute(self._sink_closed())
+                return self._on_closed(md)
+            self._on_failed("FENCED", f"ledger {self.ledger_id} is {md.state.name} in the metadata: another "
+                                      f"client is recovering it")
+        except (MetadataError, LedgerStateError) as e:
+            self._on_failed("METADATA_ERROR", f"close failed: {e}")

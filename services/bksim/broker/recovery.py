@@ -1,0 +1,86 @@
+"""Ledger recovery run against the world (PROTOCOL.md §4 "Recovery"): the shell around ledger/recovery.py.
+
+Step 1 is here: CAS OPEN -> IN_RECOVERY (a CLOSED ledger needs nothing; an IN_RECOVERY one is recovered again,
+since a recovery that died leaves it so). Steps 2-6 are LedgerRecovery's decisions; this shell sends its
+fencing and read-forward ReadEntry commands (all with the FENCE flag), runs its write-back writer through the
+LedgerDriver (RECOVERY_ADD adds, ensemble changes as CAS on an IN_RECOVERY ledger) and CASes IN_RECOVERY ->
+CLOSED. Two concurrent recoveries are safe: the loser of the close CAS finds the ledger CLOSED and returns that
+metadata (the decisions are deterministic from the same bookies, and the close is a CAS, so there is one end).
+
+A recovery that cannot decide (no quorum coverage, an entry neither found nor provably absent, the write-back
+fenced by yet another recovery's ensemble change) raises LedgerError("RECOVERY_FAILED"), leaving the ledger
+IN_RECOVERY for a later retry: it never guesses.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from bksim.broker.driver import LedgerDriver
+from bksim.ledger.recovery import LedgerRecovery, ReadEntry, RecoveryFailed, RecoveryPhase
+from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
+from bksim.model.errors import BookieUnreachable, LedgerError
+
+
+class RecoveryRun(LedgerDriver):
+    def __init__(self, *, recovery: LedgerRecovery, **driver) -> None:
+        super().__init__(**driver)
+        self.recovery = recovery
+        self._done: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    async def run(self) -> LedgerMetadata:
+        self.execute(self.recovery.start_recovery())
+        try:
+            return await self._done
+        finally:
+            self.stop()
+
+    # -- reads -------------------------------------------------------------------------------------------------
+    def _on_other(self, command) -> None:
+        if isinstance(command, ReadEntry):
+            self.spawn(self._read(command))
+        elif isinstance(command, RecoveryFailed):
+            self._finish_failed("RECOVERY_FAILED", command.reason)
+        else:
+            super()._on_other(command)
+
+    async def _read(self, command: ReadEntry) -> None:
+        try:
+            status, entry = await self._transport.read_entry(command.bookie, self.ledger_id, command.entry_id,
+                                                             fence=command.fence, master_key=self._master_key)
+        except BookieUnreachable:
+            status, entry = None, b""
+        self.execute(self.recovery.on_read_result(command.bookie, command.entry_id, status, entry))
+
+    # -- driver hooks (the write-back writer) ----------------------------------------------------------------
+    def _sink_add_result(self, entry_id, bookie, status, writable):
+        if self.recovery.writer is None or self.recovery.phase is not RecoveryPhase.WRITING_BACK:
+            return []
+        return self.recovery.forward(self.recovery.writer.on_add_result(entry_id, bookie, status, writable))
+
+    def _sink_ensemble_changed(self, first_entry_id, ensemble):
+        return self.recovery.forward(self.recovery.writer.on_ensemble_changed(first_entry_id, ensemble))
+
+    def _sink_ensemble_rejected(self, state, ensemble, writable):
+        return self.recovery.forward(self.recovery.writer.on_ensemble_change_rejected(state, ensemble, writable))
+
+    def _sink_closed(self):
+        return self.recovery.on_closed()
+
+    def _expected_state(self) -> LedgerState:
+        return LedgerState.IN_RECOVERY
+
+    def _on_closed(self, metadata: LedgerMetadata) -> None:
+        if not self._done.done():
+            self._done.set_result(metadata)
+
+    def _on_failed(self, code: str, reason: str) -> None:
+        if code == "FENCED" and self.metadata.state is LedgerState.CLOSED:
+            # another recovery closed the ledger first; its end is the ledger's end
+            if not self._done.done():
+                self._done.set_result(self.metadata)
+            return
+        self._finish_failed("RECOVERY_FAILED" if code == "FENCED" else code, reason)
+
+    def _finish_failed(self, code: str, reason: str) -> None:
+        if not self._done.done():
+            self._done.set_exception(LedgerError(code, f"ledger {self.ledger_id}: recovery failed: {reason}"))

@@ -1,0 +1,105 @@
+"""FakeBookies: an IN-MEMORY FAKE of bookies behind the BookieTransport port, for unit tests of the broker layer.
+
+Not a bookie: no journal, no disk. It keeps entries per (bookie, ledger, entry), fencing and master keys with the
+status semantics of PROTOCOL.md §2.1, so the broker's shells can be tested without processes. A bookie can be
+`down` (every call raises BookieUnreachable), `hold`ing its answers (calls wait until released), or told to
+answer a fixed error.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from bksim.formats.entry import decode_entry
+from bksim.model.errors import BookieUnreachable
+from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode
+
+
+class FakeBookie:
+    def __init__(self, bookie_id: str) -> None:
+        self.id = bookie_id
+        self.entries: dict[int, dict[int, bytes]] = {}
+        self.fenced: set[int] = set()
+        self.keys: dict[int, bytes] = {}
+        self.lac: dict[int, int] = {}
+        self.down = False
+        self.error: StatusCode | None = None
+        self.gate: asyncio.Event | None = None  # when set: calls wait for it
+        self.adds = 0
+
+
+class FakeBookies:
+    def __init__(self, ids) -> None:
+        self.bookies = {b: FakeBookie(b) for b in ids}
+
+    def __getitem__(self, bookie_id: str) -> FakeBookie:
+        return self.bookies[bookie_id]
+
+    async def _reach(self, bookie_id: str) -> FakeBookie:
+        b = self.bookies.get(bookie_id)
+        if b is None or b.down:
+            raise BookieUnreachable(bookie_id, "connection refused (fake)")
+        await asyncio.sleep(0)
+        if b.gate is not None:
+            await b.gate.wait()
+        if b.down:
+            raise BookieUnreachable(bookie_id, "connection broken (fake)")
+        return b
+
+    async def add(self, bookie, entries):
+        b = await self._reach(bookie)
+        out = []
+        for data, key, flags in entries:
+            e = decode_entry(data)
+            if b.error is not None:
+                out.append(b.error)
+                continue
+            if b.keys.setdefault(e.ledger_id, key) != key:
+                out.append(StatusCode.UNAUTHORIZED)
+                continue
+            if e.ledger_id in b.fenced and not flags & FLAG_RECOVERY_ADD:
+                out.append(StatusCode.FENCED)
+                continue
+            b.entries.setdefault(e.ledger_id, {})[e.entry_id] = bytes(data)
+            b.lac[e.ledger_id] = max(b.lac.get(e.ledger_id, -1), e.last_add_confirmed)
+            b.adds += 1
+            out.append(StatusCode.OK)
+        return out
+
+    async def read_entry(self, bookie, ledger_id, entry_id, *, fence=False, master_key=b""):
+        b = await self._reach(bookie)
+        if b.error is not None:
+            return b.error, b""
+        if fence:
+            if b.keys.setdefault(ledger_id, master_key) != master_key:
+                return StatusCode.UNAUTHORIZED, b""
+            b.fenced.add(ledger_id)
+        entries = b.entries.get(ledger_id)
+        if not entries:
+            return (StatusCode.NO_ENTRY if fence else StatusCode.NO_LEDGER), b""
+        if entry_id == -1:
+            entry_id = max(entries)
+        data = entries.get(entry_id)
+        return (StatusCode.OK, data) if data is not None else (StatusCode.NO_ENTRY, b"")
+
+    async def read_lac(self, bookie, ledger_id):
+        b = await self._reach(bookie)
+        if ledger_id not in b.entries:
+            return StatusCode.NO_LEDGER, -1
+        return StatusCode.OK, b.lac.get(ledger_id, -1)
+
+    async def close(self):
+        pass
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_ms = 1_700_000_000_000
+
+    def monotonic_ms(self) -> float:
+        return float(self.now_ms)
+
+    def wall_ms(self) -> int:
+        return self.now_ms
+
+    async def sleep_ms(self, ms: float) -> None:
+        await asyncio.sleep(0)
