@@ -11,12 +11,28 @@ Decisions (never a guess):
   reply in without coverage fails recovery (retry later);
 - recovered LAC = max of the LACs piggybacked inside the returned last entries; start = max(recovered LAC,
   first entry of the last segment - 1);
-- entry `start` is read too (its header gives the ledger length there), then entries start+1, start+2, ...
-  one at a time from their write sets: an entry exists on the first reply that verifies (digest, ledger id,
-  entry id); it is absent only after Qw - Qa + 1 explicit negatives (NO_ENTRY / NO_LEDGER); anything else
-  once every reply is in fails recovery (no truncation on unknowns);
-- found entries are written back in order with RECOVERY_ADD through a LedgerWriter, then the ledger closes at
-  the last one (the shell CASes IN_RECOVERY -> CLOSED; a concurrent recovery that closed first is fine).
+- read forward: entry `start` is read too (its header gives the ledger length there), then start+1, start+2,
+  ... from their write sets, up to `read_window` = W entries at a time (the reads of the first W entries go
+  out together; each time the lowest undecided entry is decided "exists" the window slides and the next
+  entry's reads go out). Each entry is judged on its own replies, in the order they arrive: it exists on the
+  first reply that verifies (digest, ledger id, entry id); it is absent after Qw - Qa + 1 explicit negatives
+  (NO_ENTRY / NO_LEDGER); once every reply is in without either, it is unknown. The first verdict of an entry
+  is final (later replies for it are ignored), so an entry gets the verdict it would get with read_window=1;
+- verdicts are applied strictly in entry order: the lowest undecided entry must have its verdict before any
+  later one counts. The first absent entry k ends the read phase at k-1, even if copies of entries above k
+  were found (they were never acknowledged: acks are given in order); the first unknown entry (with every
+  entry below it found) fails recovery (no truncation on unknowns). No read goes out beyond an entry already
+  known to be absent or unknown, and replies for entries outside the window, duplicates and late replies
+  are ignored;
+- found entries are written back in order with RECOVERY_ADD through a LedgerWriter once the end is known,
+  then the ledger closes at the last one (the shell CASes IN_RECOVERY -> CLOSED; a concurrent recovery that
+  closed first is fine).
+
+Bounds: recovery waits on the reads of at most `read_window` undecided entries (<= read_window * Qw
+ReadEntry commands); reads of an entry already decided may still be in flight in the shell (recovery ignores
+their replies; the shell's per-call deadline ends them). Memory: the window's replies plus the found entries,
+which the write-back needs anyway. read_window=1 is the one-entry-at-a-time read-forward of the protocol
+text, command for command.
 """
 from __future__ import annotations
 
@@ -58,24 +74,36 @@ class RecoveryFailed:
     reason: str
 
 
+class _Verdict(enum.Enum):
+    EXISTS = "exists"
+    ABSENT = "absent"
+    UNKNOWN = "unknown"
+
+
 @dataclass(slots=True)
 class _Read:
-    """Replies so far for the entry being read."""
+    """Replies so far for one entry of the read window, and its verdict once it has one."""
     entry_id: int
     bookies: tuple[str, ...]
     replied: set[str] = field(default_factory=set)
     negatives: int = 0
+    verdict: _Verdict | None = None
+    found: tuple[bytes, int] | None = None  # (entry bytes as read, ledger length) when EXISTS
 
 
 class LedgerRecovery:
     def __init__(self, ledger_id: int, *, segments: Sequence[tuple[int, Sequence[str]]], write_quorum_size: int,
                  ack_quorum_size: int, rng: Rng, digest_type: str = "crc32c", fence_reads: bool = True,
-                 start_rule: bool = True) -> None:
+                 start_rule: bool = True, read_window: int = 64) -> None:
         """`segments`: [(first_entry_id, ensemble)] in order, from the IN_RECOVERY metadata.
+        `read_window`: entries of the read-forward read in parallel (>= 1; the broker's read_window_max).
 
         `fence_reads=False` and `start_rule=False` switch off the two rules the TLA+ specification of the
         protocol found necessary; they exist only so that regression tests can show each rule matters."""
         assert segments, "a ledger has at least one segment"
+        if read_window < 1:
+            raise BksimError(f"ledger {ledger_id}: recovery read_window must be >= 1, got {read_window}")
+        self.read_window = read_window
         self.ledger_id = ledger_id
         self.segments = [(first, tuple(ensemble)) for first, ensemble in segments]
         self.write_quorum_size = write_quorum_size
@@ -92,7 +120,10 @@ class LedgerRecovery:
         self.found: list[tuple[bytes, int]] = []  # (entry bytes as read, ledger length) of start+1, ...
         self._start_length = 0  # ledger length at entry `start` (0 when start is -1)
         self._fence_replies: dict[str, bool] = {}  # bookie -> answered with a decisive reply (OK/negative)
-        self._read: _Read | None = None
+        self.next_to_decide = -1  # read forward: the lowest entry without an applied verdict
+        self._next_to_read = -1  # read forward: the next entry whose reads go out
+        self._reads: dict[int, _Read] = {}  # entry id -> replies, for next_to_decide .. _next_to_read - 1
+        self._blocked = False  # some entry of the window is absent or unknown: no read beyond it is useful
         self.writer: LedgerWriter | None = None
 
     # -- events ------------------------------------------------------------------------------------------
@@ -105,8 +136,8 @@ class LedgerRecovery:
         """A bookie answered a ReadEntry (status None = timeout)."""
         if self.phase is RecoveryPhase.FENCING and entry_id == -1:
             return self._on_fence_reply(bookie, status, entry)
-        if self.phase is RecoveryPhase.READING and self._read is not None and entry_id == self._read.entry_id:
-            return self._on_forward_reply(bookie, status, entry)
+        if self.phase is RecoveryPhase.READING and entry_id in self._reads:
+            return self._on_forward_reply(self._reads[entry_id], bookie, status, entry)
         return []  # late or duplicate replies change nothing
 
     # -- fencing (steps 2, 3) ------------------------------------------------------------------------------
@@ -138,45 +169,73 @@ class LedgerRecovery:
         # start rule: never below the last segment (its first entry - 1 was confirmed by the ensemble change);
         # read-forward reads use the last segment's ensemble, which holds nothing below its first entry
         self.start = max(self.recovered_lac, self.segments[-1][0] - 1) if self._start_rule else self.recovered_lac
-        return self._read_entry(max(self.start, 0))
+        self.next_to_decide = self._next_to_read = max(self.start, 0)
+        return self._fill_window()
 
     # -- read forward (step 4) -----------------------------------------------------------------------------
     def _segment_of(self, entry_id: int) -> tuple[int, tuple[str, ...]]:
         return max((s for s in self.segments if s[0] <= entry_id), key=lambda s: s[0])
 
-    def _read_entry(self, entry_id: int):
+    def _fill_window(self) -> list[ReadEntry]:
+        commands: list[ReadEntry] = []
+        while not self._blocked and self._next_to_read < self.next_to_decide + self.read_window:
+            commands += self._read_entry(self._next_to_read)
+            self._next_to_read += 1
+        return commands
+
+    def _read_entry(self, entry_id: int) -> list[ReadEntry]:
         """Ask the write set of `entry_id` for the entry: entry `start` in the segment that holds it (for the
         ledger length there), every later entry in the last segment (upstream does the same)."""
         _, ensemble = self._segment_of(entry_id) if entry_id <= self.start else self.segments[-1]
         bookies = tuple(ensemble[i] for i in write_set_indexes(entry_id, len(ensemble), self.write_quorum_size))
-        self._read = _Read(entry_id, bookies)
+        self._reads[entry_id] = _Read(entry_id, bookies)
         return [ReadEntry(b, entry_id, self._fence_reads) for b in bookies]
 
-    def _on_forward_reply(self, bookie: str, status: StatusCode | None, entry: bytes):
-        read = self._read
-        if bookie not in read.bookies or bookie in read.replied:
-            return []
+    def _on_forward_reply(self, read: _Read, bookie: str, status: StatusCode | None, entry: bytes):
+        if read.verdict is not None or bookie not in read.bookies or bookie in read.replied:
+            return []  # the first verdict of an entry is final; duplicates change nothing
         read.replied.add(bookie)
         if status is StatusCode.OK:
             decoded = self._verify(entry, read.entry_id)
             if decoded is not None:  # exists: the first reply that verifies decides
-                if read.entry_id == self.start:
-                    self._start_length = decoded.ledger_length
-                else:
-                    self.found.append((bytes(entry), decoded.ledger_length))
-                return self._read_entry(read.entry_id + 1)
+                read.verdict = _Verdict.EXISTS
+                read.found = (bytes(entry), decoded.ledger_length)
         elif status in NEGATIVE:
             read.negatives += 1
             if read.negatives >= negatives_needed_for_absence(self.write_quorum_size, self.ack_quorum_size):
+                read.verdict = _Verdict.ABSENT
+        if read.verdict is None and len(read.replied) == len(read.bookies):
+            read.verdict = _Verdict.UNKNOWN
+        if read.verdict is None:
+            return []
+        if read.verdict is not _Verdict.EXISTS:
+            self._blocked = True  # the read phase ends (or fails) here at the latest
+        return self._apply_verdicts() if read.entry_id == self.next_to_decide else []
+
+    def _apply_verdicts(self):
+        """Apply verdicts in entry order from next_to_decide while they are in; slide the window."""
+        commands: list = []
+        while True:
+            if self.next_to_decide == self._next_to_read:  # read_window=1: the next entry is not asked yet
+                commands += self._fill_window()
+            read = self._reads[self.next_to_decide]
+            if read.verdict is None:
+                return commands + self._fill_window()
+            if read.verdict is _Verdict.ABSENT:
                 if read.entry_id <= self.start:
                     return self._fail(f"entry {read.entry_id} is at or below the recovered LAC {self.start} "
                                       f"but {read.negatives} bookies say they never had it")
                 return self._start_write_back(read.entry_id - 1)
-        if len(read.replied) == len(read.bookies):
-            return self._fail(f"entry {read.entry_id}: no verified copy and only {read.negatives} explicit "
-                              f"negatives (need {negatives_needed_for_absence(self.write_quorum_size, self.ack_quorum_size)}): "
-                              f"cannot tell whether it was acknowledged")
-        return []
+            if read.verdict is _Verdict.UNKNOWN:
+                needed = negatives_needed_for_absence(self.write_quorum_size, self.ack_quorum_size)
+                return self._fail(f"entry {read.entry_id}: no verified copy and only {read.negatives} explicit "
+                                  f"negatives (need {needed}): cannot tell whether it was acknowledged")
+            del self._reads[self.next_to_decide]
+            if read.entry_id == self.start:
+                self._start_length = read.found[1]
+            else:
+                self.found.append(read.found)
+            self.next_to_decide += 1
 
     def _verify(self, entry: bytes, entry_id: int | None):
         try:
@@ -187,7 +246,7 @@ class LedgerRecovery:
     # -- write back and close (steps 5, 6) -----------------------------------------------------------------
     def _start_write_back(self, last_entry_id: int):
         self.phase = RecoveryPhase.WRITING_BACK
-        self._read = None
+        self._reads = {}  # replies for entries beyond the end (or still in flight) are ignored from now on
         first, ensemble = self.segments[-1]
         self.writer = LedgerWriter(self.ledger_id, ensemble=ensemble, segment_first_entry_id=first,
                                    write_quorum_size=self.write_quorum_size, ack_quorum_size=self.ack_quorum_size,
@@ -221,5 +280,6 @@ class LedgerRecovery:
 
     def _fail(self, reason: str):
         self.phase = RecoveryPhase.FAILED
+        self._reads = {}
         self.failure = reason
         return [RecoveryFailed(reason)]
