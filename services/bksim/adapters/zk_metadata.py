@@ -173,3 +173,60 @@ class ZkMetadataStore:
         # on kazoo's connection thread: only flip a flag
         if state == KazooState.LOST:
             self._lost = True
+
+
+class RenewingZkMetadataStore:
+    """The MetadataStore of a long-lived process (the broker): calls go to a ZkMetadataStore bound to the kazoo
+    client's current session. A call in flight when the session expires fails (SessionExpiredError); a call
+    made after kazoo has a new session binds a new ZkMetadataStore to it, first awaiting
+    `on_new_session(store)` (re-create the ephemeral registrations the old session took with it)."""
+
+    def __init__(self, client: KazooClient, *, operation_timeout_ms: float = _DEFAULTS.operation_timeout_ms,
+                 read_tries_max: int = _DEFAULTS.read_tries_max, on_new_session=None) -> None:
+        self._client = client
+        self._options = dict(operation_timeout_ms=operation_timeout_ms, read_tries_max=read_tries_max)
+        self._on_new_session = on_new_session
+        self._store = ZkMetadataStore(client, **self._options)
+        self._renewing: asyncio.Lock | None = None
+        self.renewals = 0
+
+    @property
+    def session_id(self) -> int:
+        return self._store.session_id
+
+    async def _current(self) -> ZkMetadataStore:
+        if not self._store.expired:
+            return self._store
+        if self._renewing is None:
+            self._renewing = asyncio.Lock()
+        async with self._renewing:
+            if self._store.expired and self._client.client_id is not None:
+                self._store.close()
+                self._store = ZkMetadataStore(self._client, **self._options)
+                self.renewals += 1
+                if self._on_new_session is not None:
+                    await self._on_new_session(self._store)
+        return self._store
+
+    async def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequential: bool = False,
+                     make_parents: bool = False) -> str:
+        return await (await self._current()).create(path, data, ephemeral=ephemeral, sequential=sequential,
+                                                    make_parents=make_parents)
+
+    async def get(self, path: str) -> tuple[bytes, int]:
+        return await (await self._current()).get(path)
+
+    async def set(self, path: str, data: bytes, version: int) -> int:
+        return await (await self._current()).set(path, data, version)
+
+    async def delete(self, path: str, version: int = ANY_VERSION) -> None:
+        return await (await self._current()).delete(path, version)
+
+    async def children(self, path: str) -> list[str]:
+        return await (await self._current()).children(path)
+
+    async def exists(self, path: str) -> int | None:
+        return await (await self._current()).exists(path)
+
+    def close(self) -> None:
+        self._store.close()

@@ -164,7 +164,7 @@ class LedgerService:
             if metadata.is_closed:
                 return metadata
             self.writer_of(ledger_id)  # raises NOT_WRITER
-        self._check_password(ledger_id, handle.metadata, password)
+        self.check_password(ledger_id, handle.metadata, password)
         return await handle.close()
 
     # -- opening and recovery ---------------------------------------------------------------------------------
@@ -176,11 +176,11 @@ class LedgerService:
         except MetadataError as e:
             raise _metadata_error(e) from None
         if password is not None:
-            self._check_password(ledger_id, metadata, password)
+            self.check_password(ledger_id, metadata, password)
         return metadata, version
 
     @staticmethod
-    def _check_password(ledger_id: int, metadata: LedgerMetadata, password: bytes) -> None:
+    def check_password(ledger_id: int, metadata: LedgerMetadata, password: bytes) -> None:
         if master_key(password) != master_key(metadata.password):
             raise LedgerError("UNAUTHORIZED", f"wrong password for ledger {ledger_id}")
 

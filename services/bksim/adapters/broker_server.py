@@ -1,0 +1,288 @@
+"""The broker's gRPC server (proto/broker.proto) over a LedgerService (broker/ledgers.py).
+
+Owns: translating wire messages to LedgerService calls and back; LedgerError -> gRPC status (the mapping is
+written at the top of proto/broker.proto; the LedgerStatus name also travels in the trailing metadata key
+"bksim-status"); the Append stream's pipelining; the bound on concurrent RPCs (`requests_inflight_max`:
+more get RESOURCE_EXHAUSTED at once, nothing queues without limit); health (SERVING, NOT_SERVING while
+draining) and reflection.
+
+Append stream: a reader task takes AppendRequests in arrival order, waits for ledger room
+(`append_inflight_max`; a request that fits is then taken whole), starts every payload of the request (consecutive entry ids, one loop turn, so the
+adds of one request travel in shared batches) and queues the request's futures; the RPC answers each request
+in request order once its last entry is acknowledged (acks are in id order, so then all of them are). The
+queue of unanswered requests is bounded (APPEND_QUEUE_MAX); when full the reader stops reading and gRPC flow
+control pushes back. The first failure ends the stream with its status; requests without a response have an
+unknown outcome.
+
+Must not: block the event loop, log passwords or payloads.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from bksim.broker.ledgers import LedgerService
+from bksim.gen import broker_pb2, broker_pb2_grpc
+from bksim.metadata.ledger_metadata import LedgerMetadata
+from bksim.model.config import BrokerConfig
+from bksim.model.errors import LedgerError
+
+SERVICE_NAME = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
+APPEND_QUEUE_MAX = 1024  # unanswered AppendRequests per stream before the reader stops reading
+READ_MESSAGE_BYTES = 1024 * 1024  # ReadEntries packs entries into messages of about this size
+READ_MESSAGE_ENTRIES_MAX = 1024
+STATUS_KEY = "bksim-status"
+
+GRPC_CODE = {
+    "BAD_REQUEST": grpc.StatusCode.INVALID_ARGUMENT,
+    "NO_SUCH_LEDGER": grpc.StatusCode.NOT_FOUND,
+    "UNAUTHORIZED": grpc.StatusCode.PERMISSION_DENIED,
+    "LEDGER_CLOSED": grpc.StatusCode.FAILED_PRECONDITION,
+    "NOT_WRITER": grpc.StatusCode.FAILED_PRECONDITION,
+    "FENCED": grpc.StatusCode.ABORTED,
+    "READ_BEYOND_LAC": grpc.StatusCode.OUT_OF_RANGE,
+    "TOO_MANY_REQUESTS": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "NOT_ENOUGH_BOOKIES": grpc.StatusCode.UNAVAILABLE,
+    "READ_FAILED": grpc.StatusCode.UNAVAILABLE,
+    "RECOVERY_FAILED": grpc.StatusCode.UNAVAILABLE,
+    "METADATA_ERROR": grpc.StatusCode.UNAVAILABLE,
+    "ABORTED": grpc.StatusCode.UNAVAILABLE,
+    "INTERNAL": grpc.StatusCode.INTERNAL,
+}
+
+
+def server_options(config: BrokerConfig) -> list[tuple[str, int]]:
+    frame = config.payload_bytes_max + 64 * 1024
+    return [("grpc.max_receive_message_length", max(frame, 8 * 1024 * 1024)),
+            ("grpc.max_send_message_length", max(frame, 8 * 1024 * 1024)),
+            ("grpc.so_reuseport", 0)]
+
+
+def metadata_message(ledger_id: int, md: LedgerMetadata, version: int = -1) -> broker_pb2.LedgerMetadata:
+    return broker_pb2.LedgerMetadata(
+        ledger_id=ledger_id, ensemble_size=md.ensemble_size, write_quorum_size=md.write_quorum_size,
+        ack_quorum_size=md.ack_quorum_size, state=md.state.name, last_entry_id=md.last_entry_id, length=md.length,
+        segments=[broker_pb2.Segment(first_entry_id=s.first_entry_id, ensemble=list(s.ensemble))
+                  for s in md.segments],
+        digest_type=md.digest_type, ctime_ms=md.ctime_ms, custom=dict(md.custom),
+        format_version=md.format_version, version=version)
+
+
+async def _abort(context, error: LedgerError):
+    context.set_trailing_metadata(((STATUS_KEY, error.status),))
+    await context.abort(GRPC_CODE.get(error.status, grpc.StatusCode.UNKNOWN), error.message)
+
+
+class _Admission:
+    """At most `limit` RPCs in the broker at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+
+    def __enter__(self):
+        if self.active >= self.limit:
+            raise LedgerError("TOO_MANY_REQUESTS", f"{self.active} requests in flight "
+                                                   f"(broker.requests_inflight_max = {self.limit})")
+        self.active += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.active -= 1
+
+
+class BrokerServicer(broker_pb2_grpc.BrokerServicer):
+    def __init__(self, service: LedgerService, config: BrokerConfig, log: Callable[[str], None]) -> None:
+        self.service = service
+        self._config = config
+        self._log = log
+        self._admission = _Admission(config.requests_inflight_max)
+        self.draining = False
+        self.appended = 0  # entries acknowledged through Append streams
+
+    async def _guarded(self, context, call):
+        try:
+            if self.draining:
+                raise LedgerError("ABORTED", "the broker is shutting down")
+            with self._admission:
+                return await call()
+        except LedgerError as e:
+            await _abort(context, e)
+
+    # -- unary calls ----------------------------------------------------------------------------------------
+    async def CreateLedger(self, request, context):
+        async def call():
+            handle = await self.service.create_ledger(
+                request.ensemble_size, request.write_quorum_size, request.ack_quorum_size,
+                password=request.password, digest_type=request.digest_type or "crc32c",
+                custom=dict(request.custom))
+            return broker_pb2.CreateLedgerResponse(
+                metadata=metadata_message(handle.ledger_id, handle.metadata, handle.version))
+        return await self._guarded(context, call)
+
+    async def ReadLac(self, request, context):
+        async def call():
+            lac = await self.service.read_lac(request.ledger_id, password=request.password)
+            return broker_pb2.ReadLacResponse(last_add_confirmed=lac)
+        return await self._guarded(context, call)
+
+    async def OpenLedger(self, request, context):
+        async def call():
+            md = await self.service.open_ledger(request.ledger_id, password=request.password,
+                                                recover=request.recover)
+            lac = md.last_entry_id if md.is_closed else await self.service.read_lac(
+                request.ledger_id, password=request.password)
+            _, version = await self.service.metadata(request.ledger_id)
+            return broker_pb2.OpenLedgerResponse(metadata=metadata_message(request.ledger_id, md, version),
+                                                 last_add_confirmed=lac)
+        return await self._guarded(context, call)
+
+    async def CloseLedger(self, request, context):
+        async def call():
+            md = await self.service.close_ledger(request.ledger_id, request.password)
+            _, version = await self.service.metadata(request.ledger_id)
+            return broker_pb2.CloseLedgerResponse(metadata=metadata_message(request.ledger_id, md, version))
+        return await self._guarded(context, call)
+
+    async def DeleteLedger(self, request, context):
+        async def call():
+            await self.service.delete_ledger(request.ledger_id, password=request.password)
+            return broker_pb2.DeleteLedgerResponse()
+        return await self._guarded(context, call)
+
+    async def ListLedgers(self, request, context):
+        async def call():
+            return broker_pb2.ListLedgersResponse(ledger_ids=await self.service.list_ledgers())
+        return await self._guarded(context, call)
+
+    async def GetLedgerMetadata(self, request, context):
+        async def call():
+            md, version = await self.service.metadata(request.ledger_id)
+            return broker_pb2.GetLedgerMetadataResponse(metadata=metadata_message(request.ledger_id, md, version))
+        return await self._guarded(context, call)
+
+    async def ListBookies(self, request, context):
+        async def call():
+            writable = await self.service.writable_bookies()
+            readonly = await self.service.readonly_bookies()
+            return broker_pb2.ListBookiesResponse(
+                bookies=[broker_pb2.BookieInfo(bookie_id=b, state="writable") for b in writable]
+                + [broker_pb2.BookieInfo(bookie_id=b, state="read-only") for b in readonly])
+        return await self._guarded(context, call)
+
+    # -- streams --------------------------------------------------------------------------------------------
+    async def ReadEntries(self, request, context):
+        try:
+            if self.draining:
+                raise LedgerError("ABORTED", "the broker is shutting down")
+            with self._admission:
+                batch: list = []
+                size = 0
+                async for entry in self.service.read_entries(request.ledger_id, request.first_entry_id,
+                                                             request.last_entry_id, password=request.password):
+                    batch.append(broker_pb2.Entry(entry_id=entry.entry_id, payload=entry.payload,
+                                                  ledger_length=entry.ledger_length))
+                    size += len(entry.payload) + 32
+                    if size >= READ_MESSAGE_BYTES or len(batch) >= READ_MESSAGE_ENTRIES_MAX:
+                        await context.write(broker_pb2.ReadEntriesResponse(entries=batch))
+                        batch, size = [], 0
+                if batch:
+                    await context.write(broker_pb2.ReadEntriesResponse(entries=batch))
+        except LedgerError as e:
+            await _abort(context, e)
+
+    async def Append(self, request_iterator, context):
+        try:
+            if self.draining:
+                raise LedgerError("ABORTED", "the broker is shutting down")
+            with self._admission:
+                await self._append(request_iterator, context)
+        except LedgerError as e:
+            await _abort(context, e)
+
+    async def _append(self, request_iterator, context) -> None:
+        queue: asyncio.Queue = asyncio.Queue(APPEND_QUEUE_MAX)
+        reader = asyncio.get_running_loop().create_task(self._read_appends(request_iterator, queue))
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    break
+                if isinstance(item, LedgerError):
+                    raise item
+                request_id, first, count, last, handle = item
+                if last is not None:
+                    await last  # acks come in id order: the last one done means all are done
+                self.appended += count
+                await context.write(broker_pb2.AppendResponse(
+                    request_id=request_id, first_entry_id=first, count=count,
+                    last_add_confirmed=handle.last_add_confirmed))
+        finally:
+            reader.cancel()
+
+    async def _read_appends(self, request_iterator, queue: asyncio.Queue) -> None:
+        service = self.service
+        try:
+            async for request in request_iterator:
+                handle = service.writer_of(request.ledger_id)
+                service.check_password(request.ledger_id, handle.metadata, request.password)
+                limit = self._config.payload_bytes_max
+                for i, payload in enumerate(request.payloads):  # all or nothing: check before appending any
+                    if len(payload) > limit:
+                        raise LedgerError("BAD_REQUEST", f"payload {i} of request {request.request_id} has "
+                                                         f"{len(payload)} bytes, more than payload_bytes_max {limit}")
+                await handle.wait_for_room()  # then the whole request: its ids stay consecutive (the
+                # overshoot is bounded by one request, itself bounded by the frame size)
+                first = handle.writer.last_add_pushed + 1
+                last = None
+                for payload in request.payloads:
+                    last = handle.append(payload)
+                await queue.put((request.request_id, first, len(request.payloads), last, handle))
+            await queue.put(None)
+        except LedgerError as e:
+            await queue.put(e)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a broken client stream
+            await queue.put(LedgerError("ABORTED", f"append stream broke: {e!r}"))
+
+    def begin_drain(self) -> None:
+        self.draining = True
+
+
+class BrokerServer:
+    """The gRPC server of one broker: Broker service, health, reflection."""
+
+    def __init__(self, service: LedgerService, config: BrokerConfig, log: Callable[[str], None]) -> None:
+        self.config = config
+        self.servicer = BrokerServicer(service, config, log)
+        self._log = log
+        self._server: grpc.aio.Server | None = None
+        self._health = HealthServicer()
+        self.port = 0
+
+    async def start(self) -> int:
+        server = grpc.aio.server(options=server_options(self.config))
+        broker_pb2_grpc.add_BrokerServicer_to_server(self.servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server)
+        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        if self.port == 0:
+            raise OSError(f"broker cannot bind {self.config.host}:{self.config.port}")
+        await server.start()
+        self._server = server
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return self.port
+
+    async def stop(self, grace_ms: float) -> None:
+        self.servicer.begin_drain()
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._server is not None:
+            await self._server.stop(grace_ms / 1000.0)
