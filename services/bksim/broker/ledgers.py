@@ -61,8 +61,7 @@ def _metadata_error(e: MetadataError) -> LedgerError:
 
 class LedgerService:
     def __init__(self, *, store: MetadataStore, transport: BookieTransport, rng: Rng, clock: Clock,
-                 config: BrokerConfig = BrokerConfig(), log: Callable[[str], None] = lambda line: None,
-                 read_window_recovery: bool = True) -> None:
+                 config: BrokerConfig = BrokerConfig(), log: Callable[[str], None] = lambda line: None) -> None:
         self.store = store
         self.transport = transport
         self._rng = rng
@@ -70,7 +69,6 @@ class LedgerService:
         self.config = config
         self._log = log
         self._handles: dict[int, LedgerHandle] = {}
-        self._recovery_window = read_window_recovery
 
     # -- bookies -------------------------------------------------------------------------------------------
     async def writable_bookies(self) -> list[str]:
@@ -208,17 +206,10 @@ class LedgerService:
             return metadata
         self._log(f"ledger {ledger_id}: recovery started (segments "
                   f"{[(s.first_entry_id, list(s.ensemble)) for s in metadata.segments]})")
-        extra = {"read_window": self.config.read_window_max} if self._recovery_window else {}
-        try:
-            recovery = LedgerRecovery(ledger_id, segments=[(s.first_entry_id, s.ensemble) for s in metadata.segments],
-                                      write_quorum_size=metadata.write_quorum_size,
-                                      ack_quorum_size=metadata.ack_quorum_size, rng=self._rng,
-                                      digest_type=metadata.digest_type, **extra)
-        except TypeError:  # a LedgerRecovery without read windows
-            recovery = LedgerRecovery(ledger_id, segments=[(s.first_entry_id, s.ensemble) for s in metadata.segments],
-                                      write_quorum_size=metadata.write_quorum_size,
-                                      ack_quorum_size=metadata.ack_quorum_size, rng=self._rng,
-                                      digest_type=metadata.digest_type)
+        recovery = LedgerRecovery(ledger_id, segments=[(s.first_entry_id, s.ensemble) for s in metadata.segments],
+                                  write_quorum_size=metadata.write_quorum_size,
+                                  ack_quorum_size=metadata.ack_quorum_size, rng=self._rng,
+                                  digest_type=metadata.digest_type, read_window=self.config.read_window_max)
         run = RecoveryRun(recovery=recovery, **self._driver_args(ledger_id, metadata, version))
         closed = await run.run()
         self._log(f"ledger {ledger_id}: recovered and CLOSED at last_entry_id {closed.last_entry_id} "
@@ -229,6 +220,7 @@ class LedgerService:
     async def read_lac(self, ledger_id: int, *, password: bytes) -> int:
         handle = self._handles.get(ledger_id)
         if handle is not None:
+            self.check_password(ledger_id, handle.metadata, password)
             return handle.last_add_confirmed  # the writer knows best
         metadata, _ = await self.metadata(ledger_id, password)
         return await read_lac(self.transport, ledger_id, metadata)

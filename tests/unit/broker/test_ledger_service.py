@@ -187,3 +187,15 @@ def test_read_fails_over_to_the_next_replica_and_reports_unreadable_entries():
             [e async for e in svc.read_entries(h.ledger_id, 0, 4, password=PW)]
         assert info.value.status == "READ_FAILED"
     run(main())
+
+
+def test_the_writer_broker_checks_the_password_too():
+    async def main():
+        _, _, [svc] = await world()
+        h = await svc.create_ledger(3, 2, 2, password=PW)
+        await h.append(b"x")
+        with pytest.raises(LedgerError) as info:
+            await svc.read_lac(h.ledger_id, password=b"wrong")
+        assert info.value.status == "UNAUTHORIZED"
+        assert await svc.read_lac(h.ledger_id, password=PW) == 0
+    run(main())
