@@ -51,8 +51,8 @@ class LedgerDriver:
         self._stopped = False
 
     # -- what subclasses provide -----------------------------------------------------------------------------
-    def _sink_add_result(self, entry_id: int, bookie: str, status: StatusCode | None,
-                         writable: Sequence[str]) -> list: raise NotImplementedError
+    def _sink_add_results(self, bookie: str, entry_ids: list[int], statuses: list,
+                          writable: Sequence[str]) -> list: raise NotImplementedError
 
     def _sink_ensemble_changed(self, first_entry_id: int, ensemble: Sequence[str]) -> list: raise NotImplementedError
 
@@ -151,10 +151,7 @@ class LedgerDriver:
             writable = await self._writable_or_none()
         if self._stopped:
             return
-        commands: list = []
-        for (entry_id, _, _), status in zip(items, statuses):
-            commands += self._sink_add_result(entry_id, bookie, status, writable)
-        self.execute(commands)
+        self.execute(self._sink_add_results(bookie, [entry_id for entry_id, _, _ in items], statuses, writable))
 
     async def _writable_or_none(self) -> Sequence[str]:
         try:

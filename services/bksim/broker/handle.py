@@ -79,8 +79,8 @@ class LedgerHandle(LedgerDriver):
         self._fail("ABORTED", reason)
 
     # -- driver hooks ----------------------------------------------------------------------------------------
-    def _sink_add_result(self, entry_id, bookie, status, writable):
-        return self.writer.on_add_result(entry_id, bookie, status, writable)
+    def _sink_add_results(self, bookie, entry_ids, statuses, writable):
+        return self.writer.on_add_results(bookie, entry_ids, statuses, writable)
 
     def _sink_ensemble_changed(self, first_entry_id, ensemble):
         return self.writer.on_ensemble_changed(first_entry_id, ensemble)

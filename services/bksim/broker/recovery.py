@@ -52,10 +52,10 @@ class RecoveryRun(LedgerDriver):
         self.execute(self.recovery.on_read_result(command.bookie, command.entry_id, status, entry))
 
     # -- driver hooks (the write-back writer) ----------------------------------------------------------------
-    def _sink_add_result(self, entry_id, bookie, status, writable):
+    def _sink_add_results(self, bookie, entry_ids, statuses, writable):
         if self.recovery.writer is None or self.recovery.phase is not RecoveryPhase.WRITING_BACK:
             return []
-        return self.recovery.forward(self.recovery.writer.on_add_result(entry_id, bookie, status, writable))
+        return self.recovery.forward(self.recovery.writer.on_add_results(bookie, entry_ids, statuses, writable))
 
     def _sink_ensemble_changed(self, first_entry_id, ensemble):
         return self.recovery.forward(self.recovery.writer.on_ensemble_changed(first_entry_id, ensemble))

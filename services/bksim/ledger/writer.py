@@ -132,6 +132,9 @@ class LedgerWriter:
         self._writable: tuple[str, ...] = ()  # the latest writable bookies a shell reported, for replacements
         self.recovery = recovery
         self._expected_state = "IN_RECOVERY" if recovery else "OPEN"
+        # write set of entry e = _write_sets[e % E] (ensemble indexes); E and Qw never change for a ledger
+        e = len(self.ensemble)
+        self._write_sets = [tuple(write_set_indexes(i, e, write_quorum_size)) for i in range(e)]
 
     # -- events ------------------------------------------------------------------------------------------
     def append(self, payload: bytes) -> list[Command]:
@@ -188,6 +191,26 @@ class LedgerWriter:
         if self.state is WriterState.CHANGING_ENSEMBLE:
             return []  # the next change picks it up
         return self._start_ensemble_change(self._writable)
+
+    def on_add_results(self, bookie: str, entry_ids: Sequence[int], statuses: Sequence[StatusCode | None],
+                       writable_bookies: Sequence[str] = ()) -> list[Command]:
+        """The answers of one batch from `bookie`: the same commands as on_add_result for each in turn, with a
+        fast path when every answer is OK (the common case at thousands of entries per second)."""
+        if self.state in (WriterState.FAILED, WriterState.CLOSED):
+            return []
+        if all(s is StatusCode.OK for s in statuses):
+            pending = self._pending
+            for entry_id in entry_ids:
+                p = pending.get(entry_id)
+                if p is not None:
+                    index = self._index_of(bookie, entry_id)
+                    if index is not None:
+                        p.acked.add(index)
+            return self._acknowledge_ready()
+        commands: list[Command] = []
+        for entry_id, status in zip(entry_ids, statuses):
+            commands += self.on_add_result(entry_id, bookie, status, writable_bookies)
+        return commands
 
     def on_ensemble_changed(self, first_entry_id: int, ensemble: Sequence[str]) -> list[Command]:
         """The UpdateEnsemble CAS succeeded with this last segment."""
@@ -247,27 +270,30 @@ class LedgerWriter:
         """The ensemble index of `bookie` if it is in the current write set of `entry_id`."""
         if entry_id < self.segment_first_entry_id:
             return None
-        for i in write_set_indexes(entry_id, len(self.ensemble), self.write_quorum_size):
-            if self.ensemble[i] == bookie:
+        ensemble = self.ensemble
+        for i in self._write_sets[entry_id % len(ensemble)]:
+            if ensemble[i] == bookie:
                 return i
         return None
 
     def _send(self, pending: _Pending) -> list[Command]:
         pending.sent = True
-        return [SendAdd(self.ensemble[i], pending.entry_id, pending.entry, self.recovery)
-                for i in write_set_indexes(pending.entry_id, len(self.ensemble), self.write_quorum_size)]
+        ensemble, entry_id, entry, recovery = self.ensemble, pending.entry_id, pending.entry, self.recovery
+        return [SendAdd(ensemble[i], entry_id, entry, recovery) for i in self._write_sets[entry_id % len(ensemble)]]
 
     def _acknowledge_ready(self) -> list[Command]:
         """Pop complete entries from the head, in order; LAC follows. Paused during an ensemble change."""
         commands: list[Command] = []
         if self.state is not WriterState.WRITING:
             return commands
-        while self._pending:
-            head = self._pending[next(iter(self._pending))]
-            if len(head.acked) < self.ack_quorum_size:
+        pending = self._pending
+        while True:
+            # the head is always LAC + 1 (pending holds LAC+1 .. LAP); a lookup, not iter(): iterating a dict
+            # whose front was deleted walks the dead slots (quadratic over a long stream)
+            head = pending.get(self.last_add_confirmed + 1)
+            if head is None or len(head.acked) < self.ack_quorum_size:
                 break
-            del self._pending[head.entry_id]
-            assert head.entry_id == self.last_add_confirmed + 1, "LAC must advance one entry at a time"
+            del pending[head.entry_id]
             self.last_add_confirmed, self.confirmed_length = head.entry_id, head.length
             commands.append(Acknowledge(head.entry_id))
         return commands + self._maybe_close()

@@ -212,3 +212,29 @@ def test_random_schedules_keep_the_invariants(seed):
             first, ensemble = max((s for s in segments if s[0] <= entry_id), key=lambda s: s[0])
             holders = [ensemble[i] for i in write_set_indexes(entry_id, e, qw) if entry_id in stored[ensemble[i]]]
             assert len(holders) >= qa, (seed, entry_id, segments, holders)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_batched_answers_give_the_same_commands_as_one_by_one(seed):
+    """on_add_results(bookie, ids, statuses) == on_add_result for each in turn (the broker's fast path)."""
+    rng = random.Random(seed)
+    e = rng.randint(3, 5)
+    qw = rng.randint(2, e)
+    qa = rng.randint(1, qw)
+    one, many = writer(e, qw, qa, rng_seed=seed), writer(e, qw, qa, rng_seed=seed)
+    outbox: dict[str, list[int]] = {}
+    for _ in range(30):
+        for c in one.append(b"p"):
+            outbox.setdefault(c.bookie, []).append(c.entry_id)
+        many.append(b"p")
+    writable = B
+    for bookie in sorted(outbox):
+        ids = outbox[bookie]
+        statuses = [rng.choice([S.OK] * 8 + [S.IO_ERROR, None]) for _ in ids]
+        singles = []
+        for entry_id, status in zip(ids, statuses):
+            singles += one.on_add_result(entry_id, bookie, status, writable)
+        assert many.on_add_results(bookie, ids, statuses, writable) == singles
+        assert (one.state, one.last_add_confirmed) == (many.state, many.last_add_confirmed)
+        if one.state is not WriterState.WRITING:
+            break
