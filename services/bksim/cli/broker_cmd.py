@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import json
 import os
 import random
@@ -31,6 +32,8 @@ from bksim.cli import config as cfgload
 from bksim.cli.bookie_cmd import ZK_CONNECT_TIMEOUT_S, _close_zk, _until_stopped, _STOPPED, zk_hosts
 from bksim.model.config import Config
 from bksim.model.errors import ConfigError, MetadataError, NodeExistsError
+
+GC_GEN0_THRESHOLD = 50_000
 
 
 def register(subparsers) -> None:
@@ -137,6 +140,10 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
         if await _until_stopped(stop, _register(store, config, log)) is _STOPPED:
             return 0
         log("serving")
+        # the broker allocates a few small objects per entry (commands, futures); collecting the young
+        # generation every 700 allocations costs more than the work itself at 30k entries/s
+        gc.freeze()
+        gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
         await stop.wait()
         log("shutdown requested: closing the ledgers this broker writes")
         return 0

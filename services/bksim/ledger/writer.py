@@ -51,7 +51,7 @@ class Rng(Protocol):
 
 
 # -- commands ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: created three times per entry, and a frozen __init__ costs twice as much
 class SendAdd:
     """Send `entry` (PROTOCOL.md §1 bytes, LAC piggybacked) to `bookie`; report with on_add_result.
     `recovery`: send with the RECOVERY_ADD flag (a recovery write-back, accepted by fenced bookies)."""
@@ -61,7 +61,7 @@ class SendAdd:
     recovery: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Acknowledge:
     """The application's add of `entry_id` succeeded; LAC is now `entry_id` (emitted in id order)."""
     entry_id: int
