@@ -196,3 +196,47 @@ def test_stopped_client_is_an_expired_session(zookeeper, zk_root):
         client.close()
         main.stop()
         main.close()
+
+
+def test_renewing_store_binds_the_new_session_and_registers_again(zookeeper, zk_root):
+    """The broker's store (RenewingZkMetadataStore): after ZooKeeper expires its session (partition), the next
+    call runs on the client's new session, after `on_new_session` re-created the ephemeral registration."""
+    from bksim.adapters.zk_metadata import RenewingZkMetadataStore
+
+    async def scenario():
+        observer_client = start_client(zookeeper.connect, LONG_SESSION_S)
+        observer = ZkMetadataStore(observer_client)
+        proxy = TcpProxy(zookeeper.port)
+        client = await asyncio.to_thread(start_client, proxy.address, SHORT_SESSION_S)
+        registered: list[int] = []
+
+        async def register(store) -> None:
+            await store.create(f"{zk_root}/broker", b"me", ephemeral=True)
+            registered.append(store.session_id)
+
+        try:
+            await observer.create(zk_root)
+            store = RenewingZkMetadataStore(client, operation_timeout_ms=500, read_tries_max=1,
+                                            on_new_session=register)
+            await register(store)
+            first = store.session_id
+            proxy.block()
+            await eventually(lambda: _absent(observer, f"{zk_root}/broker"), EXPIRY_DEADLINE_S,
+                             "ZooKeeper to expire the session and remove the registration")
+            proxy.unblock()
+            await eventually(lambda: _connected(client), EXPIRY_DEADLINE_S, "kazoo to open a new session")
+            assert await store.exists(zk_root) == 0  # a call after the expiry works, on the new session
+            assert store.session_id != first and store.renewals == 1
+            assert registered == [first, store.session_id]
+            assert await observer.get(f"{zk_root}/broker") == (b"me", 0)
+        finally:
+            client.stop()
+            client.close()
+            observer_client.stop()
+            observer_client.close()
+            proxy.close()
+    asyncio.run(scenario())
+
+
+async def _absent(store, path: str) -> bool:
+    return await store.exists(path) is None
