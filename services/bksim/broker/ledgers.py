@@ -26,6 +26,7 @@ that dies leaves its ledgers OPEN; any broker recovers them (open with recovery)
 """
 from __future__ import annotations
 
+import collections
 from typing import AsyncIterator, Callable, Protocol, Sequence
 
 from bksim.broker.handle import LedgerHandle
@@ -69,6 +70,9 @@ class LedgerService:
         self.config = config
         self._log = log
         self._handles: dict[int, LedgerHandle] = {}
+        # why recently ended handles ended (closed, fenced, ...), so a late append gets that answer rather than
+        # NOT_WRITER; bounded like the handles themselves, oldest forgotten first
+        self._ended: collections.OrderedDict[int, LedgerError] = collections.OrderedDict()
 
     # -- bookies -------------------------------------------------------------------------------------------
     async def writable_bookies(self) -> list[str]:
@@ -141,6 +145,10 @@ class LedgerService:
     def _handle_done(self, handle: LedgerHandle) -> None:
         if self._handles.get(handle.ledger_id) is handle:
             del self._handles[handle.ledger_id]
+            self._ended[handle.ledger_id] = handle.error or LedgerError(
+                "LEDGER_CLOSED", f"ledger {handle.ledger_id} is closed")
+            while len(self._ended) > self.config.ledgers_open_max:
+                self._ended.popitem(last=False)
 
     def handle(self, ledger_id: int) -> LedgerHandle | None:
         """The handle of a ledger this broker writes, if any."""
@@ -151,6 +159,9 @@ class LedgerService:
         handle = self._handles.get(ledger_id)
         if handle is not None:
             return handle
+        ended = self._ended.get(ledger_id)
+        if ended is not None:
+            raise LedgerError(ended.status, ended.message)
         raise LedgerError("NOT_WRITER", f"this broker does not write ledger {ledger_id} (only its creator "
                                         f"writes an open ledger; open it with recovery to close it)")
 

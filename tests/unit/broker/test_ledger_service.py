@@ -100,6 +100,9 @@ def test_recovery_by_another_broker_fences_the_writer():
         with pytest.raises(LedgerError) as info:
             h.append(b"later still")
         assert info.value.status == "FENCED"
+        with pytest.raises(LedgerError) as info:
+            a.writer_of(h.ledger_id)  # a new Append stream to A hears why, not "not the writer"
+        assert info.value.status == "FENCED"
         # a second recovery returns the same end (idempotent)
         again = await a.open_ledger(h.ledger_id, password=PW, recover=True)
         assert (again.last_entry_id, again.length) == (md.last_entry_id, md.length)
@@ -149,6 +152,9 @@ def test_bad_input_is_refused_precisely():
         await a.close_ledger(h.ledger_id, PW)
         with pytest.raises(LedgerError) as info:
             h.append(b"after close")
+        assert info.value.status == "LEDGER_CLOSED"
+        with pytest.raises(LedgerError) as info:
+            a.writer_of(h.ledger_id)
         assert info.value.status == "LEDGER_CLOSED"
         assert (await a.close_ledger(h.ledger_id, PW)).last_entry_id == 0  # closing again: same end
     run(main())
