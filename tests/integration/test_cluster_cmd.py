@@ -1,8 +1,10 @@
 """`bksim cluster up|down|status|init` with a real ZooKeeper and real child processes.
 
-The bookie processes here are stand-ins (a few lines of kazoo) so that these tests check the cluster
+Most bookie processes here are stand-ins (a few lines of kazoo) so that these tests check the cluster
 command itself: the layout and environment it gives each bookie, that `up` waits for registration, that it
-fails fast with the log tail when a bookie dies, and that `down` stops everything by pid.
+fails fast with the log tail when a bookie (or a broker) dies, and that `down` stops everything by pid. The
+last test runs real `bksim bookie run` and `bksim broker run` processes (tests/integration/test_ledger_cli.py
+runs a whole cluster with brokers through `cluster up`).
 """
 from __future__ import annotations
 
@@ -49,13 +51,34 @@ time.sleep(60)  # bounded: `down` sends SIGTERM long before this
 """
 
 
-def write_config(tmp_path, bookies: int) -> str:
+FAKE_BROKER = r"""
+# stands in for `python -m bksim.cli.main broker run`
+import json, os, sys, time
+from kazoo.client import KazooClient
+if sys.argv[1] == "die":
+    print("fake broker: cannot bind port " + os.environ["BKSIM_BROKER_PORT"] + ": boom", flush=True)
+    sys.exit(1)
+# "deaf": registers with its own pid like a broker, but serves no gRPC (so health never says SERVING)
+zk = KazooClient(hosts=os.environ["BKSIM_ZOOKEEPER_HOST"] + ":" + os.environ["BKSIM_ZOOKEEPER_PORT"], timeout=2.0)
+zk.start(timeout=10)
+broker_id = os.environ["BKSIM_BROKER_BROKER_ID"]
+host, port = broker_id.rsplit(":", 1)
+zk.create("/brokers/available/" + broker_id, json.dumps({"broker_id": broker_id, "host": host, "port": int(port),
+          "pid": os.getpid()}).encode(), ephemeral=True, makepath=True)
+print("fake broker registered", broker_id, flush=True)
+time.sleep(60)  # bounded: `down` sends SIGTERM long before this
+"""
+
+
+def write_config(tmp_path, bookies: int, brokers: int = 0) -> str:
     path = tmp_path / "bksim.toml"
     path.write_text(f"""
 [cluster]
 run_dir = "{tmp_path / 'run'}"
 bookies = {bookies}
 bookie_port_base = {free_port()}
+brokers = {brokers}
+broker_port_base = {free_port()}
 start_timeout_ms = 20000
 [zookeeper]
 port = {free_port()}
@@ -63,6 +86,8 @@ tick_time_ms = 200
 session_timeout_ms = 2000
 heap_mb = 64
 [bookie]
+shutdown_grace_ms = 2000
+[broker]
 shutdown_grace_ms = 2000
 """)
     return str(path)
@@ -195,6 +220,44 @@ def test_up_fails_fast_with_the_log_tail_when_a_bookie_exits(tmp_path, clean_env
         assert cluster_cmd.cmd_down(_args(config)) == 0
 
 
+def test_up_fails_fast_with_the_log_tail_when_a_broker_exits(tmp_path, clean_env, monkeypatch):
+    config = write_config(tmp_path, bookies=0, brokers=1)
+    monkeypatch.setattr(cluster_cmd, "broker_argv", lambda cfg: [sys.executable, "-c", FAKE_BROKER, "die"])
+    started = time.monotonic()
+    try:
+        with pytest.raises(cluster_cmd.ClusterError) as e:
+            cluster_cmd.cmd_up(_args(config))
+        assert "broker-1" in str(e.value) and "exited before it was registered and serving" in str(e.value)
+        assert "cannot bind port" in str(e.value) and "boom" in str(e.value)  # the log tail
+        assert time.monotonic() - started < 15.0  # well before start_timeout_ms (20 s)
+    finally:
+        assert cluster_cmd.cmd_down(_args(config)) == 0
+
+
+def test_up_waits_for_a_registered_broker_to_serve(tmp_path, clean_env, monkeypatch, capsys):
+    """A broker registered in ZooKeeper that does not answer gRPC health is not ready: `up` fails at
+    cluster.start_timeout_ms naming the health check; `down` stops it by pid."""
+    config = write_config(tmp_path, bookies=0, brokers=1)
+    monkeypatch.setattr(cluster_cmd, "broker_argv", lambda cfg: [sys.executable, "-c", FAKE_BROKER, "deaf"])
+    pid_path = tmp_path / "run" / "pids" / "broker-1.pid"
+    try:
+        monkeypatch.setenv("BKSIM_CLUSTER_BROKERS", "0")
+        assert cluster_cmd.cmd_up(_args(config)) == 0  # ZooKeeper first, with the file's start timeout
+        monkeypatch.delenv("BKSIM_CLUSTER_BROKERS")
+        monkeypatch.setenv("BKSIM_CLUSTER_START_TIMEOUT_MS", "2000")
+        with pytest.raises(cluster_cmd.ClusterError) as e:
+            cluster_cmd.cmd_up(_args(config))
+        assert "broker-1" in str(e.value) and "not ready within 2.0s" in str(e.value)
+        assert "health UNAVAILABLE" in str(e.value)  # it was registered: what failed is the health check
+        assert "fake broker registered" in str(e.value)  # the log tail
+        pid = processes.read_pid(str(pid_path))
+        assert processes.is_alive(pid)
+    finally:
+        assert cluster_cmd.cmd_down(_args(config)) == 0
+    assert "broker-1: stopped pid" in capsys.readouterr().out
+    assert not processes.is_alive(pid) and not pid_path.exists()
+
+
 def test_up_accepts_a_read_only_registration(tmp_path, clean_env, monkeypatch):
     config = write_config(tmp_path, bookies=1)
     monkeypatch.setattr(cluster_cmd, "bookie_argv", lambda cfg: [sys.executable, "-c", FAKE_BOOKIE, "readonly"])
@@ -204,19 +267,55 @@ def test_up_accepts_a_read_only_registration(tmp_path, clean_env, monkeypatch):
         assert cluster_cmd.cmd_down(_args(config)) == 0
 
 
+def _broker_registration(config: str, broker_id: str) -> dict | None:
+    cfg = cluster_cmd.loader.load(config, env={})
+    zk = KazooClient(hosts=f"127.0.0.1:{cfg.zookeeper.port}")
+    zk.start(timeout=10)
+    try:
+        return cluster_cmd.broker_registration(zk, broker_id)
+    finally:
+        zk.stop()
+        zk.close()
+
+
 def test_up_with_real_bookies_survives_kill9_and_restart(tmp_path):
-    """`bksim bookie run` processes: up registers them, a kill -9'd one is restarted by `up`, down stops all."""
-    config = write_config(tmp_path, bookies=2)
+    """`bksim bookie run` and `bksim broker run` processes: up registers them, a kill -9'd one is restarted by
+    `up`, down stops all (brokers first)."""
+    config = write_config(tmp_path, bookies=2, brokers=1)
     run = tmp_path / "run"
     up = bksim(config, "cluster", "up")
+    pids = []
     try:
-        assert up.returncode == 0, up.stdout + up.stderr + (run / "logs" / "bookie-1.log").read_text()
+        logs = "".join((run / "logs" / f"{n}.log").read_text() for n in ("bookie-1", "broker-1")
+                       if (run / "logs" / f"{n}.log").exists())
+        assert up.returncode == 0, up.stdout + up.stderr + logs
         assert up.stdout.count("registered writable") == 2
+        assert "broker-1: registered and SERVING" in up.stdout
+        cfg = cluster_cmd.loader.load(config, env={})
+        broker_id = f"127.0.0.1:{cfg.cluster.broker_port_base}"
+        assert f"broker-1   {broker_id}" in up.stdout  # the endpoints
+        assert f"try: bksim ledger create --ensemble 2 --write-quorum 2 --ack-quorum 2 --config {config}" in up.stdout
         pids = [processes.read_pid(str(run / "pids" / f"bookie-{i}.pid")) for i in (1, 2)]
         assert all(processes.is_alive(p, "bksim.cli.main") for p in pids)
+        broker_pid = processes.read_pid(str(run / "pids" / "broker-1.pid"))
+        pids.append(broker_pid)
+        assert processes.is_alive(broker_pid, "bksim.cli.main") and "broker run" in processes.cmdline(broker_pid)
+        assert _broker_registration(config, broker_id)["pid"] == broker_pid
         status = json.loads(bksim(config, "cluster", "status", "--json").stdout)
-        assert [r["registered"] for r in status["processes"][1:]] == ["writable", "writable"]
+        assert [(r["name"], r["registered"]) for r in status["processes"][1:]] == \
+            [("bookie-1", "writable"), ("bookie-2", "writable"), ("broker-1", "yes")]
+        assert status["brokers_registered"] == [broker_id]
         assert (run / "bookie-1" / "journal").is_dir() and (run / "bookie-2" / "ledgers").is_dir()
+
+        assert processes.kill9(broker_pid)
+        assert bksim(config, "cluster", "status").returncode == 1  # a dead broker shows
+        again = bksim(config, "cluster", "up")
+        assert again.returncode == 0, again.stdout + again.stderr + (run / "logs" / "broker-1.log").read_text()
+        broker_pid = processes.read_pid(str(run / "pids" / "broker-1.pid"))
+        pids.append(broker_pid)
+        assert pids[-1] != pids[-2] and processes.is_alive(broker_pid, "bksim.cli.main") and "broker run" in processes.cmdline(broker_pid)
+        # `up` waited for the new incarnation's registration, not the node its predecessor's session left
+        assert _broker_registration(config, broker_id)["pid"] == broker_pid
 
         assert processes.kill9(pids[0])
         again = bksim(config, "cluster", "up")
@@ -224,8 +323,12 @@ def test_up_with_real_bookies_survives_kill9_and_restart(tmp_path):
         restarted = processes.read_pid(str(run / "pids" / "bookie-1.pid"))
         assert restarted != pids[0] and processes.is_alive(restarted, "bksim.cli.main")
         assert f"already running (pid {pids[1]})" in again.stdout
+        assert f"already running (pid {broker_pid})" in again.stdout
         pids.append(restarted)
     finally:
         down = bksim(config, "cluster", "down")
     assert down.returncode == 0, down.stdout + down.stderr
+    lines = down.stdout.splitlines()
+    stopped = [l.split(":")[0] for l in lines if ": stopped pid" in l]
+    assert stopped == ["broker-1", "bookie-1", "bookie-2", "zookeeper"], down.stdout  # brokers first
     assert not any(processes.is_alive(p) for p in pids)
