@@ -72,7 +72,7 @@ class LedgerService:
         self._handles: dict[int, LedgerHandle] = {}
         # why recently ended handles ended (closed, fenced, ...), so a late append gets that answer rather than
         # NOT_WRITER; bounded like the handles themselves, oldest forgotten first
-        self._ended: collections.OrderedDict[int, LedgerError] = collections.OrderedDict()
+        self._ended: collections.OrderedDict[int, tuple[LedgerError, LedgerMetadata]] = collections.OrderedDict()
 
     # -- bookies -------------------------------------------------------------------------------------------
     async def writable_bookies(self) -> list[str]:
@@ -145,8 +145,8 @@ class LedgerService:
     def _handle_done(self, handle: LedgerHandle) -> None:
         if self._handles.get(handle.ledger_id) is handle:
             del self._handles[handle.ledger_id]
-            self._ended[handle.ledger_id] = handle.error or LedgerError(
-                "LEDGER_CLOSED", f"ledger {handle.ledger_id} is closed")
+            self._ended[handle.ledger_id] = (handle.error or LedgerError(
+                "LEDGER_CLOSED", f"ledger {handle.ledger_id} is closed"), handle.metadata)
             while len(self._ended) > self.config.ledgers_open_max:
                 self._ended.popitem(last=False)
 
@@ -154,14 +154,20 @@ class LedgerService:
         """The handle of a ledger this broker writes, if any."""
         return self._handles.get(ledger_id)
 
-    def writer_of(self, ledger_id: int) -> LedgerHandle:
-        """The handle for appending to / closing `ledger_id`, or the LedgerError that says why not."""
+    def writer_of(self, ledger_id: int, password: bytes | None = None) -> LedgerHandle:
+        """The handle for appending to / closing `ledger_id`, or the LedgerError that says why not. With a
+        `password`, a wrong one is UNAUTHORIZED before anything else is told."""
         handle = self._handles.get(ledger_id)
         if handle is not None:
+            if password is not None:
+                self.check_password(ledger_id, handle.metadata, password)
             return handle
         ended = self._ended.get(ledger_id)
         if ended is not None:
-            raise LedgerError(ended.status, ended.message)
+            error, metadata = ended
+            if password is not None:
+                self.check_password(ledger_id, metadata, password)
+            raise LedgerError(error.status, error.message)
         raise LedgerError("NOT_WRITER", f"this broker does not write ledger {ledger_id} (only its creator "
                                         f"writes an open ledger; open it with recovery to close it)")
 

@@ -205,3 +205,17 @@ def test_the_writer_broker_checks_the_password_too():
         assert info.value.status == "UNAUTHORIZED"
         assert await svc.read_lac(h.ledger_id, password=PW) == 0
     run(main())
+
+
+def test_a_wrong_password_is_unauthorized_even_for_an_ended_ledger():
+    async def main():
+        _, _, [svc] = await world()
+        h = await svc.create_ledger(3, 2, 2, password=PW)
+        await svc.close_ledger(h.ledger_id, PW)
+        with pytest.raises(LedgerError) as info:
+            svc.writer_of(h.ledger_id, b"wrong")
+        assert info.value.status == "UNAUTHORIZED"
+        with pytest.raises(LedgerError) as info:
+            svc.writer_of(h.ledger_id, PW)
+        assert info.value.status == "LEDGER_CLOSED"
+    run(main())
