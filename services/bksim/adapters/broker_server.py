@@ -229,7 +229,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         service = self.service
         try:
             async for request in request_iterator:
-                handle = service.writer_of(request.ledger_id, request.password)
+                handle = await service.appender(request.ledger_id, request.password)
                 limit = self._config.payload_bytes_max
                 for i, payload in enumerate(request.payloads):  # all or nothing: check before appending any
                     if len(payload) > limit:

@@ -7,7 +7,8 @@ simulator seed decides it), password checks (a client must present the ledger's 
 client does on open), and the translation of every refusal into a LedgerError with a status a client can act
 on:
 
-    BAD_REQUEST         quorum sizes (need E >= Qw >= Qa >= 1), an empty or oversized payload, a bad range
+    BAD_REQUEST         quorum sizes (need E >= Qw >= Qa >= 1), an oversized payload, a bad range (an empty
+                        payload is a valid entry, as in BookKeeper)
     NOT_ENOUGH_BOOKIES  fewer writable bookies than E (create, or no replacement during an ensemble change)
     NO_SUCH_LEDGER      no metadata for the id
     UNAUTHORIZED        wrong password
@@ -170,6 +171,19 @@ class LedgerService:
             raise LedgerError(error.status, error.message)
         raise LedgerError("NOT_WRITER", f"this broker does not write ledger {ledger_id} (only its creator "
                                         f"writes an open ledger; open it with recovery to close it)")
+
+    async def appender(self, ledger_id: int, password: bytes) -> LedgerHandle:
+        """writer_of for an Append call, with the precise reason when this broker has no handle: UNAUTHORIZED,
+        NO_SUCH_LEDGER, LEDGER_CLOSED, or NOT_WRITER (open, written by another broker)."""
+        try:
+            return self.writer_of(ledger_id, password)
+        except LedgerError as e:
+            if e.status != "NOT_WRITER":
+                raise
+        metadata, _ = await self.metadata(ledger_id, password)
+        if metadata.is_closed:
+            raise LedgerError("LEDGER_CLOSED", f"ledger {ledger_id} is closed")
+        return self.writer_of(ledger_id, password)
 
     async def close_ledger(self, ledger_id: int, password: bytes) -> LedgerMetadata:
         """Close a ledger this broker writes; closing an already CLOSED ledger returns its metadata."""

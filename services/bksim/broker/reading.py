@@ -4,7 +4,7 @@
   segment's bookies under quorum coverage (LacRead).
 - `read_entries`: entries first..last in order, at most `window` EntryRead machines in flight, each with its
   speculative timer; the caller checks `last` against the LAC first (a reader never returns an entry above
-  it: NoDirtyReads). An entry unreadable on every replica raises LedgerError("READ_FAILED") naming each
+  it: NoDirtyReads). A bookie that did not answer is asked last for the rest of the call. An entry unreadable on every replica raises LedgerError("READ_FAILED") naming each
   replica's answer; it is never reported as "no such entry".
 """
 from __future__ import annotations
@@ -49,9 +49,10 @@ class _OneEntry:
     """One EntryRead machine with its replica tasks and speculative timer."""
 
     def __init__(self, transport: BookieTransport, metadata: LedgerMetadata, ledger_id: int, entry_id: int,
-                 speculative_ms: float) -> None:
+                 speculative_ms: float, failed: set[str]) -> None:
         self.machine = EntryRead(ledger_id, entry_id, metadata.ensemble_for(entry_id), metadata.write_quorum_size,
-                                 metadata.digest_type)
+                                 metadata.digest_type, avoid=frozenset(failed))
+        self._failed = failed
         self._transport = transport
         self._speculative_s = speculative_ms / 1000.0
         self._loop = asyncio.get_running_loop()
@@ -81,6 +82,7 @@ class _OneEntry:
             status, data = await self._transport.read_entry(bookie, m.ledger_id, m.entry_id)
         except BookieUnreachable:
             status, data = None, b""
+            self._failed.add(bookie)
         self._issue(m.on_reply(bookie, status, data))
 
     def _finish(self) -> None:
@@ -101,11 +103,12 @@ async def read_entries(transport: BookieTransport, ledger_id: int, metadata: Led
                        last: int, *, window: int, speculative_ms: float) -> AsyncIterator[Entry]:
     """Entries first..last (inclusive, the caller checked them against the LAC), in order."""
     in_flight: collections.deque[_OneEntry] = collections.deque()
+    failed: set[str] = set()  # bookies that did not answer during this read: asked last from then on
     next_id = first
     try:
         while next_id <= last or in_flight:
             while next_id <= last and len(in_flight) < window:
-                in_flight.append(_OneEntry(transport, metadata, ledger_id, next_id, speculative_ms))
+                in_flight.append(_OneEntry(transport, metadata, ledger_id, next_id, speculative_ms, failed))
                 next_id += 1
             head = in_flight[0]
             await head.done

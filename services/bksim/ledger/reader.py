@@ -7,7 +7,8 @@
   replica of the entry's write set; on an error, a negative or a digest mismatch asks the next one; when the
   shell's `speculative_read_ms` timer fires without an answer (on_speculative_timeout) it also asks the next.
   The first reply that verifies wins. If every replica failed, the read fails (for an entry at or below the
-  LAC every negative means lost data: it is reported, never turned into "no such entry").
+  LAC every negative means lost data: it is reported, never turned into "no such entry"). Replicas in
+  `avoid` (the shell's recently failed bookies) are asked last.
 """
 from __future__ import annotations
 
@@ -65,6 +66,8 @@ class EntryRead:
     ensemble: tuple[str, ...]  # of the segment holding entry_id
     write_quorum_size: int
     digest_type: str = "crc32c"
+    avoid: frozenset[str] = frozenset()  # bookies that failed recently: asked after the others (BookKeeper
+    # reorders read sets by bookie health the same way)
     entry: Entry | None = None
     failed: str | None = None
     _replicas: list[str] = field(default_factory=list)
@@ -73,8 +76,8 @@ class EntryRead:
     _problems: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._replicas = [self.ensemble[i] for i in
-                          write_set_indexes(self.entry_id, len(self.ensemble), self.write_quorum_size)]
+        replicas = [self.ensemble[i] for i in write_set_indexes(self.entry_id, len(self.ensemble), self.write_quorum_size)]
+        self._replicas = [b for b in replicas if b not in self.avoid] + [b for b in replicas if b in self.avoid]
 
     @property
     def done(self) -> bool:
