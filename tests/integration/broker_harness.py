@@ -265,6 +265,7 @@ class AppendRun:
     acked: dict[int, bytes] = field(default_factory=dict)  # entry id -> payload, from the AppendResponses
     error: BrokerCallError | None = None                   # how the stream ended, if not cleanly
     responses: int = 0
+    inband_error: str = ""                                 # LedgerStatus of the stream's in-band last message
 
     @property
     def max_acked(self) -> int:
@@ -304,6 +305,9 @@ def stream_appends(conn: BrokerConn, ledger_id: int, password: bytes, *, batch: 
     fired = False
     try:
         for response in call:
+            if response.error:  # the in-band reason, sent just before the stream's status
+                run.inband_error = broker_pb2.LedgerStatus.Name(response.error)
+                continue
             request_id, first_index, payloads = unanswered.popleft()
             count = len(payloads)
             assert (response.request_id, response.first_entry_id, response.count) == (request_id, first_index, count), \

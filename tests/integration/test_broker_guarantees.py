@@ -87,6 +87,7 @@ def test_recovery_by_another_broker_fences_the_streaming_writer(cluster):
         run = stream_appends(ca, lid, PASSWORD, target=300, until_error=True,
                              on_target=lambda: recovery.append(Background(lambda: recover(b.address, lid))))
         assert (run.error.grpc_code, run.error.status) == ("ABORTED", "FENCED"), run.error
+        assert run.inband_error == "FENCED"  # the same reason in-band (it survives grpc.aio races)
         closed, lac = recovery[0].result()
         assert closed.state == "CLOSED" and lac == closed.last_entry_id
         assert len(run.acked) >= 300

@@ -30,6 +30,15 @@ import grpc
 from bksim.gen import broker_pb2, broker_pb2_grpc
 from bksim.model.errors import BksimError
 
+# LedgerStatus -> the gRPC status the broker ends a call with (the table at the top of proto/broker.proto)
+GRPC_CODE_NAME = {
+    "BAD_REQUEST": "INVALID_ARGUMENT", "NO_SUCH_LEDGER": "NOT_FOUND", "UNAUTHORIZED": "PERMISSION_DENIED",
+    "LEDGER_CLOSED": "FAILED_PRECONDITION", "NOT_WRITER": "FAILED_PRECONDITION", "FENCED": "ABORTED",
+    "READ_BEYOND_LAC": "OUT_OF_RANGE", "TOO_MANY_REQUESTS": "RESOURCE_EXHAUSTED",
+    "NOT_ENOUGH_BOOKIES": "UNAVAILABLE", "READ_FAILED": "UNAVAILABLE", "RECOVERY_FAILED": "UNAVAILABLE",
+    "METADATA_ERROR": "UNAVAILABLE", "ABORTED": "UNAVAILABLE", "INTERNAL": "INTERNAL",
+}
+
 DEADLINE_S = 10.0  # default deadline of unary calls, and of waiting for one stream response
 RECOVER_DEADLINE_S = 60.0  # OpenLedger with recover=True: fencing, read-forward and write-back of the tail
 RECEIVE_BYTES_MAX = 16 * 1024 * 1024  # a ReadEntries message packs ~1 MiB of entries plus at most one big entry
@@ -164,6 +173,10 @@ class AppendStream:
         pending = self._pending
         try:
             async for response in self._call:
+                if response.error:
+                    status = broker_pb2.LedgerStatus.Name(response.error)
+                    error = BrokerCallError(status, GRPC_CODE_NAME.get(status, "UNKNOWN"), response.message)
+                    break
                 if not pending:
                     error = BrokerCallError("INTERNAL", "UNKNOWN", f"broker {self._address} answered request "
                                             f"{response.request_id} that was not sent")
@@ -186,9 +199,9 @@ class AppendStream:
                 error = BrokerCallError("UNAVAILABLE", "UNAVAILABLE", f"broker {self._address} ended the append "
                                         f"stream with {len(pending)} request(s) unanswered (outcome unknown)")
         except grpc.aio.AioRpcError as e:
-            error = call_error(e, self._address)
+            error = error or call_error(e, self._address)
         except asyncio.CancelledError:
-            error = BrokerCallError("CANCELLED", "CANCELLED", "the append stream was closed by the client")
+            error = error or BrokerCallError("CANCELLED", "CANCELLED", "the append stream was closed by the client")
         finally:
             self._error = error or BrokerCallError("CANCELLED", "CANCELLED", "the append stream is closed")
             while pending:

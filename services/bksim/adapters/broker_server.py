@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from bksim.adapters.broker_client import GRPC_CODE_NAME
 from bksim.broker.ledgers import LedgerService
 from bksim.gen import broker_pb2, broker_pb2_grpc
 from bksim.metadata.ledger_metadata import LedgerMetadata
@@ -38,22 +39,7 @@ READ_MESSAGE_BYTES = 1024 * 1024  # ReadEntries packs entries into messages of a
 READ_MESSAGE_ENTRIES_MAX = 1024
 STATUS_KEY = "bksim-status"
 
-GRPC_CODE = {
-    "BAD_REQUEST": grpc.StatusCode.INVALID_ARGUMENT,
-    "NO_SUCH_LEDGER": grpc.StatusCode.NOT_FOUND,
-    "UNAUTHORIZED": grpc.StatusCode.PERMISSION_DENIED,
-    "LEDGER_CLOSED": grpc.StatusCode.FAILED_PRECONDITION,
-    "NOT_WRITER": grpc.StatusCode.FAILED_PRECONDITION,
-    "FENCED": grpc.StatusCode.ABORTED,
-    "READ_BEYOND_LAC": grpc.StatusCode.OUT_OF_RANGE,
-    "TOO_MANY_REQUESTS": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "NOT_ENOUGH_BOOKIES": grpc.StatusCode.UNAVAILABLE,
-    "READ_FAILED": grpc.StatusCode.UNAVAILABLE,
-    "RECOVERY_FAILED": grpc.StatusCode.UNAVAILABLE,
-    "METADATA_ERROR": grpc.StatusCode.UNAVAILABLE,
-    "ABORTED": grpc.StatusCode.UNAVAILABLE,
-    "INTERNAL": grpc.StatusCode.INTERNAL,
-}
+GRPC_CODE = {status: getattr(grpc.StatusCode, name) for status, name in GRPC_CODE_NAME.items()}
 
 
 def server_options(config: BrokerConfig) -> list[tuple[str, int]]:
@@ -203,6 +189,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             with self._admission:
                 await self._append(request_iterator, context)
         except LedgerError as e:
+            try:  # in-band first: the status alone can be lost to a grpc.aio race (see proto/broker.proto)
+                await context.write(broker_pb2.AppendResponse(
+                    error=broker_pb2.LedgerStatus.Value(e.status) if e.status in broker_pb2.LedgerStatus.keys()
+                    else broker_pb2.LedgerStatus.INTERNAL, message=e.message))
+            except Exception:  # noqa: BLE001 - the client is gone; the status below is all that is left
+                pass
             await _abort(context, e)
 
     async def _append(self, request_iterator, context) -> None:
