@@ -332,4 +332,4 @@ class LedgerWriter:
         self.failure_code = code
         failed = tuple(self._pending)
         self._pending.clear()
-        return [AddsFailed(failed, reason, code)] if failed else []
+        return [AddsFailed(failed, reason, code)]  # also with nothing pending: the shell must learn it failed
