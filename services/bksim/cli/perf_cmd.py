@@ -1,15 +1,18 @@
-"""`bksim perf ...`: the benchmarks (fsync-baseline, journal-append, grpc-baseline, bookie-add).
+"""`bksim perf ...`: the benchmarks (fsync-baseline, journal-append, grpc-baseline, bookie-add, ledger-write,
+recovery).
 
 Each prints a header with the machine facts, the CPU idle fraction before every measurement, and a table of
 records/s, MB/s and per-record p50/p99/p99.9 latency; `--json` prints one JSON object instead (the human
 lines go to stderr). The bookie figures run their baseline first, in the same run and with the same record
-and group/batch size, and print the ratio. Every run is bounded by --seconds and/or --records; all files go
+and group/batch size, and print the ratio; ledger-write and recovery also print their targets' verdicts
+("targets" in the JSON). Every run is bounded by --seconds and/or --records; all files go
 to a fresh temp dir under --dir that is removed at the end, and every child process is stopped by pid,
 also on Ctrl-C, SIGTERM or an error.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -57,14 +60,58 @@ def register(subparsers) -> None:
                    "(installed by hand) during the measurement; write collapsed stacks to OUT")
     p.set_defaults(func=cmd_bookie_add)
 
+    from bksim.perf import ledger_write, recovery
 
-def _common(p: argparse.ArgumentParser, group_name: str, group_default: int, group_help: str) -> None:
-    p.add_argument("--record-bytes", type=int, default=1024, help="bytes per record (default 1024)")
+    p = sub.add_parser("ledger-write", help="appends through a real broker to E real bookies vs grpc-baseline "
+                       "(same run); closed loop, open loop at --rate, or --both")
+    _common(p, group_name="--batch", group_default=ledger_write.BATCH_DEFAULT, group_help="payloads per "
+            "AppendRequest", record_names=("--entry-size", "--record-bytes"), seconds_names=("--duration", "--seconds"),
+            record_help="payload bytes per entry (>= 36: the baseline sends whole entries of this size)")
+    _shape(p)
+    p.add_argument("--window", type=int, default=ledger_write.WINDOW_DEFAULT,
+                   help=f"unanswered AppendRequests on the stream (default {ledger_write.WINDOW_DEFAULT}); also the "
+                        f"baseline's batches in flight")
+    loop = p.add_mutually_exclusive_group()
+    loop.add_argument("--rate", type=float, help="open loop: offer RATE entries/s (batches due on a schedule, "
+                      "latency from the due time); default: closed loop, as fast as the window allows")
+    loop.add_argument("--both", action="store_true", help="closed loop, then open loop at half of min(the "
+                      f"measured entries/s, {ledger_write.TARGET_ENTRIES_PER_S:,.0f}): both targets in one run")
+    p.set_defaults(func=cmd_ledger_write)
+
+    p = sub.add_parser("recovery", help="time to recover (fence, read forward, write back, close) an open ledger "
+                       "with an unconfirmed window of ENTRIES entries, through a real broker")
+    p.add_argument("--entries", type=int, default=recovery.TARGET_ENTRIES,
+                   help=f"entries the dying writer left (default {recovery.TARGET_ENTRIES})")
+    p.add_argument("--entry-size", "--record-bytes", dest="record_bytes", type=int, default=1024,
+                   help="payload bytes per entry (default 1024)")
+    p.add_argument("--lac", type=int, default=-1, help="the LAC the dying writer piggybacked in every entry "
+                   "(default -1: recovery reads forward and writes back every entry)")
+    p.add_argument("--batch", dest="group", type=int, default=100,
+                   help="entries per AddRequest of the dying writer (default 100)")
+    _shape(p)
+    _run_options(p)
+    p.set_defaults(func=cmd_recovery, seconds=0.0, records=0)
+
+
+def _common(p: argparse.ArgumentParser, group_name: str, group_default: int, group_help: str,
+            record_names: tuple[str, ...] = ("--record-bytes",), seconds_names: tuple[str, ...] = ("--seconds",),
+            record_help: str = "bytes per record") -> None:
+    p.add_argument(*record_names, dest="record_bytes", type=int, default=1024, help=f"{record_help} (default 1024)")
     p.add_argument(group_name, dest="group", metavar=group_name.lstrip("-").upper(), type=int,
                    default=group_default, help=f"{group_help} (default {group_default})")
-    p.add_argument("--seconds", type=float, default=SECONDS_DEFAULT,
+    p.add_argument(*seconds_names, dest="seconds", type=float, default=SECONDS_DEFAULT,
                    help=f"time bound per measurement (default {SECONDS_DEFAULT:g}; 0 = only --records)")
     p.add_argument("--records", type=int, default=0, help="record bound per measurement (default 0 = none)")
+    _run_options(p)
+
+
+def _shape(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ensemble", type=int, default=3, help="ensemble size E: bookies started (default 3)")
+    p.add_argument("--write-quorum", type=int, default=3, help="write quorum Qw (default 3)")
+    p.add_argument("--ack-quorum", type=int, default=2, help="ack quorum Qa (default 2)")
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", default=DIR_DEFAULT, help=f"a temp dir is made (and removed) under this "
                    f"(default {DIR_DEFAULT})")
     p.add_argument("--idle-min", type=float, default=machine.IDLE_MIN_DEFAULT,
@@ -141,21 +188,84 @@ def cmd_bookie_add(args) -> int:
     return _run("bookie-add", args, measure)
 
 
+def cmd_ledger_write(args) -> int:
+    from bksim.cli import config as cfgload
+    from bksim.formats.entry import HEADER_BYTES
+    from bksim.model.errors import ConfigError
+    from bksim.perf import grpc_baseline, ledger_write
+
+    _check_shape(args)
+    if args.rate is not None and args.rate <= 0:
+        raise ConfigError("--rate must be > 0 entries/s")
+    if args.window <= 0:
+        raise ConfigError("--window must be > 0")
+    if args.rate is None and args.record_bytes < HEADER_BYTES:
+        raise ConfigError(f"--entry-size must be >= {HEADER_BYTES} (grpc-baseline sends whole entries of that size)")
+    config = cfgload.load(args.config)  # the bookie and broker processes load the same file (and environment)
+    shape = ledger_write.Shape(args.ensemble, args.write_quorum, args.ack_quorum)
+    rates = [None] if args.both or args.rate is None else [args.rate]
+
+    def measure(workdir: str, idle: Callable[[str], float]):
+        results, ratios = [], []
+        if args.rate is None:  # the baseline is the denominator of the maximum rate only
+            results.append(grpc_baseline.measure(workdir, args.record_bytes, args.group, args.window, args.seconds,
+                                                 args.records, idle))
+        results += ledger_write.measure(workdir, shape, args.record_bytes, args.group, args.window, args.seconds,
+                                        args.records, rates, idle, config, config_path=args.config, keep=args.keep,
+                                        half_after_max=args.both)
+        if args.rate is None:
+            base, subject = results[0], results[1]
+            target = ledger_write.TARGET_ENTRIES_PER_S / base.records_per_s if base.records_per_s > 0 else 0.0
+            ratios.append(ratio(subject, base, target))
+        return results, ratios, ledger_write.targets(results)
+
+    loop = (f"open loop at {args.rate:,.0f} entries/s, latency from each batch's due time" if args.rate
+            else "closed loop, then open loop at half the maximum; " if args.both else "closed loop; ")
+    if args.rate is None:
+        loop += "latency per entry = its batch's response time"
+    return _run("ledger-write", args, measure,
+                shape=f"{shape}, entry {args.record_bytes} B, batch {args.group}, window {args.window}, {loop}")
+
+
+def cmd_recovery(args) -> int:
+    from bksim.cli import config as cfgload
+    from bksim.model.errors import ConfigError
+    from bksim.perf import recovery
+
+    _check_shape(args)
+    if args.entries < 2:
+        raise ConfigError("--entries must be >= 2")
+    if not -1 <= args.lac < args.entries - 1:
+        raise ConfigError(f"--lac must be in -1..{args.entries - 2}")
+    config = cfgload.load(args.config)
+    shape = recovery.Shape(args.ensemble, args.write_quorum, args.ack_quorum)
+
+    def measure(workdir: str, idle: Callable[[str], float]):
+        results = recovery.measure(workdir, shape, args.entries, args.record_bytes, args.lac, args.group, idle,
+                                   config, config_path=args.config, keep=args.keep)
+        return results, [], recovery.targets(results)
+
+    return _run("recovery", args, measure,
+                shape=f"{shape}, {args.entries} entries of {args.record_bytes} B written by a dying writer with "
+                      f"LAC {args.lac}; time = the client's OpenLedger(recover=true) call")
+
+
 # ---------------------------------------------------------------------------------------------- shared
-def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple[list[Result], list[Ratio]]]) -> int:
-    """Make the temp dir, print the header, measure, print the report; clean up whatever happens."""
+def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple], shape: str | None = None) -> int:
+    """Make the temp dir, print the header, measure, print the report; clean up whatever happens.
+
+    `measure` returns (results, ratios) or (results, ratios, targets), targets being dicts
+    {"target", "value", "met"} (met None: not established by the run)."""
     _check_bounds(args)
     human = sys.stderr if args.json else sys.stdout
     os.makedirs(args.dir, exist_ok=True)
-    workdir = tempfile.mkdtemp(prefix=f"{name}-", dir=args.dir)
-    facts = machine.facts(workdir)
-    header = machine.header_lines(facts)
-    shape = ("sweep of record bytes x group" if getattr(args, "sweep", False)
-             else f"record {args.record_bytes} B, group/batch {args.group}")
-    header.append(f"# {name}: {shape}, bound "
-                  f"{args.seconds:g} s" + (f" / {args.records} records" if args.records else "")
-                  + "; latency per record, submit -> ack")
-    print("\n".join(header), file=human, flush=True)
+    if shape is None:
+        shape = ("sweep of record bytes x group" if getattr(args, "sweep", False)
+                 else f"record {args.record_bytes} B, group/batch {args.group}")
+        shape += ", bound " + f"{args.seconds:g} s" + (f" / {args.records} records" if args.records else "")
+        shape += "; latency per record, submit -> ack"
+    elif args.seconds or args.records:
+        shape += ", bound " + f"{args.seconds:g} s" + (f" / {args.records} records" if args.records else "")
 
     def idle(label: str) -> float:
         os.sync()  # write back what earlier measurements left dirty, so it does not land in this one
@@ -165,11 +275,16 @@ def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple
     previous = signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
     results: list[Result] = []
     ratios: list[Ratio] = []
-    try:
+    targets: list[dict] = []
+    workdir = tempfile.mkdtemp(prefix=f"{name}-", dir=args.dir)
+    try:  # from here on the temp dir is removed whatever happens (even a closed stdout)
+        facts = machine.facts(workdir)
+        print("\n".join(machine.header_lines(facts) + [f"# {name}: {shape}"]), file=human, flush=True)
         for _ in range(args.repeat):
-            more_results, more_ratios = measure(workdir, idle)
+            more_results, more_ratios, *more_targets = measure(workdir, idle)
             results += more_results
             ratios += more_ratios
+            targets += more_targets[0] if more_targets else []
     finally:
         signal.signal(signal.SIGTERM, previous)
         if args.keep:
@@ -177,18 +292,46 @@ def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     if args.repeat > 1 and ratios:
-        ratios.append(median_ratio(ratios))
+        ratios.append(_median(ratios))
     print(format_table(results, ratios), file=human, flush=True)
+    for t in targets:
+        verdict = {True: "MET", False: "NOT MET", None: "NOT ESTABLISHED"}[t["met"]]
+        print(f"target {t['target']}: {t['value']}: {verdict}", file=human, flush=True)
     if args.json:
-        print(json.dumps({"benchmark": name, "machine": facts, "results": [r.to_json() for r in results],
-                          "ratios": [q.to_json() for q in ratios]}, indent=2))
+        report = {"benchmark": name, "machine": facts, "results": [r.to_json() for r in results],
+                  "ratios": [q.to_json() for q in ratios]}
+        if targets:
+            report["targets"] = targets
+        print(json.dumps(report, indent=2))
     return 0
+
+
+def _median(ratios: list[Ratio]) -> Ratio:
+    """median_ratio; a ratio whose target depends on its run's baseline (ledger-write) gets the median target."""
+    targets = sorted(q.target for q in ratios)
+    if len(set(targets)) == 1:
+        return median_ratio(ratios)
+    mid = len(targets) // 2
+    target = targets[mid] if len(targets) % 2 else (targets[mid - 1] + targets[mid]) / 2
+    return median_ratio([dataclasses.replace(q, target=target) for q in ratios])
+
+
+def _check_shape(args) -> None:
+    from bksim.ledger.quorum import QuorumError, check_quorum_sizes
+    from bksim.model.errors import ConfigError
+
+    try:
+        check_quorum_sizes(args.ensemble, args.write_quorum, args.ack_quorum)
+    except QuorumError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_bounds(args) -> None:
     from bksim.model.errors import ConfigError
 
-    if args.seconds <= 0 and args.records <= 0:
+    if args.func is cmd_recovery:
+        pass  # bounded by --entries
+    elif args.seconds <= 0 and args.records <= 0:
         raise ConfigError("give a bound: --seconds > 0 and/or --records > 0")
     if args.record_bytes <= 0 or args.group <= 0:
         raise ConfigError("--record-bytes and the group/batch size must be > 0")

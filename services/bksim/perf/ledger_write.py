@@ -1,0 +1,405 @@
+"""ledger-write: appends through a real broker to a ledger on E real bookies, compared with grpc-baseline.
+
+The cluster (`LedgerCluster`, also used by perf/recovery.py): a real ZooKeeper, E `bksim bookie run`
+processes and one `bksim broker run` process, each configured by BKSIM_ environment overrides (ports, ids,
+directories, all under a fresh directory in the benchmark's temp dir), children of one ProcessGroup, so
+every one is stopped by pid whatever happens. Ready means: the broker's health says SERVING and its
+ListBookies shows at least E writable bookies.
+
+A measurement creates a ledger (E/Qw/Qa) through the broker (CreateLedger) and appends batches of `batch`
+payloads of `entry_bytes` bytes on one Append stream (adapters.broker_client.AppendStream, at most
+`window` requests unanswered). Every response is checked (count, and first_entry_id = the number of
+entries sent before it: one writer, so ids are the append order); at the end the ledger is closed through
+the broker and its last_entry_id must be the last acknowledged entry. An entry's latency is its batch's
+response time:
+
+- closed loop (no rate): the next batch goes as soon as the window has room (the maximum rate); latency
+  from the moment the batch is handed to the stream to its response;
+- open loop (`rate` entries/s): batch k is due at start + k * batch / rate and is sent then (or as soon as
+  possible after, if the sender or the window is behind); latency is measured from the *due* time, so
+  queueing anywhere (client, window, broker, bookies) shows in the figures instead of silently slowing the
+  sender (no coordinated omission). Batches still unsent when the time bound ends are counted
+  (`entries_unsent_behind_schedule`): then the rate was not sustained.
+
+CPU: seconds used during the measurement by the broker, the bookies (sum and busiest), ZooKeeper and the
+client (this process), as cores (CPU seconds / elapsed), plus the whole machine's busy cores and what of
+them none of these used (`others_cpu_cores`: the idle guard checks only the start; on a shared machine
+this says whether someone else took CPU during the measurement).
+
+Targets (issue 3, with every process on this machine's 2 cores): >= 30,000 entries/s at 1 KiB (closed
+loop), and p99 <= 20 ms at half that rate (open loop at 15,000 entries/s). `targets()` states each verdict;
+the grpc-baseline ratio's target is the same 30,000 entries/s expressed against the baseline of the run.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from bksim.adapters.broker_client import BrokerCallError, BrokerClient
+from bksim.adapters.zookeeper_server import ZooKeeperServer
+from bksim.model.config import Config
+from bksim.perf.machine import idle_fraction, process_cpu_s, read_cpu_times
+from bksim.perf.procs import Child, ProcessGroup, free_port, interrupts_deferred
+from bksim.perf.stats import LatencyRecorder, Result, make_result
+
+PASSWORD = b"bksim-perf"
+TARGET_ENTRIES_PER_S = 30_000.0
+TARGET_ENTRY_BYTES = 1024
+TARGET_P99_MS = 20.0
+TARGET_P99_RATE_FRACTION = 0.5  # "p99 <= 20 ms at half that rate"
+ZOOKEEPER_READY_TIMEOUT_S = 60.0
+CLUSTER_READY_TIMEOUT_S = 90.0  # bookies and broker started together on a busy 2-core machine
+RESPONSE_TIMEOUT_S = 30.0  # an append response slower than this breaks the run
+CALL_DEADLINE_S = 30.0  # unary broker calls (create, close, metadata)
+WINDOW_DEFAULT = 16  # unanswered AppendRequests on the stream
+BATCH_DEFAULT = 100  # payloads per AppendRequest
+FUTURES_PRUNE_AT = 4096  # keep the list of outstanding futures short
+
+
+# ---------------------------------------------------------------------------------------------- the cluster
+class LedgerCluster:
+    """ZooKeeper + `bookies` bookie processes + one broker process under a fresh directory in `workdir`.
+
+    Use as a context manager: `__enter__` starts everything (not waiting for readiness: `await
+    wait_ready(client)`), `__exit__` stops every child by pid (newest first) and removes the directory
+    unless `keep`.
+    """
+
+    def __init__(self, workdir: str, bookies: int, config: Config, config_path: str | None = None,
+                 keep: bool = False) -> None:
+        if bookies < 1:
+            raise ValueError(f"a cluster needs at least 1 bookie, got {bookies}")
+        self.workdir = workdir
+        self.bookie_count = bookies
+        self.config = config
+        self.config_path = config_path
+        self.keep = keep
+        self.group = ProcessGroup()
+        self.run_dir = ""
+        self.zookeeper: Child | None = None
+        self.bookies: list[Child] = []
+        self.bookie_ids: list[str] = []
+        self.journal_dirs: list[str] = []
+        self.broker: Child | None = None
+        self.broker_address = ""
+
+    def __enter__(self) -> "LedgerCluster":
+        self.run_dir = tempfile.mkdtemp(prefix="cluster-", dir=self.workdir)
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.group.stop_all()
+        if self.run_dir and not self.keep:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _start(self) -> None:
+        config = self.config
+        zk = ZooKeeperServer("127.0.0.1", free_port(), os.path.join(self.run_dir, "zookeeper"),
+                             config.zookeeper.tick_time_ms, config.zookeeper.heap_mb,
+                             os.path.join(self.run_dir, "zookeeper.log"))
+        with interrupts_deferred():  # a Ctrl-C between the start and the adopt would orphan ZooKeeper
+            pid = zk.start()
+            self.zookeeper = self.group.adopt("zookeeper", pid, zk.log_path, zk.stop)
+        zk.wait_ready(ZOOKEEPER_READY_TIMEOUT_S)
+        base = dict(os.environ)
+        base.update({"BKSIM_CLUSTER_RUN_DIR": self.run_dir, "BKSIM_ZOOKEEPER_HOST": zk.host,
+                     "BKSIM_ZOOKEEPER_PORT": str(zk.port), "PYTHONUNBUFFERED": "1"})
+        argv = [sys.executable, "-m", "bksim.cli.main"] + (["--config", self.config_path] if self.config_path else [])
+        for i in range(self.bookie_count):
+            port = free_port()
+            home = os.path.join(self.run_dir, f"bookie-{i + 1}")
+            env = dict(base)
+            env.update({"BKSIM_BOOKIE_HOST": "127.0.0.1", "BKSIM_BOOKIE_PORT": str(port),
+                        "BKSIM_BOOKIE_BOOKIE_ID": f"127.0.0.1:{port}",
+                        "BKSIM_BOOKIE_JOURNAL_DIR": os.path.join(home, "journal"),
+                        "BKSIM_BOOKIE_LEDGER_DIR": os.path.join(home, "ledgers")})
+            self.bookies.append(self.group.spawn(f"bookie-{i + 1}", argv + ["bookie", "run"],
+                                                 os.path.join(self.run_dir, f"bookie-{i + 1}.log"), env))
+            self.bookie_ids.append(f"127.0.0.1:{port}")
+            self.journal_dirs.append(os.path.join(home, "journal"))
+        port = free_port()
+        env = dict(base)
+        env.update({"BKSIM_BROKER_HOST": "127.0.0.1", "BKSIM_BROKER_PORT": str(port),
+                    "BKSIM_BROKER_BROKER_ID": f"127.0.0.1:{port}"})
+        self.broker = self.group.spawn("broker", argv + ["broker", "run"], os.path.join(self.run_dir, "broker.log"), env)
+        self.broker_address = f"127.0.0.1:{port}"
+
+    def servers(self) -> list[Child]:
+        """The broker and the bookies (the processes whose CPU is reported)."""
+        return [self.broker, *self.bookies]
+
+    def check_alive(self) -> None:
+        for child in self.servers():
+            if not child.alive():
+                raise RuntimeError(f"{child.name} (pid {child.pid}) exited; its log:\n{child.log_tail()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {c.name} (pid {c.pid}) ---\n{c.log_tail(15)}" for c in self.servers())
+
+    async def wait_ready(self, client: BrokerClient, bookies_writable: int) -> None:
+        """Wait (bounded) until the broker serves and lists `bookies_writable` writable bookies."""
+        deadline = time.monotonic() + CLUSTER_READY_TIMEOUT_S
+        last = "nothing yet"
+        while True:
+            self.check_alive()
+            try:
+                await client.wait_ready(0.5)
+                health = await client.health(deadline_s=2.0)
+                if health != "SERVING":
+                    last = f"broker health {health}"
+                else:
+                    writable = [b for b in await client.list_bookies() if b["state"] == "writable"]
+                    if len(writable) >= bookies_writable:
+                        return
+                    last = f"{len(writable)} writable bookies of {bookies_writable}"
+            except BrokerCallError as e:
+                last = str(e)
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"cluster not ready after {CLUSTER_READY_TIMEOUT_S:.0f} s ({last});\n{self.logs()}")
+            await asyncio.sleep(0.1)
+
+    def cpu_s(self) -> dict[str, float]:
+        """CPU seconds used so far by each server process, ZooKeeper and this process."""
+        out = {c.name: process_cpu_s(c.pid) for c in self.servers()}
+        out["zookeeper"] = process_cpu_s(self.zookeeper.pid)
+        out["client"] = time.process_time()
+        return out
+
+
+@dataclass
+class CpuMeter:
+    """CPU use of the cluster's processes and of the whole machine between `start()` and `stop()`."""
+    cluster: LedgerCluster
+    _before: dict[str, float] = field(default_factory=dict)
+    _machine_before: object = None
+
+    def start(self) -> None:
+        self._before = self.cluster.cpu_s()
+        self._machine_before = read_cpu_times()
+
+    def stop(self, elapsed_s: float) -> dict[str, float]:
+        after = self.cluster.cpu_s()
+        machine_after = read_cpu_times()
+        used = {name: after[name] - self._before[name] for name in after}
+        bookies = [used[c.name] for c in self.cluster.bookies]
+        cores = len(os.sched_getaffinity(0))
+        per_s = (lambda s: s / elapsed_s) if elapsed_s > 0 else (lambda s: 0.0)
+        busy = (1.0 - idle_fraction(self._machine_before, machine_after)) * cores
+        return {"broker_cpu_cores": per_s(used["broker"]), "bookies_cpu_cores": per_s(sum(bookies)),
+                "bookie_cpu_cores_max": per_s(max(bookies)), "zookeeper_cpu_cores": per_s(used["zookeeper"]),
+                "client_cpu_cores": per_s(used["client"]), "machine_busy_cores": busy,
+                "others_cpu_cores": max(0.0, busy - per_s(sum(used.values())))}
+
+
+# ---------------------------------------------------------------------------------------------- the driver
+@dataclass
+class AppendRun:
+    latencies: LatencyRecorder
+    elapsed_s: float  # first batch due/sent .. last response
+    batches: int
+    entries_acked: int
+    entries_unsent: int  # open loop: entries due before the time bound but not sent by then
+    schedule_lag_max_s: float  # open loop: the latest a batch was sent after its due time
+
+
+async def drive_appends(stream, entry_bytes: int, batch: int, seconds: float, records_max: int,
+                        rate: float | None) -> AppendRun:
+    """Append on `stream` until `seconds` pass and/or `records_max` entries were sent; wait for every response.
+
+    `rate` None: closed loop (send when the window has room). `rate` R: open loop, batch k due at
+    start + k * batch / R, latency from the due time. Raises RuntimeError when a response does not match its
+    request (count, first entry id) and BrokerCallError when the stream fails.
+    """
+    if batch <= 0:
+        raise ValueError(f"batch must be > 0, got {batch}")
+    if seconds <= 0 and records_max <= 0:
+        raise ValueError("need a bound: seconds > 0 or records_max > 0")
+    if rate is not None and rate <= 0:
+        raise ValueError(f"rate must be > 0 entries/s, got {rate}")
+    payload = os.urandom(entry_bytes)
+    full = [payload] * batch
+    latencies = LatencyRecorder()
+    state = {"last": 0.0, "batches": 0, "acked": 0, "mismatch": ""}
+    perf_counter = time.perf_counter
+
+    def on_done(future: asyncio.Future, t0: float, first: int, n: int) -> None:
+        done_at = perf_counter()
+        if future.cancelled() or future.exception() is not None:
+            return  # raised below, by gather
+        r = future.result()
+        if (r.first_entry_id, r.count) != (first, n) and not state["mismatch"]:
+            state["mismatch"] = (f"request {r.request_id}: broker answered entries {r.first_entry_id}+{r.count}, "
+                                 f"expected {first}+{n}")
+        state["last"] = max(state["last"], done_at)
+        state["batches"] += 1
+        state["acked"] += r.count
+        latencies.add(done_at - t0, n)
+
+    interval = batch / rate if rate else 0.0
+    futures: list[asyncio.Future] = []
+    sent = 0
+    k = 0
+    unsent = 0
+    lag_max = 0.0
+    start = perf_counter()
+    deadline = start + seconds if seconds > 0 else math.inf
+    while True:
+        n = batch if records_max <= 0 else min(batch, records_max - sent)
+        if n <= 0:
+            break
+        now = perf_counter()
+        if rate:
+            due = start + k * interval
+            if due >= deadline:
+                break
+            if now >= deadline:  # behind schedule when time ran out: what was due is counted, not sent
+                due_batches = math.ceil((deadline - due) / interval)
+                unsent = due_batches * batch if records_max <= 0 else min(due_batches * batch, records_max - sent)
+                break
+            if due > now:
+                await asyncio.sleep(due - now)
+        elif now >= deadline:
+            break
+        future = await stream.send(full if n == batch else full[:n])
+        sent_at = perf_counter()
+        if rate:
+            lag_max = max(lag_max, sent_at - due)
+            t0 = due
+        else:
+            t0 = sent_at
+        future.add_done_callback(lambda f, t=t0, first=sent, m=n: on_done(f, t, first, m))
+        futures.append(future)
+        sent += n
+        k += 1
+        if len(futures) > FUTURES_PRUNE_AT:
+            futures = [f for f in futures if not f.done()]
+    await asyncio.gather(*futures)  # raises BrokerCallError if the stream broke
+    await asyncio.sleep(0)  # let the last done-callbacks run
+    await stream.close()
+    if state["mismatch"]:
+        raise RuntimeError(f"append responses out of order: {state['mismatch']}")
+    return AppendRun(latencies, state["last"] - start, state["batches"], state["acked"], unsent, lag_max)
+
+
+# ---------------------------------------------------------------------------------------------- measurements
+@dataclass(frozen=True)
+class Shape:
+    ensemble: int
+    write_quorum: int
+    ack_quorum: int
+
+    def __str__(self) -> str:
+        return f"E={self.ensemble} Qw={self.write_quorum} Qa={self.ack_quorum}"
+
+
+def measure(workdir: str, shape: Shape, entry_bytes: int, batch: int, window: int, seconds: float,
+            records_max: int, rates: list[float | None], idle_guard: Callable[[str], float], config: Config,
+            config_path: str | None = None, keep: bool = False, half_after_max: bool = False) -> list[Result]:
+    """Start a cluster, run one measurement per entry of `rates` (None = closed loop) on a fresh ledger
+    each, stop the cluster; the Results in order. With `half_after_max`, after the closed-loop run an
+    open-loop run follows at half of min(its entries/s, the 30,000 target) (the "both" mode)."""
+    with LedgerCluster(workdir, shape.ensemble, config, config_path, keep) as cluster:
+        return asyncio.run(_measure_all(cluster, shape, entry_bytes, batch, window, seconds, records_max, rates,
+                                        idle_guard, half_after_max))
+
+
+async def _measure_all(cluster: LedgerCluster, shape: Shape, entry_bytes: int, batch: int, window: int,
+                       seconds: float, records_max: int, rates: list[float | None],
+                       idle_guard: Callable[[str], float], half_after_max: bool) -> list[Result]:
+    results = []
+    async with BrokerClient(cluster.broker_address, deadline_s=CALL_DEADLINE_S) as client:
+        await cluster.wait_ready(client, shape.ensemble)
+        plan = list(rates)
+        while plan:
+            rate = plan.pop(0)
+            result = await _measure_one(cluster, client, shape, entry_bytes, batch, window, seconds, records_max,
+                                        rate, idle_guard)
+            results.append(result)
+            if rate is None and half_after_max:
+                plan.insert(0, half_rate(result.records_per_s))
+    return results
+
+
+def half_rate(max_entries_per_s: float) -> float:
+    """The open-loop rate of the "both" mode: half of the measured maximum, at most half the target."""
+    return max(1.0, TARGET_P99_RATE_FRACTION * min(max_entries_per_s, TARGET_ENTRIES_PER_S))
+
+
+async def _measure_one(cluster: LedgerCluster, client: BrokerClient, shape: Shape, entry_bytes: int, batch: int,
+                       window: int, seconds: float, records_max: int, rate: float | None,
+                       idle_guard: Callable[[str], float]) -> Result:
+    name = "ledger-write" if rate is None else "ledger-open-loop"
+    info = await client.create_ledger(shape.ensemble, shape.write_quorum, shape.ack_quorum, password=PASSWORD)
+    idle = idle_guard(name if rate is None else f"{name} at {rate:,.0f} entries/s")
+    meter = CpuMeter(cluster)
+    meter.start()
+    stream = client.append_stream(info.ledger_id, password=PASSWORD, window_max=window,
+                                  response_timeout_s=RESPONSE_TIMEOUT_S)
+    try:
+        run = await drive_appends(stream, entry_bytes, batch, seconds, records_max, rate)
+    except BrokerCallError as e:
+        await stream.close(1.0)
+        raise RuntimeError(f"append stream to ledger {info.ledger_id} failed: {e};\n{cluster.logs()}") from None
+    cpu = meter.stop(run.elapsed_s)
+    closed = await client.close_ledger(info.ledger_id, password=PASSWORD)
+    if closed.state != "CLOSED" or closed.last_entry_id != run.entries_acked - 1:
+        raise RuntimeError(f"ledger {info.ledger_id} closed as {closed.state} at last_entry_id "
+                           f"{closed.last_entry_id}, but {run.entries_acked} entries were acknowledged")
+    extra = {"mode": "closed-loop" if rate is None else "open-loop", "ensemble": shape.ensemble,
+             "write_quorum": shape.write_quorum, "ack_quorum": shape.ack_quorum, "window": window,
+             "batches": run.batches, "p95_ms": run.latencies.percentile_s(95.0) * 1000.0}
+    if rate is not None:
+        extra["rate_target_per_s"] = rate
+        extra["entries_unsent_behind_schedule"] = run.entries_unsent
+        extra["schedule_lag_max_ms"] = run.schedule_lag_max_s * 1000.0
+    extra.update(cpu)
+    extra["ledger_id"] = info.ledger_id
+    extra["broker_pid"] = cluster.broker.pid
+    extra["bookie_pids"] = ",".join(str(b.pid) for b in cluster.bookies)
+    extra["zookeeper_pid"] = cluster.zookeeper.pid
+    return make_result(name, entry_bytes, batch, run.elapsed_s, run.latencies, idle, extra)
+
+
+# ---------------------------------------------------------------------------------------------- verdicts
+def targets(results: list[Result]) -> list[dict]:
+    """The issue's two targets, judged on these results: [{"target", "value", "met"}] (met None = not
+    established by this run)."""
+    out = []
+    for r in results:
+        one_kib = r.record_bytes == TARGET_ENTRY_BYTES
+        if r.extra.get("mode") == "closed-loop":
+            value = f"{r.records_per_s:,.0f} entries/s at {r.record_bytes} B"
+            met = (r.records_per_s >= TARGET_ENTRIES_PER_S) if one_kib else None
+            out.append({"target": f">= {TARGET_ENTRIES_PER_S:,.0f} entries/s at 1 KiB (closed loop)",
+                        "value": value + ("" if one_kib else " (target is for 1 KiB entries)"), "met": met})
+        elif r.extra.get("mode") == "open-loop":
+            rate = r.extra["rate_target_per_s"]
+            unsent = r.extra["entries_unsent_behind_schedule"]
+            target_rate = TARGET_P99_RATE_FRACTION * TARGET_ENTRIES_PER_S
+            value = (f"p99 {r.p99_ms:.1f} ms at {rate:,.0f} entries/s offered, {r.records_per_s:,.0f} achieved"
+                     + (f", {unsent} entries not sent in time (rate not sustained)" if unsent else ""))
+            if not one_kib:
+                met, why = None, " (target is for 1 KiB entries)"
+            elif unsent:
+                met, why = False, ""
+            elif rate >= target_rate:
+                met, why = r.p99_ms <= TARGET_P99_MS, ""
+            elif r.p99_ms > TARGET_P99_MS:
+                met, why = False, " (above the limit even below the target's rate)"
+            else:
+                met, why = None, f" (offered below {target_rate:,.0f}/s: not established)"
+            out.append({"target": f"p99 <= {TARGET_P99_MS:g} ms at {target_rate:,.0f} entries/s (open loop)",
+                        "value": value + why, "met": met})
+    return out
