@@ -1,10 +1,13 @@
-"""Seeds that once found a bug in the engine, kept as regression tests (ARCHITECTURE.md: "seeds that ever
-failed are kept"): each must now pass strictly (nothing tolerated). Replay one: `make sim SEED=N`."""
+"""Seeds that once found a bug (in the bookie engine, or in the ledger protocol / broker layer), kept as
+regression tests (ARCHITECTURE.md: "seeds that ever failed are kept"): each must now pass strictly (nothing
+tolerated). Replay one: `make sim SEED=N SIM_ARGS='--world bookie'` (engine seeds) or `make sim SEED=N`
+(ledger seeds)."""
 from __future__ import annotations
 
 import pytest
 
 from bksim.sim.bookie_scenario import run_bookie_sim
+from bksim.sim.ledger_scenario import run_ledger_sim
 
 REGRESSION_SEEDS = {
     4: "LacMonotonicAcrossRestarts: after a restart a RECOVERY_ADD of an older entry set the known LAC below "
@@ -24,3 +27,23 @@ def test_a_seed_that_once_failed_now_passes(seed):
     assert result.passed, (f"seed {seed} ({REGRESSION_SEEDS[seed]}) fails again: {result.violation}; "
                            f"replay: make sim SEED={seed}")
     assert result.stats["acked_entries"] > 0
+
+
+# -- the ledger world (bksim.sim.ledger_scenario) ----------------------------------------------------------------
+LEDGER_REGRESSION_SEEDS = {
+    875: "WritersFinish: a late FENCED answer for an already acknowledged entry failed the writer with nothing "
+         "pending; no AddsFailed was emitted, so the LedgerHandle never learnt it and close() waited forever",
+    900: "WritersFinish, the same writer failure with nothing pending",
+    976: "WritersFinish, the same",
+    1226: "WritersFinish, the same",
+    1563: "WritersFinish, the same",
+    2981: "WritersFinish, the same",
+}
+
+
+@pytest.mark.parametrize("seed", sorted(LEDGER_REGRESSION_SEEDS))
+def test_a_ledger_seed_that_once_failed_now_passes(seed):
+    result = run_ledger_sim(seed)
+    assert result.passed, (f"seed {seed} ({LEDGER_REGRESSION_SEEDS[seed]}) fails again: {result.violation}; "
+                           f"replay: make sim SEED={seed}")
+    assert result.stats["acked"] > 0

@@ -1,13 +1,20 @@
-"""`bksim sim`: the deterministic simulation of one bookie's storage engine (bksim.sim.bookie_scenario).
+"""`bksim sim`: the deterministic simulations, one seed at a time or in sweeps.
 
-`bksim sim --seed N [--steps K] [--trace]` prints the seed and every knob of its plan, runs it, and prints
-PASS (with the trace digest: the same seed always gives the same one) or the violated invariant with the
-tail of the trace and the lines that replay it. `bksim sim --sweep N [--from S]` runs N seeds with a
-progress line and a summary that lists every failure with its replay command.
+Two worlds (`--world`):
+- `ledger` (the default): bookies, brokers, the simulated network and metadata store; ledgers written, read
+  and recovered under network, disk, process and session faults (bksim.sim.ledger_scenario);
+- `bookie`: one bookie's storage engine under crashes, torn tails and bit flips (bksim.sim.bookie_scenario);
+  `--steps K` sets its workload length (it applies to this world only).
+
+`bksim sim --seed N [--trace]` prints the seed and every knob of its plan (for the ledger world, the fault
+plan: every fault event with its time), runs it, and prints PASS (with the trace digest: the same seed always
+gives the same one) or the violated invariant with the tail of the trace and the lines that replay it.
+`bksim sim --sweep N [--from S]` runs N seeds with a progress line and a summary that lists every failure
+with its replay command.
 
 Exit status: 0 every run passed, 1 an invariant was violated, 2 bad arguments.
-`--tolerate-known` records violations of the known engine issues (bksim.sim.known_issues) as TOLERATED
-instead of failing, so the rest of each run is still checked.
+`--tolerate-known` (bookie world) records violations of the known engine issues (bksim.sim.known_issues)
+as TOLERATED instead of failing, so the rest of each run is still checked.
 """
 from __future__ import annotations
 
@@ -18,7 +25,10 @@ import time
 from bksim.model.errors import ConfigError
 from bksim.sim.bookie_scenario import SimResult, run_bookie_sim
 from bksim.sim.known_issues import KNOWN_ENGINE_ISSUES, KNOWN_INVARIANTS
-from bksim.sim.plan import STEPS_DEFAULT, BookiePlan
+from bksim.sim.ledger_scenario import LedgerSimResult, run_ledger_sim
+from bksim.sim.plan import STEPS_DEFAULT, BookiePlan, LedgerPlan
+
+WORLDS = ("ledger", "bookie")
 
 TRACE_TAIL_LINES = 40
 PROGRESS_EVERY_SEEDS = 100  # when stderr is not a terminal: one progress line per this many seeds
@@ -28,18 +38,23 @@ EXIT_PASS, EXIT_VIOLATION = 0, 1
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "sim", help="deterministic simulation of a bookie's storage engine (crashes, torn tails, bit flips)",
-        description="Run the real BookieEngine on a simulated disk, key-value store and clock, driven by one "
-                    "seed: a workload of adds, RECOVERY_ADDs, fences, explicit LACs, reads and checkpoints, "
-                    "with crashes (also during replay), torn journal tails, latencies and bit flips, checking "
-                    "the invariants after every answer, every restart and at the end. The same seed always "
-                    "gives a byte-identical trace.")
+        "sim", help="deterministic simulation: ledgers on brokers and bookies under faults (or one bookie's engine)",
+        description="Run the real code on a simulated world driven by one seed. --world ledger (default): "
+                    "brokers (the real ledger client) and bookies (the real BookieEngine on simulated disks) "
+                    "over a simulated network and metadata store, with partitions (one-way too), loss, "
+                    "duplication, reordering, slow bookies and disks, bookie crashes and restarts, broker "
+                    "crashes with takeover, fencing recoveries, concurrent recoveries and session expiry; then "
+                    "a liveness phase; the ledger invariants of PROTOCOL.md §7 are checked throughout. --world "
+                    "bookie: one BookieEngine with crashes (also during replay), torn journal tails, latencies "
+                    "and bit flips. The same seed always gives a byte-identical trace.")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--seed", type=int, help="run this one seed")
     which.add_argument("--sweep", type=int, metavar="N", help="run N seeds (see --from)")
     p.add_argument("--from", dest="first", type=int, default=1, metavar="S", help="first seed of --sweep (default 1)")
-    p.add_argument("--steps", type=int, default=STEPS_DEFAULT,
-                   help=f"workload steps per seed (default {STEPS_DEFAULT})")
+    p.add_argument("--world", choices=WORLDS, default="ledger",
+                   help="ledger (default): brokers + bookies + network; bookie: one bookie's storage engine")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"--world bookie only: workload steps per seed (default {STEPS_DEFAULT})")
     p.add_argument("--trace", action="store_true", help="print the whole trace of --seed")
     p.add_argument("--tolerate-known", action="store_true",
                    help="record violations of known engine issues as TOLERATED and keep checking the rest")
@@ -47,27 +62,41 @@ def register(subparsers) -> None:
 
 
 def cmd_sim(args) -> int:
-    if args.steps < 1:
+    if args.world == "ledger":
+        if args.steps is not None:
+            raise ConfigError("--steps applies to --world bookie only (the ledger world's length comes from its plan)")
+        if args.seed is not None:
+            return _one_ledger(args.seed, args.trace)
+        if args.sweep < 1:
+            raise ConfigError("--sweep needs at least one seed")
+        return _sweep_ledger(args.first, args.sweep)
+    steps = STEPS_DEFAULT if args.steps is None else args.steps
+    if steps < 1:
         raise ConfigError("--steps must be >= 1")
     tolerated = KNOWN_INVARIANTS if args.tolerate_known else frozenset()
     if args.seed is not None:
-        return _one(args.seed, args.steps, args.trace, tolerated)
+        return _one(args.seed, steps, args.trace, tolerated)
     if args.sweep < 1:
         raise ConfigError("--sweep needs at least one seed")
-    return _sweep(args.first, args.sweep, args.steps, tolerated)
+    return _sweep(args.first, args.sweep, steps, tolerated)
 
 
 def replay_commands(seed: int, steps: int, tolerate_known: bool) -> str:
-    make_extra = (f" STEPS={steps}" if steps != STEPS_DEFAULT else "") + \
-                 (" SIM_ARGS=--tolerate-known" if tolerate_known else "")
+    """The bookie world's replay lines."""
+    make_args = ["--world bookie"] + (["--tolerate-known"] if tolerate_known else [])
+    make_extra = (f" STEPS={steps}" if steps != STEPS_DEFAULT else "") + f" SIM_ARGS='{' '.join(make_args)}'"
     cli_extra = (f" --steps {steps}" if steps != STEPS_DEFAULT else "") + \
                 (" --tolerate-known" if tolerate_known else "")
-    return f"make sim SEED={seed}{make_extra}   |   bksim sim --seed {seed}{cli_extra} --trace"
+    return f"make sim SEED={seed}{make_extra}   |   bksim sim --world bookie --seed {seed}{cli_extra} --trace"
+
+
+def ledger_replay_commands(seed: int) -> str:
+    return f"make sim SEED={seed}   |   bksim sim --seed {seed} --trace"
 
 
 def _one(seed: int, steps: int, print_trace: bool, tolerated: frozenset[str]) -> int:
     plan = BookiePlan.from_seed(seed, steps)
-    print(f"bksim sim: seed {seed}; replay: {replay_commands(seed, steps, bool(tolerated))}")
+    print(f"bksim sim --world bookie: seed {seed}; replay: {replay_commands(seed, steps, bool(tolerated))}")
     print("plan (every knob, drawn from the seed):")
     for line in plan.describe():
         print(f"  {line}")
@@ -93,10 +122,11 @@ def _one(seed: int, steps: int, print_trace: bool, tolerated: frozenset[str]) ->
     return EXIT_VIOLATION
 
 
-def _print_failure(result: SimResult, steps: int, tolerate_known: bool, printed_trace: bool) -> None:
+def _print_failure(result: SimResult | LedgerSimResult, steps: int, tolerate_known: bool, printed_trace: bool,
+                   replay: str | None = None) -> None:
     v = result.violation
     print(f"FAIL seed={result.seed}: {v.invariant} violated: {v.detail}")
-    known = KNOWN_ENGINE_ISSUES.get(v.invariant)
+    known = KNOWN_ENGINE_ISSUES.get(v.invariant) if replay is None else None  # bookie world only
     if known is not None:
         print(f"  known engine issue (first seen with seed {known[0]}): {known[1]}")
     if result.error:
@@ -107,11 +137,11 @@ def _print_failure(result: SimResult, steps: int, tolerate_known: bool, printed_
         print(f"trace tail (last {TRACE_TAIL_LINES} of {len(result.trace)} lines):")
         for line in result.trace[-TRACE_TAIL_LINES:]:
             print(f"  {line}")
-    print(f"replay: {replay_commands(result.seed, steps, tolerate_known)}")
+    print(f"replay: {replay or replay_commands(result.seed, steps, tolerate_known)}")
 
 
 def _sweep(first: int, count: int, steps: int, tolerated: frozenset[str]) -> int:
-    print(f"bksim sim --sweep: seeds {first}..{first + count - 1}, {steps} steps each"
+    print(f"bksim sim --world bookie --sweep: seeds {first}..{first + count - 1}, {steps} steps each"
           + (f"; tolerating known engine issues: {', '.join(sorted(tolerated))}" if tolerated else ""))
     tty = sys.stderr.isatty()
     started = time.perf_counter()
@@ -140,4 +170,52 @@ def _sweep(first: int, count: int, steps: int, tolerated: frozenset[str]) -> int
         known = " (known engine issue)" if result.violation.invariant in KNOWN_ENGINE_ISSUES else ""
         print(f"  seed {result.seed}: {result.violation.invariant}{known}: {result.violation.detail}")
         print(f"    replay: {replay_commands(result.seed, steps, bool(tolerated))}")
+    return EXIT_VIOLATION if failures else EXIT_PASS
+
+
+# -- the ledger world ----------------------------------------------------------------------------------------
+def _one_ledger(seed: int, print_trace: bool) -> int:
+    plan = LedgerPlan.from_seed(seed)
+    print(f"bksim sim --world ledger: seed {seed}; replay: {ledger_replay_commands(seed)}")
+    print("plan (every knob and the fault plan, drawn from the seed):")
+    for line in plan.describe():
+        print(f"  {line}")
+    started = time.perf_counter()
+    result = run_ledger_sim(seed, plan=plan)
+    elapsed_ms = (time.perf_counter() - started) * 1000.0
+    if print_trace:
+        print("trace:")
+        for line in result.trace:
+            print(f"  {line}")
+    if result.passed:
+        stats = ", ".join(f"{k}={v}" for k, v in result.stats.items())
+        print(f"PASS seed={seed} in {elapsed_ms:.0f} ms: {stats}")
+        print(f"trace: {len(result.trace)} lines, sha256 {result.digest}")
+        return EXIT_PASS
+    _print_failure(result, STEPS_DEFAULT, False, print_trace, replay=ledger_replay_commands(seed))
+    return EXIT_VIOLATION
+
+
+def _sweep_ledger(first: int, count: int) -> int:
+    print(f"bksim sim --sweep (ledger world): seeds {first}..{first + count - 1}")
+    tty = sys.stderr.isatty()
+    started = time.perf_counter()
+    failures: list[LedgerSimResult] = []
+    for i, seed in enumerate(range(first, first + count), start=1):
+        result = run_ledger_sim(seed)
+        if not result.passed:
+            failures.append(result)
+        if tty or i % PROGRESS_EVERY_SEEDS == 0 or i == count:
+            line = (f"  {i}/{count} seeds (last {seed}), {len(failures)} failed, "
+                    f"{time.perf_counter() - started:.1f} s")
+            print(f"\r{line}" if tty else line, end="" if tty and i < count else "\n", file=sys.stderr, flush=True)
+    elapsed_s = time.perf_counter() - started
+    by_invariant = collections.Counter(r.violation.invariant for r in failures)
+    print(f"{count - len(failures)} passed, {len(failures)} failed in {elapsed_s:.1f} s "
+          f"({elapsed_s * 1000.0 / count:.0f} ms per seed)")
+    if by_invariant:
+        print("failures by invariant: " + ", ".join(f"{name} {n}" for name, n in sorted(by_invariant.items())))
+    for result in failures:
+        print(f"  seed {result.seed}: {result.violation.invariant}: {result.violation.detail}")
+        print(f"    replay: {ledger_replay_commands(result.seed)}")
     return EXIT_VIOLATION if failures else EXIT_PASS

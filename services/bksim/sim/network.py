@@ -210,13 +210,20 @@ class BookieHost(Protocol):
         """Run a request handler that dies with the current incarnation (cancelled by a crash)."""
 
 
+# (bookie id, incarnation, call kind "add" | "read_entry" | "read_lac", request, the engine's full answer)
+Observer = Callable[[str, int, str, tuple, Any], None]
+
+
 class SimBookieTransport:
     """ports.bookie_transport.BookieTransport for `client_node`, over `network`, to the bookies in `bookies`
-    (bookie id -> BookieHost; the id is also the bookie's network node)."""
+    (bookie id -> BookieHost; the id is also the bookie's network node). `observer`, if given, sees every
+    answer where the bookie computes it (in the order the engine answered), before it is sent: what a checker
+    needs to know of the bookies' side (fences acknowledged, known LACs)."""
 
     def __init__(self, network: SimNetwork, client_node: str, bookies: Mapping[str, BookieHost],
-                 timeout_ms: float) -> None:
+                 timeout_ms: float, observer: Observer | None = None) -> None:
         assert timeout_ms > 0
+        self._observe = observer
         self.network = network
         self.client_node = client_node
         self._bookies = bookies
@@ -235,19 +242,17 @@ class SimBookieTransport:
 
     async def read_entry(self, bookie: str, ledger_id: int, entry_id: int, *, fence: bool = False,
                          master_key: bytes = b"") -> tuple[StatusCode, bytes]:
-        async def handle(engine) -> tuple[StatusCode, bytes]:
-            status, entry, _lac, _message = await engine.read_entry(ledger_id, entry_id, fence=fence,
-                                                                    master_key=master_key)
-            return status, entry
+        async def handle(engine) -> tuple:
+            return await engine.read_entry(ledger_id, entry_id, fence=fence, master_key=master_key)
         what = f"read{'+fence' if fence else ''} {ledger_id}:{entry_id}"
-        return await self._call(bookie, what, None, lambda host, call_id: self._serve_unary(host, call_id, handle))
+        return await self._call(bookie, what, None, lambda host, call_id: self._serve_unary(
+            host, call_id, handle, "read_entry", (ledger_id, entry_id, fence), lambda r: (r[0], r[1])))
 
     async def read_lac(self, bookie: str, ledger_id: int) -> tuple[StatusCode, int]:
-        async def handle(engine) -> tuple[StatusCode, int]:
-            status, lac, _last, _message = await engine.read_lac(ledger_id)
-            return status, lac
-        return await self._call(bookie, f"read-lac {ledger_id}", None,
-                                lambda host, call_id: self._serve_unary(host, call_id, handle))
+        async def handle(engine) -> tuple:
+            return await engine.read_lac(ledger_id)
+        return await self._call(bookie, f"read-lac {ledger_id}", None, lambda host, call_id: self._serve_unary(
+            host, call_id, handle, "read_lac", (ledger_id,), lambda r: (r[0], r[1])))
 
     async def close(self) -> None:
         """Later calls raise BookieUnreachable; calls waiting for an answer fail with it now."""
@@ -314,13 +319,15 @@ class SimBookieTransport:
             if previous is not None and not previous.done():
                 await asyncio.wait([previous])  # answers of one stream leave in request order
             statuses, _message = await batch.result()
+            if self._observe is not None and host.incarnation == incarnation and host.serving() is not None:
+                self._observe(host.bookie_id, incarnation, "add", tuple(items), statuses)
             self._reply(host, incarnation, call_id, statuses, ("answers", self.client_node))
             if self._stream_tails.get(key) is task:
                 del self._stream_tails[key]
         task = self._stream_tails[key] = host.spawn(answer(), f"{host.bookie_id} answer#{call_id}")
 
-    def _serve_unary(self, host: BookieHost, call_id: int,
-                     handle: Callable[[Any], Coroutine[Any, Any, Any]]) -> None:
+    def _serve_unary(self, host: BookieHost, call_id: int, handle: Callable[[Any], Coroutine[Any, Any, Any]],
+                     kind: str, request: tuple, to_port: Callable[[Any], Any]) -> None:
         engine = host.serving()
         if engine is None:
             return
@@ -328,5 +335,7 @@ class SimBookieTransport:
 
         async def answer() -> None:
             result = await handle(engine)
-            self._reply(host, incarnation, call_id, result, None)
+            if self._observe is not None and host.incarnation == incarnation and host.serving() is not None:
+                self._observe(host.bookie_id, incarnation, kind, request, result)
+            self._reply(host, incarnation, call_id, to_port(result), None)
         host.spawn(answer(), f"{host.bookie_id} answer#{call_id}")

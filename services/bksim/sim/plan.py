@@ -118,3 +118,193 @@ class BookiePlan:
             else:
                 lines.append(f"{f.name} = {value}")
         return lines
+
+
+# -- the ledger world (sim.ledger_scenario) ---------------------------------------------------------------------
+LEDGER_EVENT_WEIGHTS = (("partition", 14), ("slow_bookie", 8), ("lossy_network", 8), ("crash_bookie", 14),
+                        ("expire_bookie_session", 5), ("crash_broker", 8), ("recover", 12),
+                        ("double_recovery", 6), ("expire_broker_session", 5))
+
+
+@dataclass(frozen=True, slots=True)
+class FaultEvent:
+    """One fault of the plan: what, when (virtual ms into the run) and for how long. Node names are fixed by
+    the plan; a ledger a fault needs (`recover`, `double_recovery`) is chosen when it fires, from the ledgers
+    that exist then (with the faults rng), and named in the trace."""
+    at_ms: float
+    kind: str
+    duration_ms: float = 0.0  # partition, slow, lossy: until healed; crash: until restart
+    nodes: tuple[str, ...] = ()  # the nodes involved (bookie and/or broker ids)
+    one_way: bool = False  # partition: only nodes[0] -> nodes[1] is cut
+    amount: float = 0.0  # slow: extra ms; lossy: loss probability
+    duplicate: float = 0.0  # lossy: duplication probability
+    reorder: bool = False  # lossy: streams reorder
+    then_ms: float = 0.0  # crash_broker: another broker takes its ledgers over this long after the crash
+
+    def describe(self) -> str:
+        n, k = self.nodes, self.kind
+        what = {
+            "partition": lambda: f"{n[0]} {'->' if self.one_way else '<->'} {n[1]} "
+                                 f"({'one-way' if self.one_way else 'both ways'}) for {self.duration_ms:.2f} ms",
+            "slow_bookie": lambda: f"{n[0]} +{self.amount:g} ms per message for {self.duration_ms:.2f} ms",
+            "lossy_network": lambda: f"every link: loss {self.amount:g}, duplication {self.duplicate:g}"
+                                     f"{', reordering' if self.reorder else ''} for {self.duration_ms:.2f} ms",
+            "crash_bookie": lambda: f"{n[0]}, restart after {self.duration_ms:.2f} ms",
+            "expire_bookie_session": lambda: n[0],
+            "crash_broker": lambda: f"{n[0]}, {n[1]} takes its open ledgers over (recovery) after "
+                                    f"{self.then_ms:.2f} ms, restart after {self.duration_ms:.2f} ms",
+            "recover": lambda: f"by {n[0]}: an open ledger another broker writes",
+            "double_recovery": lambda: f"by {n[0]} and {n[1]} at once: one open ledger",
+            "expire_broker_session": lambda: f"{n[0]} (it restarts half a session timeout later)",
+        }[k]()
+        return f"at {self.at_ms:8.2f} ms {k} {what}"
+
+
+def bookie_name(i: int) -> str:
+    return f"bookie-{i}"
+
+
+def broker_name(i: int) -> str:
+    return f"broker-{i}"
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerPlan:
+    """Every knob of one ledger simulation, drawn from the seed (`from_seed` is a pure function)."""
+    seed: int
+    # the world
+    bookies: int
+    brokers: int
+    # workload
+    ledgers_initial: int
+    ledgers_max: int  # a writer whose ledger closes or is fenced rolls to a new one, up to this many in all
+    entries_per_ledger_max: int  # a writer closes its ledger after 1..this many appends (the last one: never)
+    payload_bytes_max: int
+    writer_inflight_max: int  # unacknowledged appends per writer
+    appends_per_writer: int  # about this many appends per writer over the safety phase (sets the pace)
+    read_probability: float  # per append: a reader on another broker reads the ledger up to its LAC
+    run_ms: float  # virtual duration of the safety phase (faults and writes)
+    # network and timeouts (virtual ms)
+    net_delay_ms: float
+    net_jitter_ms: float
+    bookie_timeout_ms: float
+    speculative_read_ms: float
+    session_timeout_ms: float
+    # bookie storage
+    disk: DiskFaults
+    slow_disk_bookie: int  # 0: none; else this bookie's disk has 10x the latency
+    start_crash_probability: float
+    write_cache_bytes_max: int
+    journal_file_bytes_max: int
+    entry_log_bytes_max: int
+    flush_interval_ms: int
+    group_wait_ms_max: float
+    # faults
+    events: tuple[FaultEvent, ...]
+
+    @classmethod
+    def from_seed(cls, seed: int) -> "LedgerPlan":
+        r = rng_for(seed, "ledger-plan")
+        bookies = r.randint(4, 6)
+        brokers = r.randint(2, 3)
+        run_ms = r.choice([300.0, 600.0, 1000.0])
+        latency = r.choice([(0.0, 0.1), (0.05, 0.5), (0.2, 2.0)])
+        timeout_ms = r.choice([20, 50, 100])
+        events = []
+        for _ in range(r.choice([0, 2, 4, 8, 12])):
+            events.append(cls._event(r, r.uniform(0.0, run_ms * 0.9), bookies, brokers, run_ms))
+        events.sort(key=lambda e: e.at_ms)
+        return cls(
+            seed=seed, bookies=bookies, brokers=brokers,
+            ledgers_initial=r.randint(1, 3), ledgers_max=r.randint(3, 6),
+            entries_per_ledger_max=r.choice([10, 30, 80]),
+            payload_bytes_max=r.choice([1, 16, 100]),
+            writer_inflight_max=r.choice([1, 4, 16]),
+            appends_per_writer=r.choice([15, 40, 90]),
+            read_probability=r.choice([0.0, 0.03, 0.1]),
+            run_ms=run_ms,
+            net_delay_ms=r.choice([0.1, 0.5, 1.0]),
+            net_jitter_ms=r.choice([0.0, 0.5, 3.0]),
+            bookie_timeout_ms=timeout_ms,
+            speculative_read_ms=r.choice([timeout_ms // 4, timeout_ms // 2]),
+            session_timeout_ms=r.choice([30.0, 100.0, 300.0]),
+            disk=DiskFaults(latency_ms_min=latency[0], latency_ms_max=latency[1],
+                            torn_tail_probability=r.choice([0.0, 0.5, 1.0]), torn_zeros_probability=0.3),
+            slow_disk_bookie=r.choice([0] * 3 + list(range(1, bookies + 1))),
+            start_crash_probability=r.choice([0.0, 0.3]),
+            write_cache_bytes_max=r.choice([16 * KiB, 64 * KiB, MiB]),
+            journal_file_bytes_max=r.choice([4 * KiB, 64 * KiB, MiB]),
+            entry_log_bytes_max=r.choice([8 * KiB, MiB]),
+            flush_interval_ms=r.choice([20, 60, 200]),
+            group_wait_ms_max=r.choice([0.0, 0.2, 1.0]),
+            events=tuple(events),
+        )
+
+    @staticmethod
+    def _event(r: random.Random, at_ms: float, bookies: int, brokers: int, run_ms: float) -> FaultEvent:
+        total = sum(w for _, w in LEDGER_EVENT_WEIGHTS)
+        pick = r.uniform(0.0, total)
+        for kind, weight in LEDGER_EVENT_WEIGHTS:
+            pick -= weight
+            if pick <= 0:
+                break
+        bookie = bookie_name(r.randint(1, bookies))
+        broker = broker_name(r.randint(1, brokers))
+        other = broker_name(r.choice([i for i in range(1, brokers + 1) if broker_name(i) != broker]))
+        duration = r.uniform(run_ms * 0.02, run_ms * 0.4)
+        if kind == "partition":
+            pair = (broker, bookie) if r.random() < 0.5 else (bookie, broker)
+            return FaultEvent(at_ms, kind, duration, pair, one_way=r.random() < 0.5)
+        if kind == "slow_bookie":
+            return FaultEvent(at_ms, kind, duration, (bookie,), amount=r.choice([2.0, 10.0, 40.0]))
+        if kind == "lossy_network":
+            return FaultEvent(at_ms, kind, duration, amount=r.choice([0.0, 0.02, 0.1]),
+                              duplicate=r.choice([0.0, 0.05, 0.2]), reorder=r.random() < 0.5)
+        if kind == "crash_bookie":
+            return FaultEvent(at_ms, kind, duration, (bookie,))
+        if kind == "expire_bookie_session":
+            return FaultEvent(at_ms, kind, 0.0, (bookie,))
+        if kind == "crash_broker":
+            return FaultEvent(at_ms, kind, duration, (broker, other), then_ms=r.uniform(0.0, duration))
+        if kind in ("recover", "expire_broker_session"):
+            return FaultEvent(at_ms, kind, 0.0, (broker,))
+        if kind == "double_recovery":
+            return FaultEvent(at_ms, kind, 0.0, (broker, other))
+        raise AssertionError(kind)
+
+    @property
+    def append_gap_ms_max(self) -> float:
+        """Gaps between a writer's appends are uniform in [0, this]: `appends_per_writer` over `run_ms`."""
+        return 2.0 * self.run_ms / self.appends_per_writer
+
+    def bookie_config(self) -> BookieConfig:
+        return dataclasses.replace(
+            BookieConfig(), write_cache_bytes_max=self.write_cache_bytes_max,
+            read_cache_bytes_max=self.write_cache_bytes_max, journal_file_bytes_max=self.journal_file_bytes_max,
+            entry_log_bytes_max=self.entry_log_bytes_max, flush_interval_ms=self.flush_interval_ms,
+            group_wait_ms_max=self.group_wait_ms_max,
+            # every bookie shares the one SimLoop: a sync on the loop would stall every process, not just its own
+            journal_sync_on_loop=False)
+
+    def disk_for(self, bookie: int) -> DiskFaults:
+        """The slow-disk bookie's calls take 10x longer, capped at an eighth of the bookie timeout (slow, not
+        dead: a disk slower than the timeout is a crash that never ends, which the liveness phase cannot heal)."""
+        if bookie != self.slow_disk_bookie:
+            return self.disk
+        cap = self.bookie_timeout_ms / 8
+        return dataclasses.replace(self.disk, latency_ms_min=min(cap, self.disk.latency_ms_min * 10),
+                                   latency_ms_max=min(cap, max(1.0, self.disk.latency_ms_max * 10)))
+
+    def describe(self) -> list[str]:
+        """Every knob as `name = value` (disk faults flattened), then the fault plan, one event a line."""
+        lines = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "events":
+                lines.append(f"events = {len(value)}")
+                lines += [f"  {event.describe()}" for event in value]
+            elif dataclasses.is_dataclass(value):
+                lines += [f"{f.name}.{sub.name} = {getattr(value, sub.name)}" for sub in dataclasses.fields(value)]
+            else:
+                lines.append(f"{f.name} = {value}")
+        return lines
