@@ -86,9 +86,10 @@ perf: deps  ## every benchmark with its same-run ratio (prints figures; not a pa
 	$(BKSIM) perf recovery --entries 10000 --entry-size 1024
 
 # ---- deterministic simulation (see the README section "Deterministic simulation") -----------------------
-# `make sim SEED=N` runs one seed (prints its plan, PASS or the violated invariant with the trace tail);
-# `make sim-sweep SEEDS=N` runs seeds 1..N with a summary. STEPS=K changes the workload length, SIM_ARGS
-# passes more flags (e.g. SIM_ARGS=--trace, SIM_ARGS=--tolerate-known).
+# `make sim SEED=N` runs one seed of the ledger world (prints its plan, PASS or the violated invariant with the
+# trace tail); `make sim-sweep SEEDS=N` runs seeds 1..N with a progress line and a summary. SIM_ARGS passes
+# more flags (SIM_ARGS=--trace; SIM_ARGS='--world bookie' for the bookie world, where STEPS=K sets the
+# workload length and SIM_ARGS=--tolerate-known tolerates its known issues).
 SEED ?= 1
 SEEDS ?= 1000
 STEPS ?=
