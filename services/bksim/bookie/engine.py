@@ -78,6 +78,10 @@ class BookieEngine:
         self._closing = False
         self.replay_report: ReplayReport | None = None
         self.stats = {"adds": 0, "reads": 0, "fences": 0, "checkpoints": 0, "throttled": 0}
+        # fences journaled but not yet known durable: ledger -> the task that journals and waits for the sync
+        # (later fencing reads share it); a ledger fenced in the index and absent here is durably fenced
+        self._fence_syncs: dict[int, asyncio.Task] = {}
+        self._fence_unconfirmed: set[int] = set()  # fenced in memory, but its journal write failed
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -318,20 +322,41 @@ class BookieEngine:
         return OK, ""
 
     async def _fence(self, ledger_id: int, master_key: bytes) -> tuple[StatusCode, str]:
-        """Set and journal the fenced bit (creating the ledger record if unknown); wait for the sync."""
+        """Set and journal the fenced bit (creating the ledger record if unknown); wait for the sync.
+
+        A ledger already durably fenced answers at once, and a fence whose journal sync is in flight is waited
+        for, not journaled again (BookKeeper's fenceAndLogInJournal does the same): recovery reads forward with
+        FENCE on every read, and a journal sync per read would make recovery crawl."""
         status, why = self._check_key(ledger_id, master_key)
         if status is not OK:
             return status, why
         if not master_key:
             return StatusCode.BAD_REQUEST, "a fencing read needs the master key"
-        records = []
+        in_flight = self._fence_syncs.get(ledger_id)
+        if in_flight is not None:
+            return await asyncio.shield(in_flight)
         record = self._ledgers.get(ledger_id)
+        if record is not None and record.fenced and ledger_id not in self._fence_unconfirmed:
+            return OK, ""
+        records = []
         if record is None or not record.master_key:
             records.append(jfmt.master_key_record(ledger_id, master_key))
         self._ledgers.update(ledger_id, master_key=master_key, fenced=True)
         records.append(jfmt.fence_record(ledger_id))
         self.stats["fences"] += 1
-        return await self._journal_and_wait(records)
+        self._fence_unconfirmed.add(ledger_id)
+        task = asyncio.get_running_loop().create_task(self._journal_fence(ledger_id, records))
+        self._fence_syncs[ledger_id] = task
+        return await asyncio.shield(task)
+
+    async def _journal_fence(self, ledger_id: int, records: list[bytes]) -> tuple[StatusCode, str]:
+        try:
+            status, why = await self._journal_and_wait(records)
+            if status is OK:
+                self._fence_unconfirmed.discard(ledger_id)
+            return status, why
+        finally:
+            self._fence_syncs.pop(ledger_id, None)
 
     async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> tuple[StatusCode, str]:
         if self._closing:

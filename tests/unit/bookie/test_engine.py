@@ -218,3 +218,25 @@ def test_instance_id_with_or_without_dashes_is_the_same_cluster(engines):
         assert e.replay_report.records >= 1 and (await e.read_entry(1, 0))[0] == S.OK
         await e.close()
     run(scenario())
+
+
+def test_a_fence_is_journaled_once_and_concurrent_fences_share_its_sync(engines):
+    """Recovery reads forward with FENCE on every read: only the first journals a fence record; reads that
+    arrive while its sync is in flight wait for that sync; later ones answer at once (and after a restart,
+    the replayed fence counts as durable)."""
+    async def scenario():
+        e = await engines.started()
+        await e.add_entries([(entry(1, i), KEY, 0) for i in range(5)])
+        results = await asyncio.gather(*[e.read_entry(1, i, fence=True, master_key=KEY) for i in range(5)])
+        assert [r[0] for r in results] == [S.OK] * 5
+        assert e.stats["fences"] == 1
+        assert (await e.read_entry(1, 2, fence=True, master_key=KEY))[0] == S.OK
+        assert e.stats["fences"] == 1
+        assert (await e.read_entry(1, 2, fence=True, master_key=b"x" * 32))[0] == S.UNAUTHORIZED
+        e.abandon()
+        e = await engines.started()
+        assert (await e.read_entry(1, 3, fence=True, master_key=KEY))[0] == S.OK
+        assert e.stats["fences"] == 0  # fenced by the replayed journal: nothing journaled again
+        assert (await e.add_entries([(entry(1, 5), KEY, 0)]))[0] == [S.FENCED]
+        await e.close()
+    run(scenario())
