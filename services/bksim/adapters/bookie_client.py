@@ -226,6 +226,17 @@ class BookieClient:
             raise _unavailable(e) from None
         return ReadResult(StatusCode(r.status), r.entry, r.last_add_confirmed, r.message)
 
+    async def read_entries(self, ledger_id: int, entry_ids: Sequence[int], fence: bool = False,
+                           master_key: bytes = b"", deadline_s: float | None = None) -> list[ReadResult]:
+        """One ReadEntries call: results[i] for entry_ids[i] (TOO_MANY_REQUESTS: not read, the answer was full)."""
+        request = bookie_pb2.ReadEntriesRequest(ledger_id=ledger_id, entry_ids=entry_ids,
+                                                flags=FLAG_FENCE if fence else 0, master_key=master_key)
+        try:
+            r = await self._stub.ReadEntries(request, timeout=deadline_s or self.deadline_s)
+        except grpc.aio.AioRpcError as e:
+            raise _unavailable(e) from None
+        return [ReadResult(StatusCode(x.status), x.entry, x.last_add_confirmed, x.message) for x in r.results]
+
     async def read_lac(self, ledger_id: int, deadline_s: float | None = None) -> LacResult:
         try:
             r = await self._stub.ReadLac(bookie_pb2.ReadLacRequest(ledger_id=ledger_id),
@@ -292,6 +303,10 @@ class SyncBookieClient:
 
     def read_entry(self, ledger_id: int, entry_id: int, fence: bool = False, master_key: bytes = b"") -> ReadResult:
         return self._run(self._client.read_entry(ledger_id, entry_id, fence, master_key))
+
+    def read_entries(self, ledger_id: int, entry_ids: Sequence[int], fence: bool = False,
+                     master_key: bytes = b"") -> list[ReadResult]:
+        return self._run(self._client.read_entries(ledger_id, entry_ids, fence, master_key))
 
     def read_lac(self, ledger_id: int) -> LacResult:
         return self._run(self._client.read_lac(ledger_id))

@@ -17,6 +17,13 @@ when it is full (the client is not reading its responses) the reader stops readi
 control pushes back on the client. Messages above `frame_bytes_max` are refused by gRPC itself
 (RESOURCE_EXHAUSTED, that stream only) before they are buffered.
 
+ReadEntries (several entries of one ledger in one call; recovery's read-forward and readers use it, since a
+unary gRPC call costs far more than reading an entry): at most `read_batch_entries_max` ids (none or more:
+BAD_REQUEST for every result; so does an id below -1). With FENCE the fence is applied once, by the first id's read, before any other
+entry is read; when that read does not confirm the fence (any status but OK, NO_ENTRY, NO_LEDGER) every result
+carries its status. The response stays within `frame_bytes_max`: once the next entry would not fit, it and
+every later id are answered TOO_MANY_REQUESTS (not read: the client asks for them again).
+
 Must not: block the event loop (no ZooKeeper calls here: read-only flips go to a callback), log keys.
 """
 from __future__ import annotations
@@ -38,7 +45,12 @@ SERVICE_NAME = bookie_pb2.DESCRIPTOR.services_by_name["Bookie"].full_name
 
 _TOO_MANY = StatusCode.TOO_MANY_REQUESTS
 _IO_ERROR = StatusCode.IO_ERROR
+_BAD_REQUEST = StatusCode.BAD_REQUEST
 _AddResponse = bookie_pb2.AddResponse
+_ReadEntryResult = bookie_pb2.ReadEntryResult
+_FENCE_CONFIRMED = (StatusCode.OK, StatusCode.NO_ENTRY, StatusCode.NO_LEDGER)  # a fencing read that fenced
+_RESULT_OVERHEAD = 48  # protobuf bytes of one ReadEntryResult besides its entry and message (tags, lengths, LAC)
+_RESPONSE_OVERHEAD = 64  # slack for the ReadEntriesResponse framing
 
 
 def server_options(config: BookieConfig) -> list[tuple[str, int]]:
@@ -70,6 +82,8 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         self._per_stream_max = config.add_inflight_per_stream_max
         self._total_max = config.add_inflight_total_max
         self._queue_max = config.add_inflight_per_stream_max
+        self._read_batch_max = config.read_batch_entries_max
+        self._response_bytes_max = config.frame_bytes_max - _RESPONSE_OVERHEAD
         self._inflight_total = 0  # entries inside engine.add_entries, all streams
         self._streams: set[_Stream] = set()
         self._no_streams = asyncio.Event()
@@ -80,6 +94,8 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         self.add_entries = 0
         self.add_rejected_entries = 0
         self.streams_opened = 0
+        self.read_batches = 0
+        self.read_batch_entries = 0
 
     # -- AddEntries --------------------------------------------------------------------------------------
 
@@ -187,6 +203,44 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                                                 message=self._internal(e, "read_entry"))
         return bookie_pb2.ReadEntryResponse(status=status, entry=entry, last_add_confirmed=lac, message=message)
 
+    async def ReadEntries(self, request, context):
+        ids = request.entry_ids
+        n = len(ids)
+        self.read_batches += 1
+        if n == 0 or n > self._read_batch_max or min(ids) < -1:
+            why = (f"ReadEntries asks for {n} entries of ledger {request.ledger_id}; "
+                   f"1..read_batch_entries_max={self._read_batch_max} allowed" if n == 0 or n > self._read_batch_max
+                   else f"ReadEntries of ledger {request.ledger_id}: invalid entry id {min(ids)} (ids are >= -1)")
+            return bookie_pb2.ReadEntriesResponse(results=[
+                _ReadEntryResult(status=_BAD_REQUEST, last_add_confirmed=-1, message=why)] * max(n, 1))
+        self.read_batch_entries += n
+        ledger_id = request.ledger_id
+        fence = bool(request.flags & FLAG_FENCE)
+        read_entry = self._engine.read_entry
+        results = []
+        size = 0
+        try:
+            for i, entry_id in enumerate(ids):
+                if i == 0 and fence:  # the fence, once, before any entry is read
+                    status, entry, lac, message = await read_entry(ledger_id, entry_id, True, request.master_key)
+                    if status not in _FENCE_CONFIRMED:
+                        result = _ReadEntryResult(status=status, last_add_confirmed=-1,
+                                                  message=f"fence not confirmed: {message}")
+                        return bookie_pb2.ReadEntriesResponse(results=[result] * n)
+                else:
+                    status, entry, lac, message = await read_entry(ledger_id, entry_id)
+                size += len(entry) + len(message) + _RESULT_OVERHEAD
+                if size > self._response_bytes_max and results:
+                    why = (f"entries {ledger_id}:{entry_id} and after not read: the answer would pass "
+                           f"frame_bytes_max={self._response_bytes_max + _RESPONSE_OVERHEAD}; ask again")
+                    results += [_ReadEntryResult(status=_TOO_MANY, last_add_confirmed=-1, message=why)] * (n - i)
+                    break
+                results.append(_ReadEntryResult(status=status, entry=entry, last_add_confirmed=lac, message=message))
+        except Exception as e:  # noqa: BLE001
+            why = self._internal(e, "read_entries")
+            results += [_ReadEntryResult(status=_IO_ERROR, last_add_confirmed=-1, message=why)] * (n - len(results))
+        return bookie_pb2.ReadEntriesResponse(results=results)
+
     async def ReadLac(self, request, context):
         try:
             status, lac, last_entry_id, message = await self._engine.read_lac(request.ledger_id)
@@ -218,6 +272,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
     def statistics(self) -> dict:
         return {"add_requests": self.add_requests, "add_entries": self.add_entries,
                 "add_rejected_entries": self.add_rejected_entries, "streams_opened": self.streams_opened,
+                "read_batches": self.read_batches, "read_batch_entries": self.read_batch_entries,
                 "streams_open": len(self._streams), "add_inflight_total": self._inflight_total}
 
 
