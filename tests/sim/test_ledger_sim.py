@@ -45,7 +45,7 @@ def test_a_sweep_of_500_seeds_keeps_every_ledger_invariant():
     assert totals["acked"] > 10_000 and totals["entries_read"] > totals["acked"], totals
     assert totals["recoveries_ok"] > 300 and totals["takeovers"] > 100 and totals["broker_crashes"] > 100, totals
     assert totals["fence_coverages"] > 50 and totals["cas_conflicts"] > 10, totals
-    assert totals["bookie_crashes"] > 200 and totals["bookie_replayed_records"] > 1000, totals
+    assert totals["bookie_crashes"] > 200 and totals["bookie_replayed_records"] > 800, totals
     assert totals["bookie_session_expiries"] > 50 and totals["net_lost"] > 300 and totals["net_duplicated"] > 300, \
         totals
 
@@ -153,8 +153,9 @@ def test_absence_decided_on_one_negative_is_caught(monkeypatch):
     monkeypatch.setattr(recovery_mod, "negatives_needed_for_absence", lambda qw, qa: 1)
     seed, violation = _first_violation(60)
     assert violation is not None, "no seed of 60 caught absence decided on one negative"
-    assert violation.invariant in ("NoDivergenceBetweenClientAndMetaData", "AllAckedEntriesAreReadable"), \
-        (seed, violation)
+    # or recovery refuses forever: one replica's NO_ENTRY for an entry at the recovered LAC "proves" it absent
+    assert violation.invariant in ("NoDivergenceBetweenClientAndMetaData", "AllAckedEntriesAreReadable",
+                                   "EveryLedgerGetsClosed"), (seed, violation)
 
 
 @pytest.mark.parametrize("seed", [1, 2])

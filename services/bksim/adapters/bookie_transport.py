@@ -22,6 +22,8 @@ Invariants:
   made here use their own pool (`grpc.use_local_subchannel_pool`): bookie_client.BookieClient, which uses
   the shared one, would hand the new channel the old back-off and keep a restarted bookie unreachable
   for seconds after it serves.
+- read_entries is one ReadEntries call, plus one more for the rest each time the bookie's answer was full
+  (the entries it left unread come back TOO_MANY_REQUESTS), all within the one `timeout_ms`.
 - After `close()` every call raises BookieUnreachable; close itself is bounded by `timeout_ms`.
 
 Cost: per add, one AddRequest (one AddEntry per entry; besides, per entry only a size sum for batches of
@@ -55,6 +57,8 @@ _AddRequest = bookie_pb2.AddRequest
 _AddEntry = bookie_pb2.AddEntry
 _ReadEntryRequest = bookie_pb2.ReadEntryRequest
 _ReadLacRequest = bookie_pb2.ReadLacRequest
+_ReadEntriesRequest = bookie_pb2.ReadEntriesRequest
+_TOO_MANY = StatusCode.TOO_MANY_REQUESTS
 _ENTRY_OVERHEAD = 32  # protobuf bytes of one AddEntry besides its entry and master key (tags, lengths, flags)
 _REQUEST_OVERHEAD = 64  # protobuf bytes of an AddRequest besides its entries
 _OK = StatusCode.OK
@@ -208,7 +212,7 @@ class GrpcBookieTransport:
         self._background: set[asyncio.Task] = set()
         self._closed = False
         self.stats = {"adds": 0, "requests": 0, "entries": 0, "streams_opened": 0, "streams_broken": 0,
-                      "channels_opened": 0, "channels_retired": 0}
+                      "channels_opened": 0, "channels_retired": 0, "read_batches": 0, "read_batch_continuations": 0}
 
     # -- the port ----------------------------------------------------------------------------------------
     async def add(self, bookie: str, entries: Sequence[tuple[bytes, bytes, int]]) -> list[StatusCode]:
@@ -288,6 +292,45 @@ class GrpcBookieTransport:
             raise BookieUnreachable(bookie, f"ReadEntry {ledger_id}:{entry_id}{' FENCE' if fence else ''}: "
                                             f"{code}: {e.details()}") from None
         return _status(r.status), r.entry
+
+    async def read_entries(self, bookie: str, ledger_id: int, entry_ids: Sequence[int], *, fence: bool = False,
+                           master_key: bytes = b"") -> list[tuple[StatusCode, bytes]]:
+        """[(status, entry bytes)], result i for entry_ids[i], by ReadEntries calls, all within `timeout_ms`.
+        Entries the bookie left unread because its answer was full (TOO_MANY_REQUESTS) are asked for again
+        in a further call; each call answers at least one entry, so there are at most len(entry_ids) calls."""
+        n = len(entry_ids)
+        if n == 0:
+            return []
+        deadline = asyncio.get_running_loop().time() + self._timeout_s
+        channel = await self._channel(bookie, deadline)
+        flags = FLAG_FENCE if fence else 0
+        out: list[tuple[StatusCode, bytes]] = []
+        while len(out) < n:
+            ids = entry_ids[len(out):] if out else entry_ids
+            request = _ReadEntriesRequest(ledger_id=ledger_id, entry_ids=ids, flags=flags, master_key=master_key)
+            try:
+                r = await channel.stub.ReadEntries(request, timeout=self._left(bookie, deadline))
+            except grpc.aio.AioRpcError as e:
+                code = e.code().name
+                self._failed(bookie, code, None, channel)
+                raise BookieUnreachable(bookie, f"ReadEntries {ledger_id}:{ids[0]}..(x{len(ids)})"
+                                                f"{' FENCE' if fence else ''}: {code}: {e.details()}") from None
+            results = r.results
+            if len(results) != len(ids):
+                raise BookieUnreachable(bookie, f"ReadEntries {ledger_id}: {len(results)} results for "
+                                                f"{len(ids)} entry ids")
+            progress = False
+            for x in results:
+                status = _status(x.status)
+                if status is _TOO_MANY and progress:
+                    break  # the answer was full from here on: ask again for the rest
+                progress = True
+                out.append((status, x.entry))
+            else:
+                continue
+            self.stats["read_batch_continuations"] += 1
+        self.stats["read_batches"] += 1
+        return out
 
     async def read_lac(self, bookie: str, ledger_id: int) -> tuple[StatusCode, int]:
         """(status, the bookie's known LAC of the ledger)."""

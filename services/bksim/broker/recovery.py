@@ -2,7 +2,8 @@
 
 Step 1 is here: CAS OPEN -> IN_RECOVERY (a CLOSED ledger needs nothing; an IN_RECOVERY one is recovered again,
 since a recovery that died leaves it so). Steps 2-6 are LedgerRecovery's decisions; this shell sends its
-fencing and read-forward ReadEntry commands (all with the FENCE flag), runs its write-back writer through the
+fencing and read-forward ReadEntry commands (all with the FENCE flag) through a ReadOutbox (broker/reading.py:
+the reads issued in one event-loop turn go to each bookie as one read_entries call), runs its write-back writer through the
 LedgerDriver (RECOVERY_ADD adds, ensemble changes as CAS on an IN_RECOVERY ledger) and CASes IN_RECOVERY ->
 CLOSED. Two concurrent recoveries are safe: the loser of the close CAS finds the ledger CLOSED and returns that
 metadata (the decisions are deterministic from the same bookies, and the close is a CAS, so there is one end).
@@ -16,9 +17,10 @@ from __future__ import annotations
 import asyncio
 
 from bksim.broker.driver import LedgerDriver
+from bksim.broker.reading import ReadOutbox
 from bksim.ledger.recovery import LedgerRecovery, ReadEntry, RecoveryFailed, RecoveryPhase
 from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
-from bksim.model.errors import BookieUnreachable, LedgerError
+from bksim.model.errors import LedgerError
 
 
 class RecoveryRun(LedgerDriver):
@@ -26,6 +28,8 @@ class RecoveryRun(LedgerDriver):
         super().__init__(**driver)
         self.recovery = recovery
         self._done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._reads = ReadOutbox(self._transport, self.ledger_id, self._on_read_result, master_key=self._master_key,
+                                 spawn=self.spawn)
 
     async def run(self) -> LedgerMetadata:
         self.execute(self.recovery.start_recovery())
@@ -35,21 +39,20 @@ class RecoveryRun(LedgerDriver):
             self.stop()
 
     # -- reads -------------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._reads.close()
+        super().stop()
+
     def _on_other(self, command) -> None:
         if isinstance(command, ReadEntry):
-            self.spawn(self._read(command))
+            self._reads.read(command.bookie, command.entry_id, command.fence)
         elif isinstance(command, RecoveryFailed):
             self._finish_failed("RECOVERY_FAILED", command.reason)
         else:
             super()._on_other(command)
 
-    async def _read(self, command: ReadEntry) -> None:
-        try:
-            status, entry = await self._transport.read_entry(command.bookie, self.ledger_id, command.entry_id,
-                                                             fence=command.fence, master_key=self._master_key)
-        except BookieUnreachable:
-            status, entry = None, b""
-        self.execute(self.recovery.on_read_result(command.bookie, command.entry_id, status, entry))
+    def _on_read_result(self, bookie: str, entry_id: int, status, entry: bytes) -> None:
+        self.execute(self.recovery.on_read_result(bookie, entry_id, status, entry))
 
     # -- driver hooks (the write-back writer) ----------------------------------------------------------------
     def _sink_add_results(self, bookie, entry_ids, statuses, writable):

@@ -10,12 +10,23 @@ Contract:
   that means the outcome is unknown: the entry may be on the bookie's disk.
 - Calls are bounded: each waits at most the implementation's deadline (the broker's `bookie_timeout_ms`).
 - `add` takes a batch for ONE bookie; entries of one batch are journaled in order (they go on one stream).
+- `read_entries` reads several entries of one ledger from ONE bookie in one call (one message each way):
+  result i answers entry_ids[i] exactly as `read_entry` would, except that with `fence` the fence is applied
+  once, before any entry is read (a fence that fails gives every entry its status). At most
+  READ_BATCH_ENTRIES_MAX ids per call (callers split longer lists). The transport asks again for entries a
+  bookie left unread because its answer was full (TOO_MANY_REQUESTS from the gRPC bookie), so a caller sees
+  TOO_MANY_REQUESTS only when no progress was possible. No answer at all raises BookieUnreachable: nothing is
+  known about any of the entries.
 """
 from __future__ import annotations
 
 from typing import Protocol, Sequence
 
 from bksim.model.status import StatusCode
+
+# entry ids per read_entries call: the callers' bound (keep it <= the bookies' read_batch_entries_max, 1024 by
+# default; a longer list is refused with BAD_REQUEST for every id)
+READ_BATCH_ENTRIES_MAX = 256
 
 
 class BookieTransport(Protocol):
@@ -25,6 +36,11 @@ class BookieTransport(Protocol):
     async def read_entry(self, bookie: str, ledger_id: int, entry_id: int, *, fence: bool = False,
                          master_key: bytes = b"") -> tuple[StatusCode, bytes]:
         """(status, entry bytes); entry_id -1 = the bookie's last entry of the ledger."""
+
+    async def read_entries(self, bookie: str, ledger_id: int, entry_ids: Sequence[int], *, fence: bool = False,
+                           master_key: bytes = b"") -> list[tuple[StatusCode, bytes]]:
+        """[(status, entry bytes)] with result i for entry_ids[i] (1..READ_BATCH_ENTRIES_MAX ids), in one call
+        to `bookie`; with `fence` the ledger is fenced once, first. See the module docstring."""
 
     async def read_lac(self, bookie: str, ledger_id: int) -> tuple[StatusCode, int]:
         """(status, the bookie's known LAC of the ledger)."""

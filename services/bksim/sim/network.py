@@ -17,7 +17,10 @@ Invariants:
 
 SimBookieTransport implements ports.bookie_transport.BookieTransport for one client node: a call travels
 client -> bookie through the network, the bookie's real BookieEngine handles it (start_adds / read_entry /
-read_lac), the answer travels back bookie -> client. No answer within `timeout_ms` of virtual time (request
+read_lac), the answer travels back bookie -> client. A read_entries call is one message each way: at the
+bookie it mirrors the gRPC server's ReadEntries (BAD_REQUEST for none or more than read_batch_entries_max
+ids; with fence the first id's read fences, and a fence it does not confirm gives every id its status; then
+engine.read_entry per id, in order); the observer sees each id's answer as a "read_entry". No answer within `timeout_ms` of virtual time (request
 or reply lost, a partition, a crashed bookie) raises BookieUnreachable; so does any call after close(). The
 bookie side mirrors the real gRPC server (adapters/bookie_server.py): an add batch is started in the engine
 when it arrives, and the answers of one client's add stream leave in request order, each once its batch is
@@ -248,6 +251,13 @@ class SimBookieTransport:
         return await self._call(bookie, what, None, lambda host, call_id: self._serve_unary(
             host, call_id, handle, "read_entry", (ledger_id, entry_id, fence), lambda r: (r[0], r[1])))
 
+    async def read_entries(self, bookie: str, ledger_id: int, entry_ids: Sequence[int], *, fence: bool = False,
+                           master_key: bytes = b"") -> list[tuple[StatusCode, bytes]]:
+        ids = list(entry_ids)
+        what = f"read-batch{'+fence' if fence else ''} {ledger_id}:{ids[0] if ids else '-'} x{len(ids)}"
+        return await self._call(bookie, what, None, lambda host, call_id: self._serve_read_entries(
+            host, call_id, ledger_id, ids, fence, master_key))
+
     async def read_lac(self, bookie: str, ledger_id: int) -> tuple[StatusCode, int]:
         async def handle(engine) -> tuple:
             return await engine.read_lac(ledger_id)
@@ -325,6 +335,34 @@ class SimBookieTransport:
             if self._stream_tails.get(key) is task:
                 del self._stream_tails[key]
         task = self._stream_tails[key] = host.spawn(answer(), f"{host.bookie_id} answer#{call_id}")
+
+    def _serve_read_entries(self, host: BookieHost, call_id: int, ledger_id: int, ids: list[int], fence: bool,
+                            master_key: bytes) -> None:
+        engine = host.serving()
+        if engine is None:
+            return
+        incarnation = host.incarnation
+
+        def observe(entry_id: int, fenced: bool, result: tuple) -> None:
+            if self._observe is not None and host.incarnation == incarnation and host.serving() is not None:
+                self._observe(host.bookie_id, incarnation, "read_entry", (ledger_id, entry_id, fenced), result)
+
+        async def answer() -> None:
+            n = len(ids)
+            if n == 0 or n > engine.config.read_batch_entries_max or min(ids) < -1:
+                self._reply(host, incarnation, call_id, [(StatusCode.BAD_REQUEST, b"")] * max(n, 1), None)
+                return
+            out = []
+            for i, entry_id in enumerate(ids):
+                fenced = fence and i == 0  # the fence, once, before any entry is read
+                result = await engine.read_entry(ledger_id, entry_id, fence=fenced, master_key=master_key)
+                observe(entry_id, fenced, result)
+                if fenced and result[0] not in (StatusCode.OK, StatusCode.NO_ENTRY, StatusCode.NO_LEDGER):
+                    out = [(result[0], b"")] * n
+                    break
+                out.append((result[0], result[1]))
+            self._reply(host, incarnation, call_id, out, None)
+        host.spawn(answer(), f"{host.bookie_id} answer#{call_id}")
 
     def _serve_unary(self, host: BookieHost, call_id: int, handle: Callable[[Any], Coroutine[Any, Any, Any]],
                      kind: str, request: tuple, to_port: Callable[[Any], Any]) -> None:

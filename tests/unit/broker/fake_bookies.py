@@ -25,6 +25,7 @@ class FakeBookie:
         self.error: StatusCode | None = None
         self.gate: asyncio.Event | None = None  # when set: calls wait for it
         self.adds = 0
+        self.read_calls: list[tuple[int, tuple[int, ...], bool]] = []  # (ledger, entry ids, fence) per read call
 
 
 class FakeBookies:
@@ -67,6 +68,26 @@ class FakeBookies:
 
     async def read_entry(self, bookie, ledger_id, entry_id, *, fence=False, master_key=b""):
         b = await self._reach(bookie)
+        b.read_calls.append((ledger_id, (entry_id,), fence))
+        return self._read(b, ledger_id, entry_id, fence, master_key)
+
+    async def read_entries(self, bookie, ledger_id, entry_ids, *, fence=False, master_key=b""):
+        """One call for all of entry_ids: the fence (if asked) once, by the first id, as the real bookie."""
+        b = await self._reach(bookie)
+        ids = tuple(entry_ids)
+        b.read_calls.append((ledger_id, ids, fence))
+        if not ids:
+            return [(StatusCode.BAD_REQUEST, b"")]
+        out = []
+        for i, entry_id in enumerate(ids):
+            status, data = self._read(b, ledger_id, entry_id, fence and i == 0, master_key)
+            if fence and i == 0 and status not in (StatusCode.OK, StatusCode.NO_ENTRY, StatusCode.NO_LEDGER):
+                return [(status, b"")] * len(ids)
+            out.append((status, data))
+        return out
+
+    @staticmethod
+    def _read(b, ledger_id, entry_id, fence, master_key):
         if b.error is not None:
             return b.error, b""
         if fence:
@@ -75,7 +96,7 @@ class FakeBookies:
             b.fenced.add(ledger_id)
         entries = b.entries.get(ledger_id)
         if not entries:
-            return (StatusCode.NO_ENTRY if fence else StatusCode.NO_LEDGER), b""
+            return (StatusCode.NO_ENTRY if ledger_id in b.fenced else StatusCode.NO_LEDGER), b""
         if entry_id == -1:
             entry_id = max(entries)
         data = entries.get(entry_id)

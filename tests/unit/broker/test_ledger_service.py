@@ -247,12 +247,12 @@ def test_a_bookie_that_failed_is_asked_last_for_the_rest_of_a_read():
         dead = h.metadata.ensemble[0]
         fake[dead].down = True
         calls = []
-        original = fake.read_entry
+        original = fake.read_entries
 
         async def counting(bookie, *args, **kw):
             calls.append(bookie)
             return await original(bookie, *args, **kw)
-        fake.read_entry = counting
+        fake.read_entries = counting
         got = [e.payload async for e in svc.read_entries(h.ledger_id, 0, 29, password=PW)]
         assert got == [b"r%d" % i for i in range(30)]
         # the dead bookie is first in a third of the write sets (10 entries); once it failed, it is asked last,
