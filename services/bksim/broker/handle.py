@@ -32,6 +32,7 @@ class LedgerHandle(LedgerDriver):
         self._room.set()
         self._closed: asyncio.Future = asyncio.get_running_loop().create_future()
         self.error: LedgerError | None = None
+        self._closing = False  # close() was called: appends are refused from then on
 
     @property
     def last_add_confirmed(self) -> int:
@@ -50,7 +51,7 @@ class LedgerHandle(LedgerDriver):
         if len(payload) > self._payload_max:
             raise LedgerError("BAD_REQUEST", f"payload of {len(payload)} bytes exceeds payload_bytes_max "
                                              f"{self._payload_max}")
-        if self.writer.state not in (WriterState.WRITING, WriterState.CHANGING_ENSEMBLE) or self._closed.done():
+        if self._closing or self.writer.state not in (WriterState.WRITING, WriterState.CHANGING_ENSEMBLE):
             raise LedgerError("LEDGER_CLOSED", f"ledger {self.ledger_id} is closed or closing")
         commands = self.writer.append(payload)
         future = asyncio.get_running_loop().create_future()
@@ -68,9 +69,9 @@ class LedgerHandle(LedgerDriver):
         """Stop taking appends, wait for the pending ones, CAS the metadata to CLOSED at the LAC."""
         if self.error is not None:
             raise self.error
-        if self.writer.state is WriterState.WRITING or self.writer.state is WriterState.CHANGING_ENSEMBLE:
-            if not self.writer._close_requested:
-                self.execute(self.writer.close())
+        if not self._closing:
+            self._closing = True
+            self.execute(self.writer.close())
         return await asyncio.shield(self._closed)
 
     def abort(self, reason: str) -> None:

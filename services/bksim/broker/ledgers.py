@@ -42,7 +42,7 @@ from bksim.metadata.paths import AVAILABLE, READONLY_CHILD
 from bksim.metadata.store import (allocate_ledger_id, create_ledger_metadata, delete_ledger_metadata,
                                   list_ledger_ids, read_ledger_metadata, update_ledger_metadata)
 from bksim.model.config import BrokerConfig
-from bksim.model.errors import (BksimError, LedgerError, LedgerStateError, MetadataError, NodeExistsError,
+from bksim.model.errors import (BksimError, LedgerError, MetadataError, NodeExistsError,
                                 NoNodeError)
 from bksim.ports.bookie_transport import BookieTransport
 from bksim.ports.clock import Clock
@@ -317,9 +317,4 @@ class LedgerService:
 
 
 def _to_recovery(metadata: LedgerMetadata) -> LedgerMetadata | None:
-    if metadata.state is LedgerState.CLOSED:
-        return None
-    try:
-        return metadata.with_state(LedgerState.IN_RECOVERY)
-    except LedgerStateError:
-        return None
+    return None if metadata.is_closed else metadata.with_state(LedgerState.IN_RECOVERY)

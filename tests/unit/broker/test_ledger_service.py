@@ -14,6 +14,7 @@ from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig
 from bksim.model.errors import LedgerError
+from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies, FakeClock
 
 BOOKIES = [f"b{i}" for i in range(5)]
@@ -169,7 +170,9 @@ def test_in_flight_bound_makes_appenders_wait():
             fake[b].gate = gate
         futures = [h.append(b"p") for _ in range(8)]
         waiter = asyncio.ensure_future(h.wait_for_room())
-        await asyncio.sleep(0)
+        # every bookie holds a batch at its gate: the appends are out and unanswered
+        await wait_until_async(lambda: [fake[b].waiting for b in h.metadata.ensemble] == [1, 1, 1], 5,
+                               interval_s=0, message="one add batch at each bookie's gate")
         assert not waiter.done() and h.inflight == 8
         gate.set()
         await asyncio.wait_for(waiter, 5)
@@ -258,4 +261,24 @@ def test_a_bookie_that_failed_is_asked_last_for_the_rest_of_a_read():
         # the dead bookie is first in a third of the write sets (10 entries); once it failed, it is asked last,
         # so only reads started before the first failure (the window of 2) still go to it first
         assert 1 <= calls.count(dead) <= 2
+    run(main())
+
+
+def test_an_append_while_the_close_waits_for_pending_adds_is_ledger_closed():
+    async def main():
+        _, fake, [svc] = await world()
+        h = await svc.create_ledger(3, 2, 2, password=PW)
+        gate = asyncio.Event()
+        for b in BOOKIES:
+            fake[b].gate = gate
+        pending = h.append(b"first")
+        closing = asyncio.ensure_future(h.close())
+        await wait_until_async(lambda: sum(fake[b].waiting for b in BOOKIES) == 2, 5, interval_s=0,
+                               message="the add at both bookies of its write set")
+        with pytest.raises(LedgerError) as info:
+            h.append(b"too late")
+        assert info.value.status == "LEDGER_CLOSED"
+        gate.set()
+        assert await pending == 0
+        assert (await closing).last_entry_id == 0
     run(main())
