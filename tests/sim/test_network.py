@@ -10,6 +10,8 @@ import random
 
 import pytest
 
+from helpers import wait_until_async
+
 from bksim.formats.entry import encode_entry, master_key
 from bksim.metadata import paths
 from bksim.model.config import KiB, BookieConfig
@@ -24,6 +26,12 @@ from bksim.sim.plan import rng_for
 
 KEY = master_key(b"pw")
 TIMEOUT_MS = 50.0
+
+
+def _drained(net: SimNetwork) -> bool:
+    """Every copy of every message sent has arrived or been dropped."""
+    st = net.stats
+    return st["delivered"] + st["dropped_cut"] + st["dropped_down"] + st["lost"] == st["sent"] + st["duplicated"]
 
 
 def _now_ms() -> float:
@@ -43,8 +51,8 @@ def _traffic(seed: int, faults: LinkFaults, messages: int = 200) -> list[str]:
                 dst = nodes[(i + 2) % 3]
             net.send(src, dst, lambda i=i, s=src, d=dst: log.append(f"{_now_ms():.4f} {s}->{d} m{i}"),
                      stream="s" if i % 2 else None)
-            await asyncio.sleep(0.0001 * (i % 4))
-        await asyncio.sleep(1.0)
+            await asyncio.sleep(0.0001 * (i % 4))  # virtual: the send times are part of the traced schedule
+        await wait_until_async(lambda: _drained(net), 5, interval_s=0.001, message="every message settled")
         return log
     return sim_loop.run(main())
 
@@ -83,17 +91,17 @@ def test_a_one_way_partition_cuts_one_direction_only():
         net.partition("a", "b", one_way=True)
         assert net.send("a", "b", lambda: got.append("a->b")) == 0
         assert net.send("b", "a", lambda: got.append("b->a")) == 1
-        await asyncio.sleep(0.01)
+        await wait_until_async(lambda: got, 1, interval_s=0.001)
         assert got == ["b->a"]
         net.heal_partition("a", "b")
         net.send("a", "b", lambda: got.append("a->b healed"))
-        await asyncio.sleep(0.01)
+        await wait_until_async(lambda: len(got) == 2, 1, interval_s=0.001)
         assert got == ["b->a", "a->b healed"]
         # a message in flight when the link is cut is lost
         net.send("a", "b", lambda: got.append("in flight"))
         net.partition("a", "b")
-        await asyncio.sleep(0.01)
-        assert got == ["b->a", "a->b healed"] and net.stats["dropped_cut"] == 2
+        await wait_until_async(lambda: net.stats["dropped_cut"] == 2, 1, interval_s=0.001)
+        assert got == ["b->a", "a->b healed"]
         assert any("PARTITION a <-> b" in line for line in log) and any("in flight" in line for line in log)
         net.heal()
         assert net.link("a", "b") == net.clean
@@ -110,7 +118,7 @@ def test_a_stream_is_fifo_unless_its_link_reorders():
             net.send("c", "b2", lambda i=i: order["reordered"].append(i), stream="adds")
             if i == 0:
                 net.set_link("c", "b2", reorder=True)
-        await asyncio.sleep(0.1)
+        await wait_until_async(lambda: sum(map(len, order.values())) == 150, 1, interval_s=0.001)
         assert order["stream"] == list(range(50))
         assert sorted(order["unary"]) == list(range(50)) and order["unary"] != list(range(50))
         assert sorted(order["reordered"]) == list(range(50)) and order["reordered"] != list(range(50))
@@ -124,14 +132,14 @@ def test_a_slow_node_and_a_down_node():
         start = _now_ms()
         net.send("a", "b", lambda: arrived.append(("slow", _now_ms() - start)))
         net.send("a", "c", lambda: arrived.append(("normal", _now_ms() - start)))
-        await asyncio.sleep(0.1)
+        await wait_until_async(lambda: len(arrived) == 2, 1, interval_s=0.001)
         assert arrived == [("normal", pytest.approx(1.0)), ("slow", pytest.approx(31.0))]
         net.set_up("c", False)
         assert net.send("a", "c", lambda: arrived.append(("down", 0))) == 0
         net.set_up("c", True)
         net.send("a", "c", lambda: arrived.append(("up again", 0)))
         net.set_up("c", False)  # goes down while the message is in flight
-        await asyncio.sleep(0.1)
+        await wait_until_async(lambda: net.stats["dropped_down"] == 2, 1, interval_s=0.001)
         assert [what for what, _ in arrived] == ["normal", "slow"] and net.stats["dropped_down"] == 2
     _run_two_nodes(body)
 
@@ -211,8 +219,7 @@ def test_a_duplicated_add_reaches_the_engine_twice_and_answers_once():
         engine = cluster.bookies["bookie-1"].engine
         cluster.network.set_link("broker-1", "bookie-1", duplicate=1.0)
         assert await t.add("bookie-1", [(_entry(4, 0), KEY, 0), (_entry(4, 1), KEY, 0)]) == [S.OK, S.OK]
-        await asyncio.sleep(0.01)  # let the copy arrive
-        assert engine.stats["adds"] == 4
+        await wait_until_async(lambda: engine.stats["adds"] == 4, 1, interval_s=0.001, message="the copy")
         assert any("DUPLICATED" in line for line in log)
         assert await t.read_entry("bookie-1", 4, 1) == (S.OK, _entry(4, 1))
     _run_cluster(body)
@@ -245,8 +252,9 @@ def test_a_crash_and_restart_behind_the_transport():
         assert bookie.engine.replay_report.records > 0  # the real journal replay
         for i in range(5):  # every acknowledged entry is back
             assert await t.read_entry("bookie-1", 8, i) == (S.OK, _entry(8, i))
-        await asyncio.sleep(0.25)  # past the session timeout: the old node vanished, the new one registered
-        assert bookie.registered and "bookie-1" in await cluster.registered()
+        # once the old session expired (its node vanished), the new incarnation registers
+        await wait_until_async(lambda: bookie.registered, 1, interval_s=0.001, message="the new registration")
+        assert "bookie-1" in await cluster.registered()
         data, _ = await cluster.store.get(paths.bookie_path("bookie-1"))
         assert b'"incarnation": 2' in data
         assert any("registration waits" in line for line in log)
@@ -257,9 +265,9 @@ def test_a_crash_and_restart_behind_the_transport():
 def test_a_crashed_bookie_disappears_from_the_registry_after_the_session_timeout():
     async def body(cluster: SimCluster, t: SimBookieTransport, log: list[str]):
         cluster.bookies["bookie-2"].crash(random.Random(0))
-        await asyncio.sleep(0.19)
+        await asyncio.sleep(0.19)  # virtual time is what is tested: still registered just before the timeout
         assert await cluster.registered() == ["bookie-1", "bookie-2"]
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # and gone just after it
         assert await cluster.registered() == ["bookie-1"]
     _run_cluster(body)
 
@@ -268,14 +276,14 @@ def test_an_answer_not_yet_sent_at_a_crash_never_comes_one_in_flight_does():
     async def body(cluster: SimCluster, t: SimBookieTransport, log: list[str]):
         # every disk call takes 5 ms: the request arrives at 0.5 ms, its journal sync returns ~5 ms later
         call = asyncio.ensure_future(t.add("bookie-1", [(_entry(9, 0), KEY, 0)]))
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.002)  # virtual: crash at 2 ms, while the journal sync is in flight
         cluster.bookies["bookie-1"].crash(random.Random(0))
         with pytest.raises(BookieUnreachable):
             await call
         # an answer already on the wire when its bookie crashes still arrives
         cluster.network.set_link("bookie-2", "broker-1", delay_ms=20.0)
         call = asyncio.ensure_future(t.add("bookie-2", [(_entry(9, 0), KEY, 0)]))
-        await asyncio.sleep(0.015)
+        await asyncio.sleep(0.015)  # virtual: crash after the answer left, before it arrives (20 ms link)
         cluster.bookies["bookie-2"].crash(random.Random(0))
         assert await call == [S.OK]
     _run_cluster(body, disk=DiskFaults(latency_ms_min=5.0, latency_ms_max=5.0))
@@ -287,7 +295,7 @@ def test_a_live_bookie_whose_session_expires_registers_again():
         bookie.expire_session()
         assert await cluster.registered() == ["bookie-1"]
         assert await t.read_lac("bookie-2", 1) == (S.NO_LEDGER, -1)  # still serving
-        await asyncio.sleep(0.02)
+        await wait_until_async(lambda: bookie.registered, 1, interval_s=0.001, message="registered again")
         assert await cluster.registered() == ["bookie-1", "bookie-2"] and bookie.stats["session_expiries"] == 1
     _run_cluster(body)
 
@@ -296,7 +304,7 @@ def test_a_closed_transport_refuses_calls_and_fails_waiting_ones():
     async def body(cluster: SimCluster, t: SimBookieTransport, log: list[str]):
         cluster.network.partition("broker-1", "bookie-1")
         waiting = asyncio.ensure_future(t.read_lac("bookie-1", 1))
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)  # virtual: close while the call is out, unanswered (partitioned)
         await t.close()
         with pytest.raises(BookieUnreachable, match="closed"):
             await waiting
@@ -314,7 +322,7 @@ def test_a_clean_stop_and_restart_replays_nothing():
         with pytest.raises(BookieUnreachable):
             await t.read_lac("bookie-1", 2)
         await bookie.start()
-        await asyncio.sleep(0)
+        await wait_until_async(lambda: bookie.registered, 1, interval_s=0.001, message="registered")
         assert bookie.engine.replay_report.records == 0 and await cluster.registered() == ["bookie-1", "bookie-2"]
         assert await t.read_entry("bookie-1", 2, 0) == (S.OK, _entry(2, 0))
     _run_cluster(body)

@@ -24,6 +24,7 @@ class FakeBookie:
         self.down = False
         self.error: StatusCode | None = None
         self.gate: asyncio.Event | None = None  # when set: calls wait for it
+        self.waiting = 0  # calls waiting at the gate now (tests wait for this instead of sleeping)
         self.adds = 0
         self.read_calls: list[tuple[int, tuple[int, ...], bool]] = []  # (ledger, entry ids, fence) per read call
 
@@ -41,7 +42,11 @@ class FakeBookies:
             raise BookieUnreachable(bookie_id, "connection refused (fake)")
         await asyncio.sleep(0)
         if b.gate is not None:
-            await b.gate.wait()
+            b.waiting += 1
+            try:
+                await b.gate.wait()
+            finally:
+                b.waiting -= 1
         if b.down:
             raise BookieUnreachable(bookie_id, "connection broken (fake)")
         return b

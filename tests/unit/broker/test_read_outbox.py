@@ -9,6 +9,7 @@ import asyncio
 from bksim.broker.reading import ReadOutbox
 from bksim.formats.entry import encode_entry
 from bksim.model.status import StatusCode
+from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies
 from tests.unit.broker.test_ledger_service import PW, world
 
@@ -32,11 +33,8 @@ async def stored(bookies=("b0", "b1"), n=6) -> FakeBookies:
 
 
 async def settle(outbox: ReadOutbox, got: list, expected: int) -> None:
-    for _ in range(100):  # bounded: the fake answers within a few loop turns
-        if len(got) >= expected:
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"{len(got)} of {expected} replies delivered")
+    await wait_until_async(lambda: len(got) >= expected, 5, interval_s=0,
+                           message=f"{expected} replies delivered (have {len(got)})")
 
 
 def test_reads_of_one_turn_go_as_one_call_per_bookie_and_fence():
@@ -102,15 +100,18 @@ def test_after_close_nothing_is_sent_or_delivered():
         got = []
         outbox = ReadOutbox(fake, LEDGER, lambda *reply: got.append(reply))
         outbox.read("b0", 0)
-        for _ in range(3):
-            await asyncio.sleep(0)  # the call is out, waiting at the gate
+        await wait_until_async(lambda: fake["b0"].waiting == 1, 5, interval_s=0, message="the call at the gate")
         outbox.read("b0", 1)
         outbox.close()
         gate.set()
-        for _ in range(10):
-            await asyncio.sleep(0)
+        # a later call to the same bookie answered means an uncancelled earlier one would have been too
+        later = []
+        other = ReadOutbox(fake, LEDGER, lambda *reply: later.append(reply))
+        other.read("b0", 2)
+        await wait_until_async(lambda: later, 5, interval_s=0, message="a later read of b0 answered")
         assert got == []
-        assert fake["b0"].read_calls == []  # the call in flight was cancelled; the pending one never left
+        # the call in flight was cancelled; the pending one never left
+        assert fake["b0"].read_calls == [(LEDGER, (2,), False)]
     run(main())
 
 
