@@ -3,13 +3,16 @@
 Layers, bottom to top (a module imports only from its own row or below):
 
     cli                                       composition roots: may import anything
-    adapters | sim | audit | chaos | perf     siblings do not import each other; EXCEPTION: perf may
-                                              import adapters (benchmarks measure the real adapters)
+    adapters | sim | audit | chaos | perf     siblings do not import each other; EXCEPTIONS: perf may
+      | client                                import adapters (benchmarks measure the real adapters), perf
+                                              and chaos may import client (the topic client over gRPC), and
+                                              chaos may import adapters (it drives real processes), and client
+                                              may import adapters (shared gRPC channel helpers)
     bookie | metadata | broker                bookie never imports broker, and broker never imports bookie
     formats | ports | ledger
     model
 
-`gen` (generated gRPC/protobuf code) may be imported only by adapters, perf and cli.
+`gen` (generated gRPC/protobuf code) may be imported only by adapters, client, perf and cli.
 
 The pure layers (model, formats, ports, ledger, bookie, metadata, broker) import none of grpc,
 google.protobuf, kazoo, rocksdict, pyspark, py4j, socket, threading, time, random, subprocess,
@@ -30,14 +33,15 @@ RANK = {
     "model": 0,
     "formats": 1, "ports": 1, "ledger": 1,
     "bookie": 2, "metadata": 2, "broker": 2,
-    "adapters": 3, "sim": 3, "audit": 3, "chaos": 3, "perf": 3, "gen": 3,
+    "adapters": 3, "sim": 3, "audit": 3, "chaos": 3, "perf": 3, "gen": 3, "client": 3,
     "cli": 4, "<root>": 4,  # bksim/__init__.py, bksim/__main__.py
 }
 PURE = {"model", "formats", "ports", "ledger", "bookie", "metadata", "broker"}
 NEVER = {("bookie", "broker"), ("broker", "bookie")}
-SIBLINGS = {"adapters", "sim", "audit", "chaos", "perf"}
-SIBLING_EXCEPTIONS = {("perf", "adapters")}
-GEN_IMPORTERS = {"adapters", "perf", "cli", "<root>", "gen"}
+SIBLINGS = {"adapters", "sim", "audit", "chaos", "perf", "client"}
+SIBLING_EXCEPTIONS = {("perf", "adapters"), ("perf", "client"), ("chaos", "client"), ("chaos", "adapters"),
+                      ("client", "adapters")}
+GEN_IMPORTERS = {"adapters", "perf", "cli", "<root>", "gen", "client"}
 
 WORLD_THIRD_PARTY = ("grpc", "google.protobuf", "kazoo", "rocksdict", "pyspark", "py4j")
 WORLD_STDLIB = ("socket", "threading", "time", "random", "subprocess", "multiprocessing")

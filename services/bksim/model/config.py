@@ -110,11 +110,51 @@ class BrokerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """The topic layer in the broker (PROTOCOL.md §5): managed ledgers, cursors, dispatchers, producers."""
+    # managed ledgers
+    ensemble_size: int = option(2, "E of a topic's ledgers (and cursor ledgers); Pulsar's broker default is 2/2/2")
+    write_quorum_size: int = option(2, "Qw of a topic's ledgers")
+    ack_quorum_size: int = option(2, "Qa of a topic's ledgers")
+    ledger_entries_max: int = option(50_000, "roll the topic's ledger after this many entries")
+    ledger_bytes_max: int = option(256 * MiB, "roll the topic's ledger after this many payload bytes")
+    ledger_age_ms_min: int = option(0, "never roll a ledger younger than this (entries/bytes limits wait for it)")
+    ledger_age_ms_max: int = option(4 * 3600_000, "roll a non-empty ledger older than this")
+    pending_adds_max: int = option(50_000, "entries a topic has sent to its ledger and not yet had acknowledged")
+    trim_interval_ms: int = option(120_000, "how often retention trimming and TTL expiry run per topic")
+    # producers
+    message_bytes_max: int = option(5 * MiB - 128 * KiB, "largest entry (message or batch) a producer may send")
+    batch_messages_max: int = option(10_000, "messages in one Send (one entry)")
+    producer_pending_max: int = option(1_000, "Sends of one producer in flight; more get TOO_MANY_REQUESTS")
+    dedup_snapshot_entries: int = option(1_000, "dedup: persist the producers' highest sequence ids every this many "
+                                         "entries (recovery replays the entries after the snapshot)")
+    dedup_producers_max: int = option(10_000, "dedup: producer names remembered per topic")
+    # consumers and dispatch
+    dispatch_read_entries_max: int = option(100, "entries a dispatcher reads from the ledger at once")
+    consumer_unacked_max: int = option(50_000, "unacknowledged messages one consumer may hold (then it gets no more)")
+    subscription_unacked_max: int = option(200_000, "unacknowledged messages one subscription may hold")
+    consumers_per_subscription_max: int = option(1_000, "consumers of one subscription")
+    subscriptions_per_topic_max: int = option(1_000, "subscriptions of one topic")
+    key_shared_replica_points: int = option(100, "Key_Shared: points per consumer on the consistent-hash ring")
+    failover_switch_delay_ms: int = option(1_000, "Failover: wait this long after an active-consumer change before "
+                                           "redispatching, so the old consumer's acks can land")
+    # cursors
+    cursor_persist_interval_ms: int = option(1_000, "a cursor persists its ack state at most this often (a kill -9 "
+                                             "can redeliver what was acked since its last persist)")
+    cursor_ledger_entries_max: int = option(50_000, "roll a cursor ledger after this many snapshot entries")
+    cursor_snapshot_chunk_bytes: int = option(1 * MiB, "a snapshot larger than this is split into chunk entries "
+                                              "followed by a marker entry")
+    ranges_in_metadata_max: int = option(1_000, "ack ranges a cursor may keep in its znode (fallback and clean close)")
+    redelivery_counts_max: int = option(1_000_000, "redelivery counts a cursor keeps (and persists)")
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     zookeeper: ZooKeeperConfig = field(default_factory=ZooKeeperConfig)
     bookie: BookieConfig = field(default_factory=BookieConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
+    topic: TopicConfig = field(default_factory=TopicConfig)
 
     def validate(self) -> "Config":
         b = self.bookie
@@ -137,12 +177,26 @@ class Config:
                      "add_window_max", "append_inflight_max", "payload_bytes_max", "ledgers_open_max",
                      "read_window_max", "read_entries_max", "requests_inflight_max"):
             _require(getattr(r, name) > 0, f"broker.{name} must be > 0")
+        t = self.topic
+        for name in ("ensemble_size", "write_quorum_size", "ack_quorum_size", "ledger_entries_max", "ledger_bytes_max",
+                     "ledger_age_ms_max", "pending_adds_max", "trim_interval_ms", "message_bytes_max",
+                     "batch_messages_max", "producer_pending_max", "dedup_snapshot_entries", "dedup_producers_max",
+                     "dispatch_read_entries_max", "consumer_unacked_max", "subscription_unacked_max",
+                     "consumers_per_subscription_max", "subscriptions_per_topic_max", "key_shared_replica_points",
+                     "cursor_persist_interval_ms", "cursor_ledger_entries_max", "cursor_snapshot_chunk_bytes",
+                     "ranges_in_metadata_max", "redelivery_counts_max"):
+            _require(getattr(t, name) > 0, f"topic.{name} must be > 0")
+        _require(t.ack_quorum_size <= t.write_quorum_size <= t.ensemble_size,
+                 "need topic.ack_quorum_size <= topic.write_quorum_size <= topic.ensemble_size")
+        _require(t.message_bytes_max <= r.payload_bytes_max, "topic.message_bytes_max must be <= broker.payload_bytes_max")
+        _require(0 <= t.ledger_age_ms_min <= t.ledger_age_ms_max, "need 0 <= topic.ledger_age_ms_min <= ledger_age_ms_max")
         _require(self.zookeeper.operation_timeout_ms > 0, "zookeeper.operation_timeout_ms must be > 0")
         _require(self.zookeeper.read_tries_max >= 1, "zookeeper.read_tries_max must be >= 1")
         return self
 
 
-SECTIONS = {"cluster": ClusterConfig, "zookeeper": ZooKeeperConfig, "bookie": BookieConfig, "broker": BrokerConfig}
+SECTIONS = {"cluster": ClusterConfig, "zookeeper": ZooKeeperConfig, "bookie": BookieConfig, "broker": BrokerConfig,
+            "topic": TopicConfig}
 
 
 def _require(condition: bool, message: str) -> None:
