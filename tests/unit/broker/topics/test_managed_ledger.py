@@ -1,0 +1,128 @@
+"""The managed ledger (broker/topics/managed_ledger.py) over the in-memory metadata store and FakeBookies (an
+in-memory fake of the bookie transport): order, rollover, the failed-add path (recover, acknowledge what is
+durable, re-send the rest), takeover fencing, trimming and the LedgerLayout arithmetic."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from bksim.broker.ledgers import LedgerService
+from bksim.broker.topics.errors import TopicError
+from bksim.broker.topics.managed_ledger import ManagedLedger
+from bksim.broker.topics.names import TopicName
+from bksim.broker.topics.positions import Position
+from bksim.metadata.memory import InMemoryMetadataStore
+from bksim.metadata.paths import bookie_path
+from bksim.model.config import BrokerConfig, TopicConfig
+from helpers import wait_until_async
+from tests.unit.broker.fake_bookies import FakeBookies, FakeClock
+
+BOOKIES = [f"b{i}" for i in range(4)]
+TOPIC = TopicName.parse("persistent://t/ns/orders")
+
+
+async def world(config=TopicConfig(), brokers=1):
+    store = InMemoryMetadataStore()
+    reg = store.session("bookies")
+    for b in BOOKIES:
+        await reg.create(bookie_path(b), b"{}", ephemeral=True, make_parents=True)
+    fake = FakeBookies(BOOKIES)
+    await ManagedLedger.create_znode(store.session("admin"), TOPIC)
+    mls = []
+    for i in range(brokers):
+        session = store.session(f"broker-{i}")
+        svc = LedgerService(store=session, transport=fake, rng=random.Random(i), clock=FakeClock(),
+                            config=BrokerConfig(speculative_read_ms=50, bookie_timeout_ms=200))
+        mls.append(ManagedLedger(TOPIC, ledgers=svc, store=session, clock=FakeClock(), config=config))
+    return store, fake, mls
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def read_all(ml):
+    out, pos = [], ml.first_position()
+    while pos <= ml.last_confirmed:
+        got = await ml.read(pos, 50)
+        if not got:
+            break
+        out += got
+        pos = ml.next_position(got[-1][0])
+    return out
+
+
+def test_appends_confirm_in_order_and_roll_by_entries():
+    async def main():
+        _, _, [ml] = await world(TopicConfig(ledger_entries_max=10))
+        await ml.open()
+        positions = await asyncio.gather(*[ml.append(b"m%d" % i) for i in range(35)])
+        assert positions == sorted(positions) and len(set(positions)) == 35
+        assert len(ml.ledger_ids()) >= 4  # 10 entries per ledger
+        assert [p for p, _ in await read_all(ml)] == positions
+        assert [d for _, d in await read_all(ml)] == [b"m%d" % i for i in range(35)]
+        assert ml.entries_between(Position(-1, -1), ml.last_confirmed) == 35
+        assert ml.next_position(positions[9]) == positions[10]
+        assert ml.previous_position(positions[10]) == positions[9]
+    run(main())
+
+
+def test_reopen_by_another_broker_fences_the_old_one_and_keeps_everything():
+    async def main():
+        _, _, [a, b] = await world(brokers=2)
+        await a.open()
+        acked = await asyncio.gather(*[a.append(b"a%d" % i) for i in range(20)])
+        await b.open()  # takeover: recovers a's ledger, starts its own
+        assert b.last_confirmed == acked[-1]
+        assert [d for _, d in await read_all(b)] == [b"a%d" % i for i in range(20)]
+        with pytest.raises(TopicError) as info:  # a's next write is fenced (ledger fenced, then the CAS fails)
+            await a.append(b"late")
+        assert info.value.status == "TOPIC_FENCED"
+        assert a.state == "Fenced"
+        more = await asyncio.gather(*[b.append(b"b%d" % i) for i in range(5)])
+        assert more[0] > acked[-1]
+    run(main())
+
+
+def test_failed_add_recovers_the_ledger_and_resends_only_what_is_not_durable():
+    async def main():
+        store, fake, [ml] = await world(TopicConfig(ensemble_size=2, write_quorum_size=2, ack_quorum_size=2))
+        await ml.open()
+        await asyncio.gather(*[ml.append(b"x%d" % i) for i in range(5)])
+        first_ledger = ml.ledger_ids()[-1]
+        ensemble = ml._handle.metadata.ensemble
+        reg = store.session("bookies")
+        spares = [b for b in BOOKIES if b not in ensemble]
+        for b in spares:  # no spare bookie: the ensemble change fails, so the add fails
+            await store.session("admin").delete(bookie_path(b))
+        fake[ensemble[0]].down = True
+        futures = [ml.append(b"y%d" % i) for i in range(5)]
+        await wait_until_async(lambda: ml.state == "Rolling", 5, 0.01, "roll after the failed add")
+        fake[ensemble[0]].down = False
+        for b in spares:
+            await reg.create(bookie_path(b), b"{}", ephemeral=True)
+        positions = await asyncio.wait_for(asyncio.gather(*futures), 10)
+        assert positions == sorted(positions)
+        data = [d for _, d in await read_all(ml)]
+        assert data == [b"x%d" % i for i in range(5)] + [b"y%d" % i for i in range(5)]  # no duplicates
+        assert ml.ledger_ids()[-1] != first_ledger
+    run(main())
+
+
+def test_trim_deletes_only_a_consumed_prefix_metadata_first():
+    async def main():
+        store, _, [ml] = await world(TopicConfig(ledger_entries_max=5))
+        await ml.open()
+        positions = await asyncio.gather(*[ml.append(b"m%d" % i) for i in range(20)])
+        ids = ml.ledger_ids()
+        # slowest cursor consumed up to the end of the second ledger
+        slowest = positions[9]
+        deleted = await ml.trim(slowest, retention_ms=0, retention_bytes=-1)
+        assert deleted == ids[:2]
+        assert ml.ledger_ids() == ids[2:]
+        assert await ml.trim(None, retention_ms=-1, retention_bytes=-1) == []  # keep forever
+        for lid in deleted:
+            assert await store.session("x").exists(f"/ledgers/00/0000/L{lid:04d}") is None
+    run(main())
