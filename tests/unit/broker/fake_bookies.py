@@ -128,4 +128,5 @@ class FakeClock:
         return self.now_ms
 
     async def sleep_ms(self, ms: float) -> None:
+        self.now_ms += max(0, int(-(-ms // 1)))  # virtual time: a sleep moves the clock on by its length
         await asyncio.sleep(0)

@@ -1,0 +1,396 @@
+"""The broker's topic service: tenants, namespaces, topics, lookup and ownership (PROTOCOL.md §3, §5).
+
+Owns: the topics this broker serves (loaded on first use by a producer or consumer), their ephemeral ownership
+znodes, and the admin metadata under /admin.
+
+Ownership: a broker serves a topic only while it holds /ownership/<tenant>/<ns>/<topic> (ephemeral, tied to
+its ZooKeeper session). Any broker answers Lookup: the current owner if there is one, else the broker chosen by
+rendezvous hashing of the topic over the registered brokers (it takes the topic when a client arrives). A
+broker that finds another owner answers NOT_OWNER with that owner's address. Takeover = the managed ledger's
+open(): recover (fence) the last ledger, start a new one, CAS the list. A broker that loses its ownership
+znode (session expiry) or a CAS fences the topic: producers and consumers are dropped with TOPIC_FENCED and
+look the topic up again. A watchdog re-checks every owned topic's znode every `OWNERSHIP_CHECK_MS`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Callable
+
+from bksim.broker.ledgers import LedgerService
+from bksim.broker.topics.errors import TopicError
+from bksim.broker.topics.managed_ledger import ManagedLedger
+from bksim.broker.topics.names import (PARTITIONS_MAX, TENANTS_ROOT, TopicName, check_name, namespace_managed_ledgers,
+                                       namespace_partitioned, parse_namespace, policies_path, tenant_path)
+from bksim.broker.topics.topic import Policies, Topic
+from bksim.formats.murmur3 import murmur3_32
+from bksim.metadata.paths import BROKERS_AVAILABLE
+from bksim.model.config import BrokerConfig, TopicConfig
+from bksim.model.errors import MetadataError, NodeExistsError, NoNodeError, NotEmptyError
+from bksim.ports.clock import Clock
+from bksim.ports.metadata import MetadataStore
+
+OWNERSHIP_CHECK_MS = 1_000
+
+
+def _meta(what: str, e: MetadataError) -> TopicError:
+    return TopicError("METADATA_ERROR", f"{what}: {e}")
+
+
+class TopicService:
+    def __init__(self, *, store: MetadataStore, ledgers: LedgerService, clock: Clock, broker_id: str, address: str,
+                 open_cursor_factory, config: TopicConfig = TopicConfig(), broker_config: BrokerConfig = BrokerConfig(),
+                 log: Callable[[str], None] = lambda line: None) -> None:
+        """`open_cursor_factory(ml, topic_name, subscription, initial_position, create)` -> ManagedCursor (async)."""
+        self.store = store
+        self.ledgers = ledgers
+        self._clock = clock
+        self.broker_id = broker_id
+        self.address = address
+        self._open_cursor = open_cursor_factory
+        self.config = config
+        self.broker_config = broker_config
+        self._log = log
+        self.topics: dict[str, Topic] = {}
+        self._loading: dict[str, asyncio.Future] = {}
+        self._watchdog: asyncio.Task | None = None
+        self._closing = False
+
+    def start(self) -> None:
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch_ownership())
+
+    # ---- tenants and namespaces ------------------------------------------------------------------------------
+    async def create_tenant(self, tenant: str) -> None:
+        check_name("tenant", tenant)
+        try:
+            await self.store.create(tenant_path(tenant), b"{}", make_parents=True)
+        except NodeExistsError:
+            raise TopicError("ALREADY_EXISTS", f"tenant {tenant} already exists") from None
+        except MetadataError as e:
+            raise _meta(f"creating tenant {tenant}", e) from None
+
+    async def list_tenants(self) -> list[str]:
+        return await self._children(TENANTS_ROOT)
+
+    async def _children(self, path: str) -> list[str]:
+        try:
+            return sorted(await self.store.children(path))
+        except NoNodeError:
+            return []
+        except MetadataError as e:
+            raise _meta(f"listing {path}", e) from None
+
+    async def _require_tenant(self, tenant: str) -> None:
+        try:
+            if await self.store.exists(tenant_path(tenant)) is None:
+                raise TopicError("TENANT_NOT_FOUND", f"tenant {tenant} does not exist (bksim tenant create {tenant})")
+        except MetadataError as e:
+            raise _meta(f"reading tenant {tenant}", e) from None
+
+    async def create_namespace(self, namespace: str, policies: Policies) -> Policies:
+        tenant, ns = parse_namespace(namespace)
+        if policies.retention_ms < -1 or policies.retention_bytes < -1 or policies.ttl_ms < 0:
+            raise TopicError("BAD_REQUEST", f"namespace {namespace}: retention must be >= -1 and ttl >= 0")
+        await self._require_tenant(tenant)
+        try:
+            await self.store.create(policies_path(tenant, ns), json.dumps(policies.to_json()).encode(),
+                                    make_parents=True)
+        except NodeExistsError:
+            raise TopicError("ALREADY_EXISTS", f"namespace {namespace} already exists") from None
+        except MetadataError as e:
+            raise _meta(f"creating namespace {namespace}", e) from None
+        return policies
+
+    async def get_namespace(self, namespace: str) -> Policies:
+        tenant, ns = parse_namespace(namespace)
+        try:
+            data, _ = await self.store.get(policies_path(tenant, ns))
+        except NoNodeError:
+            raise TopicError("NAMESPACE_NOT_FOUND", f"namespace {namespace} does not exist "
+                                                    f"(bksim namespace create {namespace})") from None
+        except MetadataError as e:
+            raise _meta(f"reading namespace {namespace}", e) from None
+        return Policies.from_json(json.loads(data or b"{}"))
+
+    async def list_namespaces(self, tenant: str) -> list[str]:
+        check_name("tenant", tenant)
+        await self._require_tenant(tenant)
+        return [f"{tenant}/{ns}" for ns in await self._children(policies_path(tenant, "")[:-1])]
+
+    # ---- topics -------------------------------------------------------------------------------------------------
+    async def create_topic(self, topic: str, partitions: int) -> int:
+        name = TopicName.parse(topic)
+        if name.partition_index is not None:
+            raise TopicError("BAD_REQUEST", f"{topic} names a partition; create the partitioned topic "
+                                            f"{name.base} instead")
+        if not 0 <= partitions <= PARTITIONS_MAX:
+            raise TopicError("BAD_REQUEST", f"partitions must be 0..{PARTITIONS_MAX}, not {partitions}")
+        await self.get_namespace(name.ns)
+        if await self._partitions(name) is not None or await self._exists(name.managed_ledger_path):
+            raise TopicError("ALREADY_EXISTS", f"topic {topic} already exists")
+        try:
+            if partitions:
+                await self.store.create(name.partitioned_path, json.dumps({"partitions": partitions}).encode(),
+                                        make_parents=True)
+                for i in range(partitions):
+                    try:
+                        await ManagedLedger.create_znode(self.store, name.partition(i))
+                    except NodeExistsError:
+                        pass
+            else:
+                await ManagedLedger.create_znode(self.store, name)
+        except NodeExistsError:
+            raise TopicError("ALREADY_EXISTS", f"topic {topic} already exists") from None
+        except MetadataError as e:
+            raise _meta(f"creating topic {topic}", e) from None
+        self._log(f"topic {topic}: created" + (f" with {partitions} partitions" if partitions else ""))
+        return partitions
+
+    async def _exists(self, path: str) -> bool:
+        try:
+            return await self.store.exists(path) is not None
+        except MetadataError as e:
+            raise _meta(f"reading {path}", e) from None
+
+    async def _partitions(self, name: TopicName) -> int | None:
+        try:
+            data, _ = await self.store.get(name.partitioned_path)
+        except NoNodeError:
+            return None
+        except MetadataError as e:
+            raise _meta(f"reading {name}", e) from None
+        return int(json.loads(data)["partitions"])
+
+    async def get_topic(self, topic: str) -> int:
+        """Partitions of a topic (0 = non-partitioned); TOPIC_NOT_FOUND when it does not exist."""
+        name = TopicName.parse(topic)
+        await self.get_namespace(name.ns)
+        partitions = await self._partitions(name)
+        if partitions is not None:
+            return partitions
+        if await self._exists(name.managed_ledger_path):
+            return 0
+        raise TopicError("TOPIC_NOT_FOUND", f"topic {topic} does not exist (bksim topic create {topic})")
+
+    async def list_topics(self, namespace: str) -> list[str]:
+        tenant, ns = parse_namespace(namespace)
+        await self.get_namespace(namespace)
+        partitioned = await self._children(namespace_partitioned(tenant, ns))
+        out = {f"persistent://{tenant}/{ns}/{t}" for t in partitioned}
+        for local in await self._children(namespace_managed_ledgers(tenant, ns)):
+            base = TopicName(tenant, ns, local).base.local
+            if local == base or base not in partitioned:
+                out.add(f"persistent://{tenant}/{ns}/{local}")
+        return sorted(out)
+
+    async def delete_topic(self, topic: str, force: bool) -> int:
+        """Delete a topic (all partitions): refuse while producers/consumers are connected here, or (without
+        force) while subscriptions exist. Metadata first, then the ledgers."""
+        partitions = await self.get_topic(topic)
+        name = TopicName.parse(topic)
+        parts = [name.partition(i) for i in range(partitions)] if partitions else [name]
+        for part in parts:
+            owner = await self._owner(part)
+            if owner is not None and owner[0] != self.broker_id:
+                raise TopicError("NOT_OWNER", f"topic {part} is served by broker {owner[0]}; delete it there",
+                                 owner_address=owner[1])
+            loaded = self.topics.get(str(part))
+            if loaded is not None and (loaded.producers or any(s.consumers for s in loaded.subscriptions.values())):
+                raise TopicError("NOT_ALLOWED", f"topic {part} has connected producers or consumers")
+            subs = [s for s in await self._children(part.managed_ledger_path)]
+            if subs and not force:
+                raise TopicError("NOT_ALLOWED", f"topic {part} has subscriptions {subs}; use --force")
+        for part in parts:
+            await self._delete_one(part)
+        if partitions:
+            try:
+                await self.store.delete(name.partitioned_path)
+            except NoNodeError:
+                pass
+            except MetadataError as e:
+                raise _meta(f"deleting {topic}", e) from None
+        self._log(f"topic {topic}: deleted")
+        return partitions
+
+    async def _delete_one(self, name: TopicName) -> None:
+        loaded = self.topics.pop(str(name), None)
+        if loaded is not None:
+            await loaded.close()
+        ledger_ids: list[int] = []
+        cursor_ledgers: list[int] = []
+        try:
+            data, _ = await self.store.get(name.managed_ledger_path)
+            ledger_ids = [int(x["ledger_id"]) for x in json.loads(data or b"{}").get("ledgers", [])]
+            for node in await self._children(name.managed_ledger_path):
+                path = f"{name.managed_ledger_path}/{node}"
+                try:
+                    cdata, _ = await self.store.get(path)
+                    lid = json.loads(cdata or b"{}").get("cursor_ledger_id", -1)
+                    if isinstance(lid, int) and lid >= 0:
+                        cursor_ledgers.append(lid)
+                except (ValueError, NoNodeError):
+                    pass
+                await self.store.delete(path)
+            await self.store.delete(name.managed_ledger_path)
+        except NoNodeError:
+            pass
+        except NotEmptyError:
+            raise TopicError("NOT_ALLOWED", f"topic {name} got a new subscription while being deleted") from None
+        except MetadataError as e:
+            raise _meta(f"deleting {name}", e) from None
+        try:
+            await self.store.delete(name.ownership_path)
+        except (NoNodeError, MetadataError):
+            pass
+        from bksim.broker.topics.managed_ledger import LEDGER_PASSWORD
+        for lid in ledger_ids + cursor_ledgers:
+            try:
+                await self.ledgers.delete_ledger(lid, password=LEDGER_PASSWORD)
+            except Exception as e:  # noqa: BLE001 - a ledger that cannot be deleted leaks; say so, go on
+                self._log(f"topic {name}: ledger {lid} not deleted ({e})")
+
+    # ---- lookup and ownership -------------------------------------------------------------------------------------
+    async def _owner(self, name: TopicName) -> tuple[str, str] | None:
+        try:
+            data, _ = await self.store.get(name.ownership_path)
+        except NoNodeError:
+            return None
+        except MetadataError as e:
+            raise _meta(f"reading the owner of {name}", e) from None
+        d = json.loads(data or b"{}")
+        return str(d.get("broker_id", "")), str(d.get("address", ""))
+
+    async def _brokers(self) -> dict[str, str]:
+        out = {}
+        for b in await self._children(BROKERS_AVAILABLE):
+            try:
+                data, _ = await self.store.get(f"{BROKERS_AVAILABLE}/{b}")
+                d = json.loads(data or b"{}")
+                out[b] = f"{d.get('host', '127.0.0.1')}:{d.get('port', 0)}"
+            except (NoNodeError, ValueError):
+                continue
+        out.setdefault(self.broker_id, self.address)
+        return out
+
+    async def lookup(self, topic: str) -> tuple[str, str, bool]:
+        """(broker id, address, owned) for a non-partitioned topic or a partition."""
+        name = TopicName.parse(topic)
+        await self._require_topic(name)
+        owner = await self._owner(name)
+        if owner is not None:
+            return owner[0], owner[1], True
+        brokers = await self._brokers()
+        chosen = max(brokers, key=lambda b: (murmur3_32(f"{b}/{name}"), b))  # rendezvous hashing
+        return chosen, brokers[chosen], False
+
+    async def _require_topic(self, name: TopicName) -> None:
+        if not await self._exists(name.managed_ledger_path):
+            if name.partition_index is None and await self._partitions(name) is not None:
+                raise TopicError("BAD_REQUEST", f"{name} is partitioned: use its partitions "
+                                                f"({name}-partition-<i>)")
+            await self.get_namespace(name.ns)
+            raise TopicError("TOPIC_NOT_FOUND", f"topic {name} does not exist (bksim topic create {name.base})")
+
+    async def acquire(self, topic: str) -> Topic:
+        """The topic, loaded here (taking ownership if nobody has it); NOT_OWNER if another broker has it."""
+        if self._closing:
+            raise TopicError("SERVICE_UNAVAILABLE", "this broker is shutting down")
+        name = TopicName.parse(topic)
+        key = str(name)
+        loaded = self.topics.get(key)
+        if loaded is not None and loaded.fenced is None:
+            return loaded
+        if loaded is not None:
+            self.topics.pop(key, None)
+        pending = self._loading.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future = asyncio.get_running_loop().create_future()
+        self._loading[key] = future
+        try:
+            topic_obj = await self._load(name)
+            future.set_result(topic_obj)
+            return topic_obj
+        except BaseException as e:
+            future.set_exception(e)
+            future.exception()
+            raise
+        finally:
+            self._loading.pop(key, None)
+
+    async def _load(self, name: TopicName) -> Topic:
+        await self._require_topic(name)
+        policies = await self.get_namespace(name.ns)
+        mine = json.dumps({"broker_id": self.broker_id, "address": self.address}).encode()
+        try:
+            await self.store.create(name.ownership_path, mine, ephemeral=True, make_parents=True)
+        except NodeExistsError:
+            owner = await self._owner(name)
+            if owner is None or owner[0] != self.broker_id:
+                raise TopicError("NOT_OWNER", f"topic {name} is served by broker {owner[0] if owner else '?'}",
+                                 owner_address=owner[1] if owner else "") from None
+            # our own znode from this session (a topic fenced here and being loaded again): keep it
+        except MetadataError as e:
+            raise _meta(f"taking ownership of {name}", e) from None
+        ml = ManagedLedger(name, ledgers=self.ledgers, store=self.store, clock=self._clock, config=self.config,
+                           broker_config=self.broker_config, log=self._log)
+
+        async def open_cursor(subscription: str, initial_position: str, create: bool):
+            return await self._open_cursor(ml, name, subscription, initial_position, create)
+
+        topic = Topic(name, ml=ml, open_cursor=open_cursor, clock=self._clock, policies=policies, config=self.config,
+                      log=self._log)
+        try:
+            await topic.load()
+        except BaseException:
+            await topic.fence("loading failed")
+            try:
+                await self.store.delete(name.ownership_path)
+            except MetadataError:
+                pass
+            raise
+        self.topics[str(name)] = topic
+        self._log(f"topic {name}: now served by {self.broker_id}")
+        return topic
+
+    async def _watch_ownership(self) -> None:
+        while not self._closing:
+            await self._clock.sleep_ms(OWNERSHIP_CHECK_MS)
+            for key, topic in list(self.topics.items()):
+                if topic.fenced is not None:
+                    self.topics.pop(key, None)
+                    continue
+                try:
+                    owner = await self._owner(topic.name)
+                except TopicError:
+                    continue  # ZooKeeper unreachable: the session decides; a new owner fences our ledger anyway
+                if owner is None or owner[0] != self.broker_id:
+                    await self.fence_topic(key, f"ownership znode {'gone' if owner is None else 'taken by ' + owner[0]}")
+
+    async def fence_topic(self, key: str, reason: str) -> None:
+        topic = self.topics.pop(key, None)
+        if topic is not None:
+            self._log(f"topic {key}: lost ownership ({reason}); fenced here")
+            await topic.fence(reason)
+
+    async def session_lost(self) -> None:
+        """ZooKeeper session expired: every ownership znode went with it. Fence every topic."""
+        for key in list(self.topics):
+            await self.fence_topic(key, "ZooKeeper session expired")
+
+    async def close(self) -> None:
+        """Clean shutdown: unload every topic (final cursor state, ledgers closed), release ownership."""
+        self._closing = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
+        for key, topic in list(self.topics.items()):
+            try:
+                await topic.close()
+            except TopicError as e:
+                self._log(f"topic {key}: not closed cleanly ({e})")
+            try:
+                await self.store.delete(topic.name.ownership_path)
+            except MetadataError:
+                pass
+        self.topics.clear()

@@ -1,0 +1,365 @@
+"""A topic (or one partition) served by this broker: its managed ledger, producers, subscriptions and dedup.
+
+Owns: the producers connected here, the subscriptions (one durable cursor each, under the managed-ledger
+znode), message deduplication, and the periodic maintenance (age rollover, retention trimming, TTL).
+
+Deduplication (namespace policy `dedup`): per producer name, the highest sequence id pushed (sent to the ledger)
+and persisted (acknowledged). A Send whose highest sequence id is <= persisted is a duplicate: it is answered
+as such and not written. One that is <= pushed waits for the in-flight one to settle. The persisted map is
+snapshotted into the properties of the cursor `bksim.dedup` every `dedup_snapshot_entries` entries (the cursor's
+mark-delete moves to the snapshot's position); a new owner loads the snapshot and replays the entries after it,
+reading only their headers. So dedup survives broker failover (as in Pulsar's MessageDeduplication).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Callable
+
+from bksim.broker.topics.errors import TopicError
+from bksim.broker.topics.managed_ledger import ManagedLedger
+from bksim.broker.topics.names import TopicName, subscription_of
+from bksim.broker.topics.positions import Position
+from bksim.broker.topics.subscription import ConsumerSink, Subscription
+from bksim.formats.message import Message, encode_entry, read_header
+from bksim.model.config import TopicConfig
+from bksim.model.errors import FormatError, MetadataError, NoNodeError
+from bksim.ports.clock import Clock
+
+DEDUP_CURSOR = "bksim.dedup"
+DEDUP_WAIT_MS_MAX = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class Policies:
+    retention_ms: int = 0
+    retention_bytes: int = -1
+    ttl_ms: int = 0
+    dedup: bool = False
+
+    def to_json(self) -> dict:
+        return {"retention_ms": self.retention_ms, "retention_bytes": self.retention_bytes, "ttl_ms": self.ttl_ms,
+                "dedup": self.dedup}
+
+    @staticmethod
+    def from_json(d: dict) -> "Policies":
+        return Policies(int(d.get("retention_ms", 0)), int(d.get("retention_bytes", -1)), int(d.get("ttl_ms", 0)),
+                        bool(d.get("dedup", False)))
+
+
+@dataclass(slots=True)
+class Producer:
+    name: str
+    connected_ms: int
+    messages_in: int = 0
+    bytes_in: int = 0
+
+
+class Topic:
+    def __init__(self, name: TopicName, *, ml: ManagedLedger, open_cursor, clock: Clock, policies: Policies,
+                 config: TopicConfig = TopicConfig(), log: Callable[[str], None] = lambda line: None) -> None:
+        """`open_cursor(name, initial_position, create)` -> ManagedCursor (async) is the cursor factory."""
+        self.name = name
+        self.ml = ml
+        self._open_cursor = open_cursor
+        self._clock = clock
+        self.policies = policies
+        self.config = config
+        self._log = log
+        self.partition = name.partition_index if name.partition_index is not None else -1
+        self.subscriptions: dict[str, Subscription] = {}
+        self.producers: dict[str, Producer] = {}
+        self._producer_seq = 0
+        self._pushed: dict[str, int] = {}
+        self._persisted: dict[str, int] = {}
+        self._dedup_cursor = None
+        self._since_snapshot = 0
+        self._settled = asyncio.Event()
+        self.fenced: TopicError | None = None
+        self.messages_in = 0
+        self.bytes_in = 0
+        self.loaded_ms = clock.wall_ms()
+        self._maintenance: asyncio.Task | None = None
+        self._sub_lock = asyncio.Lock()
+
+    # ---- load / close ----------------------------------------------------------------------------------------
+    async def load(self) -> None:
+        await self.ml.open()
+        try:
+            nodes = await self.ml._store.children(self.ml.path)
+        except NoNodeError:
+            nodes = []
+        except MetadataError as e:
+            raise TopicError("METADATA_ERROR", f"topic {self.name}: listing subscriptions failed: {e}") from None
+        for node in nodes:
+            sub_name = subscription_of(node)
+            if sub_name == DEDUP_CURSOR:
+                continue
+            cursor = await self._open_cursor(sub_name, "earliest", False)
+            self.subscriptions[sub_name] = self._subscription(sub_name, "Exclusive", cursor)
+        if self.policies.dedup:
+            await self._load_dedup()
+        self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
+
+    def _subscription(self, name: str, sub_type: str, cursor) -> Subscription:
+        return Subscription(topic=str(self.name), name=name, sub_type=sub_type, cursor=cursor, ml=self.ml,
+                            clock=self._clock, config=self.config, partition=self.partition, log=self._log)
+
+    async def close(self) -> None:
+        """Clean unload: subscriptions and cursors close with their final state, then the managed ledger."""
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+            await asyncio.gather(self._maintenance, return_exceptions=True)
+        error = TopicError("NOT_OWNER", f"topic {self.name} is being unloaded from this broker; look it up again")
+        for sub in list(self.subscriptions.values()):
+            await sub.close(error)
+        await self.ml.close()
+        if self._dedup_cursor is not None:
+            await self._snapshot_dedup(force=True)
+        for sub in list(self.subscriptions.values()):
+            await _close_cursor(sub.cursor, self._log)
+        if self._dedup_cursor is not None:
+            await _close_cursor(self._dedup_cursor, self._log)
+
+    async def fence(self, reason: str) -> None:
+        """Ownership lost: stop at once, drop producers and consumers (they look the topic up again)."""
+        if self.fenced is not None:
+            return
+        self.fenced = TopicError("TOPIC_FENCED", f"topic {self.name} is fenced on this broker: {reason}")
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+        self.ml.abandon(reason)
+        for sub in list(self.subscriptions.values()):
+            await sub.close(self.fenced)
+        self.producers.clear()
+        self._settled.set()
+
+    # ---- producers ---------------------------------------------------------------------------------------------
+    def add_producer(self, requested: str, broker_id: str) -> tuple[str, int]:
+        """(producer name, last persisted sequence id or -1)."""
+        self._check_serving()
+        name = requested
+        if not name:
+            self._producer_seq += 1
+            name = f"{broker_id}-{self.loaded_ms}-{self._producer_seq}"
+        if name in self.producers:
+            raise TopicError("NOT_ALLOWED", f"a producer named {name!r} is already connected to {self.name}")
+        self.producers[name] = Producer(name, self._clock.wall_ms())
+        return name, self._persisted.get(name, -1) if self.policies.dedup else -1
+
+    def remove_producer(self, name: str) -> None:
+        self.producers.pop(name, None)
+
+    async def publish(self, producer: str, messages: list[Message]) -> Position | None:
+        """Write one Send as one entry; its Position, or None when dedup dropped it as a duplicate."""
+        self._check_serving()
+        if not messages:
+            raise TopicError("BAD_REQUEST", "a Send holds at least one message")
+        if len(messages) > self.config.batch_messages_max:
+            raise TopicError("BAD_REQUEST", f"a Send holds at most {self.config.batch_messages_max} messages "
+                                            f"(topic.batch_messages_max), not {len(messages)}")
+        seq = max(m.sequence_id for m in messages)
+        if self.policies.dedup:
+            while seq <= self._pushed.get(producer, -1):
+                if seq <= self._persisted.get(producer, -1):
+                    return None
+                self._settled.clear()  # an earlier send with this sequence id is still in flight: wait for it
+                try:
+                    await asyncio.wait_for(self._settled.wait(), DEDUP_WAIT_MS_MAX / 1000)
+                except asyncio.TimeoutError:
+                    raise TopicError("TIMEOUT", f"producer {producer}: sequence id {seq} is still in flight") \
+                        from None
+                self._check_serving()
+        try:
+            entry = encode_entry(messages, producer_name=producer, publish_time_ms=self._clock.wall_ms(),
+                                 batch=len(messages) > 1)
+        except FormatError as e:
+            raise TopicError("BAD_REQUEST", str(e)) from None
+        if len(entry) > self.config.message_bytes_max:
+            raise TopicError("MESSAGE_TOO_LARGE", f"the Send encodes to {len(entry)} bytes; at most "
+                                                  f"{self.config.message_bytes_max} (topic.message_bytes_max)")
+        if self.policies.dedup:
+            if len(self._pushed) >= self.config.dedup_producers_max and producer not in self._pushed:
+                self._forget_one_producer()
+            self._pushed[producer] = max(seq, self._pushed.get(producer, -1))
+        try:
+            pos = await self.ml.append(entry)
+        except TopicError:
+            if self.policies.dedup:  # not written: a retry of the same sequence id must go through
+                self._pushed[producer] = self._persisted.get(producer, -1)
+                self._settled.set()
+            raise
+        self.messages_in += len(messages)
+        self.bytes_in += len(entry)
+        p = self.producers.get(producer)
+        if p is not None:
+            p.messages_in += len(messages)
+            p.bytes_in += len(entry)
+        if self.policies.dedup:
+            self._persisted[producer] = max(seq, self._persisted.get(producer, -1))
+            self._settled.set()
+            self._since_snapshot += 1
+            if self._since_snapshot >= self.config.dedup_snapshot_entries:
+                await self._snapshot_dedup(force=False)
+        return pos
+
+    def _forget_one_producer(self) -> None:
+        """Bound the dedup map: forget a producer that is not connected (the one with the lowest sequence id)."""
+        idle = [p for p in self._persisted if p not in self.producers]
+        if idle:
+            victim = min(idle, key=lambda p: self._persisted[p])
+            self._persisted.pop(victim, None)
+            self._pushed.pop(victim, None)
+            self._log(f"topic {self.name}: dedup forgets producer {victim} (topic.dedup_producers_max)")
+
+    async def _load_dedup(self) -> None:
+        cursor = await self._open_cursor(DEDUP_CURSOR, "earliest", True)
+        self._dedup_cursor = cursor
+        self._persisted = {k: int(v) for k, v in cursor.properties.items()}
+        pos = self.ml.next_position(cursor.mark_delete)
+        replayed = 0
+        while pos <= self.ml.last_confirmed:
+            got = await self.ml.read(pos, 500) if self.ml.contains(pos) else []
+            if not got:
+                nxt = self.ml.next_position(pos)
+                if nxt == pos or nxt > self.ml.last_confirmed and not self.ml.contains(nxt):
+                    break
+                pos = nxt
+                continue
+            for p, entry in got:
+                try:
+                    h = read_header(entry)
+                except FormatError:
+                    continue
+                if h.highest_sequence_id > self._persisted.get(h.producer_name, -1):
+                    self._persisted[h.producer_name] = h.highest_sequence_id
+                replayed += 1
+            pos = self.ml.next_position(got[-1][0])
+        self._pushed = dict(self._persisted)
+        self._log(f"topic {self.name}: dedup state of {len(self._persisted)} producers (replayed {replayed} entries)")
+
+    async def _snapshot_dedup(self, *, force: bool) -> None:
+        cursor = self._dedup_cursor
+        if cursor is None or self.ml.last_confirmed.entry < 0:
+            return
+        for name, seq in self._persisted.items():
+            cursor.set_property(name, seq)
+        cursor.ack_cumulative(self.ml.last_confirmed)
+        self._since_snapshot = 0
+        if force:
+            await cursor.persist(force=True)
+
+    # ---- subscriptions -----------------------------------------------------------------------------------------
+    async def subscribe(self, sub_name: str, sub_type: str, initial_position: str, consumer_name: str,
+                        priority: int, sink: ConsumerSink):
+        self._check_serving()
+        if sub_name == DEDUP_CURSOR:
+            raise TopicError("BAD_REQUEST", f"subscription name {DEDUP_CURSOR!r} is reserved")
+        async with self._sub_lock:
+            sub = self.subscriptions.get(sub_name)
+            if sub is None:
+                if len(self.subscriptions) >= self.config.subscriptions_per_topic_max:
+                    raise TopicError("TOO_MANY_REQUESTS", f"topic {self.name} has {len(self.subscriptions)} "
+                                                          f"subscriptions (topic.subscriptions_per_topic_max)")
+                cursor = await self._open_cursor(sub_name, initial_position, True)
+                sub = self._subscription(sub_name, sub_type, cursor)
+                self.subscriptions[sub_name] = sub
+                self._log(f"topic {self.name}: subscription {sub_name} ({sub_type}) created at "
+                          f"{cursor.mark_delete} ({initial_position})")
+        return sub, sub.add_consumer(consumer_name, priority, sink, sub_type)
+
+    async def unsubscribe(self, sub_name: str) -> None:
+        sub = self.subscriptions.get(sub_name)
+        if sub is None:
+            raise TopicError("SUBSCRIPTION_NOT_FOUND", f"topic {self.name} has no subscription {sub_name!r}")
+        if sub.consumers:
+            raise TopicError("NOT_ALLOWED", f"subscription {sub_name} still has consumers")
+        await sub.close()
+        await sub.cursor.delete()
+        del self.subscriptions[sub_name]
+
+    async def seek_to_time(self, sub: Subscription, publish_time_ms: int) -> Position:
+        before = await self.ml.find_newest_before(_publish_time, publish_time_ms)
+        target = self.ml.first_position() if before is None else self.ml.next_position(before)
+        await sub.seek(target)
+        return target
+
+    # ---- maintenance ---------------------------------------------------------------------------------------------
+    async def _maintain(self) -> None:
+        interval = min(self.config.trim_interval_ms, 1_000)
+        last_trim = self._clock.monotonic_ms()
+        while self.fenced is None:
+            await self._clock.sleep_ms(interval)
+            try:
+                self.ml.check_rollover()
+                if self._clock.monotonic_ms() - last_trim >= self.config.trim_interval_ms:
+                    last_trim = self._clock.monotonic_ms()
+                    await self.run_trim()
+            except TopicError as e:
+                self._log(f"topic {self.name}: maintenance: {e}")
+                if e.status == "TOPIC_FENCED":
+                    await self.fence(e.message)
+
+    async def run_trim(self) -> list[int]:
+        """TTL first (cursors move past expired messages), then retention trimming below the slowest cursor."""
+        if self.policies.ttl_ms > 0:
+            cutoff = self._clock.wall_ms() - self.policies.ttl_ms
+            newest = await self.ml.find_newest_before(_publish_time, cutoff)
+            if newest is not None:
+                for sub in self.subscriptions.values():
+                    if sub.cursor.mark_delete < newest:
+                        sub.cursor.expire_until(newest)
+                        sub.wake()
+        cursors = [s.cursor for s in self.subscriptions.values()]
+        if self._dedup_cursor is not None:
+            cursors.append(self._dedup_cursor)
+        slowest = min((c.mark_delete for c in cursors), default=None)
+        return await self.ml.trim(slowest, retention_ms=self.policies.retention_ms,
+                                  retention_bytes=self.policies.retention_bytes)
+
+    def _check_serving(self) -> None:
+        if self.fenced is not None:
+            raise self.fenced
+        if self.ml.state == "Fenced":
+            raise TopicError("TOPIC_FENCED", f"topic {self.name} is fenced on this broker: {self.ml.fence_reason}")
+        if self.ml.state == "Closed":
+            raise TopicError("NOT_OWNER", f"topic {self.name} is unloading from this broker; look it up again")
+
+    # ---- stats ---------------------------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        subs = {name: sub.stats() for name, sub in sorted(self.subscriptions.items())}
+        return {
+            "topic": str(self.name),
+            "msgInCounter": self.messages_in,
+            "bytesInCounter": self.bytes_in,
+            "msgOutCounter": sum(s.messages_out for s in self.subscriptions.values()),
+            "bytesOutCounter": sum(s.bytes_out for s in self.subscriptions.values()),
+            "storageSize": self.ml.total_size,
+            "backlogSize": max((s["msgBacklog"] for s in subs.values()), default=0),
+            "publishers": [{"producerName": p.name, "msgInCounter": p.messages_in, "bytesInCounter": p.bytes_in,
+                            "connectedSince": p.connected_ms} for p in self.producers.values()],
+            "subscriptions": subs,
+            "deduplicationStatus": "Enabled" if self.policies.dedup else "Disabled",
+            "loadedSince": self.loaded_ms,
+        }
+
+    def stats_internal(self) -> dict:
+        out = self.ml.stats_internal()
+        out["cursors"] = {name: sub.cursor.stats_internal() for name, sub in sorted(self.subscriptions.items())}
+        if self._dedup_cursor is not None:
+            out["cursors"][DEDUP_CURSOR] = self._dedup_cursor.stats_internal()
+        return out
+
+
+def _publish_time(entry: bytes) -> int:
+    try:
+        return read_header(entry).publish_time_ms
+    except FormatError:
+        return 0
+
+
+async def _close_cursor(cursor, log) -> None:
+    try:
+        await cursor.close()
+    except TopicError as e:
+        log(f"cursor not closed cleanly: {e}")

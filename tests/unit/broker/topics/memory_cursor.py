@@ -1,0 +1,31 @@
+"""MemoryCursor: a NON-durable, in-memory test stand-in for ManagedCursor (CursorState with no-op persistence),
+so subscription and topic tests run without cursor ledgers. Durable cursors are tested in test_managed_cursor.py
+and on the real cluster."""
+from __future__ import annotations
+
+from bksim.broker.topics.cursor_state import CursorState
+from bksim.broker.topics.positions import Position
+
+
+class MemoryCursor(CursorState):
+    def __init__(self, layout, name: str, initial_position: str = "earliest") -> None:
+        md = layout.last_confirmed if initial_position == "latest" else layout.previous_position(layout.first_position())
+        super().__init__(layout, md, redelivery_counts_max=1_000_000, name=name)
+        self.persists = 0
+        self.closed = False
+        self.deleted = False
+
+    async def seek(self, pos: Position) -> None:  # noqa: D401 - async like ManagedCursor.seek
+        CursorState.seek(self, pos)
+
+    async def persist(self, force: bool = False) -> None:
+        self.persists += 1
+
+    async def close(self) -> None:
+        self.closed = True
+
+    async def delete(self) -> None:
+        self.deleted = True
+
+    def stats_internal(self) -> dict:
+        return {"markDeletePosition": str(self.mark_delete), "readPosition": str(self.read_position)}

@@ -1,0 +1,173 @@
+"""Subscriptions and dispatchers (broker/topics/subscription.py) over a real ManagedLedger on the in-memory
+metadata store and FakeBookies, with MemoryCursor (non-durable test cursor). Permits, each subscription type's
+rules, acks and redelivery."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bksim.broker.topics.errors import TopicError
+from bksim.broker.topics.positions import Position
+from bksim.broker.topics.subscription import Subscription
+from bksim.formats.message import Message, encode_entry, read_header
+from bksim.model.config import TopicConfig
+from helpers import wait_until_async
+from tests.unit.broker.fake_bookies import FakeClock
+from tests.unit.broker.topics.memory_cursor import MemoryCursor
+from tests.unit.broker.topics.test_managed_ledger import world
+
+CONFIG = TopicConfig(failover_switch_delay_ms=1)
+
+
+class Sink:
+    def __init__(self):
+        self.got = []
+        self.active = []
+        self.dropped = None
+
+    def deliver(self, deliveries):
+        self.got += deliveries
+
+    def active_changed(self, active):
+        self.active.append(active)
+
+    def drop(self, error):
+        self.dropped = error
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def setup(sub_type, n=0, keys=None):
+    _, _, [ml] = await world()
+    await ml.open()
+    for i in range(n):
+        key = keys[i] if keys else None
+        await ml.append(encode_entry([Message(b"m%d" % i, key=key, sequence_id=i)], producer_name="p",
+                                     publish_time_ms=i, batch=False))
+    cursor = MemoryCursor(ml, "sub")
+    sub = Subscription(topic="persistent://t/ns/orders", name="sub", sub_type=sub_type, cursor=cursor, ml=ml,
+                       clock=FakeClock(), config=CONFIG)
+    return ml, sub
+
+
+def payloads(sink):
+    return [d.entry.split(b"m")[-1] for d in sink.got]
+
+
+def test_exclusive_rejects_a_second_consumer_and_never_exceeds_permits():
+    async def main():
+        ml, sub = await setup("Exclusive", 10)
+        a = Sink()
+        ca = sub.add_consumer("a", 0, a, "Exclusive")
+        with pytest.raises(TopicError) as info:
+            sub.add_consumer("b", 0, Sink(), "Exclusive")
+        assert info.value.status == "CONSUMER_BUSY"
+        sub.flow(ca, 4)
+        await wait_until_async(lambda: len(a.got) == 4, 5)
+        await wait_until_async(lambda: sub.idle, 5)  # the dispatcher went idle: it must not have sent a 5th
+        assert len(a.got) == 4 and ca.permits == 0
+        sub.flow(ca, 100)
+        await wait_until_async(lambda: len(a.got) == 10, 5)
+        assert [d.position for d in a.got] == sorted(d.position for d in a.got)
+        await sub.close()
+    run(main())
+
+
+def test_shared_round_robin_and_a_departed_consumers_messages_go_to_the_others():
+    async def main():
+        ml, sub = await setup("Shared", 10)
+        a, b = Sink(), Sink()
+        ca = sub.add_consumer("a", 0, a, "Shared")
+        cb = sub.add_consumer("b", 0, b, "Shared")
+        sub.flow(ca, 100)
+        sub.flow(cb, 100)
+        await wait_until_async(lambda: len(a.got) + len(b.got) == 10, 5)
+        assert abs(len(a.got) - len(b.got)) <= 1
+        with pytest.raises(TopicError) as info:
+            sub.ack(ca, [(a.got[0].position, -1, 0)], cumulative=True)
+        assert info.value.status == "NOT_ALLOWED"
+        sub.ack(ca, [(d.position, -1, 0) for d in a.got[:2]], cumulative=False)
+        unacked = {d.position for d in a.got[2:]}
+        before = len(b.got)
+        sub.remove_consumer(ca)
+        await wait_until_async(lambda: len(b.got) == before + len(unacked), 5)
+        again = b.got[before:]
+        assert {d.position for d in again} == unacked
+        assert all(d.redelivery_count == 1 for d in again)
+        await sub.close()
+    run(main())
+
+
+def test_failover_active_by_priority_then_name_and_switch_redelivers_unacked():
+    async def main():
+        ml, sub = await setup("Failover", 6)
+        x, y = Sink(), Sink()
+        cy = sub.add_consumer("y", 0, y, "Failover")
+        cx = sub.add_consumer("x", 0, x, "Failover")  # same priority: "x" sorts first and becomes active
+        assert x.active[-1] is True and y.active[-1] is False
+        sub.flow(cx, 100)
+        sub.flow(cy, 100)
+        await wait_until_async(lambda: len(x.got) == 6, 5)
+        assert y.got == []
+        sub.ack(cx, [(x.got[2].position, -1, 0)], cumulative=True)  # 0..2 acked
+        sub.remove_consumer(cx)
+        assert y.active[-1] is True
+        await wait_until_async(lambda: len(y.got) == 3, 5)
+        assert [d.position for d in y.got] == [d.position for d in x.got[3:]]
+        await sub.close()
+    run(main())
+
+
+def test_key_shared_keeps_per_key_order_when_a_consumer_joins():
+    async def main():
+        keys = [f"k{i % 5}" for i in range(40)]
+        ml, sub = await setup("Key_Shared", 40, keys)
+        log = []  # global delivery order: (consumer, position, key)
+
+        class Logged(Sink):
+            def __init__(self, name):
+                super().__init__()
+                self.name = name
+
+            def deliver(self, deliveries):
+                super().deliver(deliveries)
+                log.extend((self.name, d.position, read_header(d.entry).sticky_key) for d in deliveries)
+
+        a = Logged("a")
+        ca = sub.add_consumer("a", 0, a, "Key_Shared")
+        sub.flow(ca, 20)  # a takes 20 messages (all 5 keys) and holds them unacked
+        await wait_until_async(lambda: len(a.got) == 20, 5)
+        b = Logged("b")
+        cb = sub.add_consumer("b", 0, b, "Key_Shared")
+        moved = {k for k in set(keys) if sub._ring.select(__import__("bksim.formats.murmur3", fromlist=["x"]).murmur3_32(k)) is cb}
+        assert moved, "with 5 keys and 100 points each, some key moves to the new consumer"
+        sub.flow(cb, 100)
+        sub.flow(ca, 100)
+        stay = set(keys) - moved
+        await wait_until_async(lambda: len(a.got) == 20 + 4 * len(stay), 5)  # a gets the rest of its keys
+        await wait_until_async(lambda: sub.idle, 5)
+        assert b.got == []  # every moved key still has in-flight messages on a: b must wait
+        sub.ack(ca, [(d.position, -1, 0) for d in a.got[:20]], cumulative=False)
+        await wait_until_async(lambda: len(a.got) + len(b.got) == 40, 5)
+        assert {read_header(d.entry).sticky_key for d in b.got} == moved
+        for key in set(keys):  # per key: delivered in position order across both consumers
+            positions = [p for _, p, k in log if k == key]
+            assert positions == sorted(positions) and len(positions) == 8, key
+        await sub.close()
+    run(main())
+
+
+def test_ack_of_an_unknown_message_is_invalid_and_nothing_changes():
+    async def main():
+        ml, sub = await setup("Exclusive", 3)
+        a = Sink()
+        ca = sub.add_consumer("a", 0, a, "Exclusive")
+        with pytest.raises(TopicError) as info:
+            sub.ack(ca, [(Position(ml.last_confirmed.ledger, 99), -1, 0)], cumulative=False)
+        assert info.value.status == "INVALID_ACK"
+        assert sub.cursor.backlog() == 3
+        await sub.close()
+    run(main())
