@@ -58,13 +58,13 @@ init: venv proto
 	$(BKSIM) cluster init
 
 # ---- tests ---------------------------------------------------------------------------------------------
-test: deps
+test: deps compose-tools
 	$(PYTEST) tests
 
 test-unit: deps
 	$(PYTEST) $(wildcard tests/unit tests/architecture)
 
-test-integration: deps
+test-integration: deps compose-tools
 	$(PYTEST) tests/integration
 
 # Stop everything `make up` started (by pid files), then remove the run directory.
@@ -100,3 +100,15 @@ sim: venv proto
 
 sim-sweep: venv proto
 	$(BKSIM) sim --sweep $(SEEDS) $(if $(STEPS),--steps $(STEPS)) $(SIM_ARGS)
+
+# ---- containers (see the README section "Containers") ---------------------------------------------------
+# compose-tools: Debian's docker-compose (v1), which tests/integration/test_compose_config.py runs
+# (`docker-compose config` needs no engine). compose-check: the whole deployment end to end on a private
+# dockerd (bksim compose check: build, up on host networking, write/read, kill a bookie, no loss, down).
+.PHONY: compose-tools compose-check
+compose-tools:
+	command -v docker-compose >/dev/null || { apt-get update && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends docker-compose; }
+
+compose-check: deps compose-tools
+	$(BKSIM) compose check

@@ -1,0 +1,136 @@
+"""In-container helper for docker-compose.yml: start ZooKeeper from the bksim configuration, and the
+healthchecks of every role.
+
+    python /opt/bksim/deploy/container.py zookeeper        # write zoo.cfg from [zookeeper], exec the JVM
+    python /opt/bksim/deploy/container.py health ROLE      # ROLE: zookeeper | bookie | broker; exit 0 = healthy
+
+Every address, port and directory comes from the same configuration as `bksim cluster up`: the TOML file
+($BKSIM_CONFIG) with BKSIM_<SECTION>_<OPTION> environment overrides, so a service's healthcheck probes
+exactly what its process serves (no second copy of a port in docker-compose.yml).
+
+Healthy means ready for the services that depend on it:
+- zookeeper: a kazoo client reads "/";
+- bookie: its gRPC health service answers SERVING and its registration node (writable or read-only)
+  exists in ZooKeeper, so brokers can place ledgers on it;
+- broker: its gRPC health service answers SERVING and /brokers/available/<id> exists.
+Every probe is bounded by PROBE_TIMEOUT_S; the healthcheck's own `timeout` in docker-compose.yml is larger.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+PROBE_TIMEOUT_S = 3.0
+DEFAULT_DATA_DIR = "/var/lib/bksim/zookeeper/data"
+
+
+def _config():
+    from bksim.cli import config as cfgload
+
+    return cfgload.load()
+
+
+def _zk(config):
+    from bksim.adapters import registration
+
+    return registration.connect(f"{config.zookeeper.host}:{config.zookeeper.port}",
+                                config.zookeeper.session_timeout_ms, PROBE_TIMEOUT_S)
+
+
+def _close(client) -> None:
+    try:
+        client.stop()
+        client.close()
+    except Exception:  # noqa: BLE001 - a probe's connection; the answer is already decided
+        pass
+
+
+def _grpc_serving(host: str, port: int) -> str:
+    """The gRPC health status name of the server at host:port ("SERVING", "NOT_SERVING", ...)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    with grpc.insecure_channel(address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                          timeout=PROBE_TIMEOUT_S)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def health(role: str) -> str:
+    """'' when healthy, else what is missing."""
+    config = _config()
+    if role == "bookie":
+        from bksim.cli.bookie_cmd import resolve
+
+        b = resolve(config).bookie
+        status = _grpc_serving(b.host, b.port)
+        if status != "SERVING":
+            return f"bookie {b.bookie_id}: gRPC health {status}"
+    elif role == "broker":
+        from bksim.cli.broker_cmd import resolve
+
+        r = resolve(config).broker
+        status = _grpc_serving(r.host, r.port)
+        if status != "SERVING":
+            return f"broker {r.broker_id}: gRPC health {status}"
+    elif role != "zookeeper":
+        raise SystemExit(f"container.py health: unknown role {role!r} (zookeeper, bookie, broker)")
+    client = _zk(config)
+    try:
+        client.get("/")
+        if role == "bookie":
+            from bksim.adapters import registration
+
+            if (registration.read_registration(client, b.bookie_id, read_only=False) is None
+                    and registration.read_registration(client, b.bookie_id, read_only=True) is None):
+                return f"bookie {b.bookie_id}: not registered in ZooKeeper yet"
+        elif role == "broker":
+            from bksim.metadata.paths import broker_path
+
+            if client.exists(broker_path(r.broker_id)) is None:
+                return f"broker {r.broker_id}: {broker_path(r.broker_id)} does not exist yet"
+    finally:
+        _close(client)
+    return ""
+
+
+def run_zookeeper() -> None:
+    """Write zoo.cfg for [zookeeper] (host, port, tick, heap, data_dir) and exec the JVM in this process
+    (so it is the container's main process and gets `docker stop`'s SIGTERM)."""
+    from bksim.adapters.zookeeper_server import ZooKeeperServer
+
+    z = _config().zookeeper
+    data_dir = z.data_dir or DEFAULT_DATA_DIR
+    server = ZooKeeperServer(z.host, z.port, data_dir, z.tick_time_ms, z.heap_mb, log_path="/dev/stdout")
+    os.makedirs(server.data_dir, exist_ok=True)
+    with open(server.cfg_path, "w") as f:
+        f.write(server.config_text())
+    argv = server.command()
+    print(f"zookeeper: {server.cfg_path}: clientPortAddress={z.host} clientPort={z.port} dataDir={server.data_dir}",
+          file=sys.stderr, flush=True)
+    os.execv(argv[0], argv)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["zookeeper"] and len(argv) == 1:
+        run_zookeeper()
+        return 0  # not reached: exec
+    if argv[:1] == ["health"] and len(argv) == 2:
+        try:
+            problem = health(argv[1])
+        except SystemExit:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure to probe is "not healthy", said in one line
+            problem = f"{argv[1]}: {type(e).__name__}: {e}"
+        if problem:
+            print(problem, file=sys.stderr)
+            return 1
+        return 0
+    print(__doc__.strip().splitlines()[0], "\nusage: container.py zookeeper | health zookeeper|bookie|broker",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
