@@ -247,11 +247,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
 
 class BrokerServer:
-    """The gRPC server of one broker: Broker service, health, reflection."""
+    """The gRPC server of one broker: Broker service, Topics service (when given a TopicService), health,
+    reflection. Both services share one bound on concurrent RPCs."""
 
-    def __init__(self, service: LedgerService, config: BrokerConfig, log: Callable[[str], None]) -> None:
+    def __init__(self, service: LedgerService, config: BrokerConfig, log: Callable[[str], None],
+                 topics=None) -> None:
         self.config = config
         self.servicer = BrokerServicer(service, config, log)
+        self.topics_servicer = None
+        if topics is not None:
+            from bksim.adapters.topic_server import TopicsServicer
+            self.topics_servicer = TopicsServicer(topics, self.servicer._admission, log)
         self._log = log
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
@@ -260,20 +266,29 @@ class BrokerServer:
     async def start(self) -> int:
         server = grpc.aio.server(options=server_options(self.config))
         broker_pb2_grpc.add_BrokerServicer_to_server(self.servicer, server)
+        names = [SERVICE_NAME]
+        if self.topics_servicer is not None:
+            from bksim.adapters.topic_server import SERVICE_NAME as TOPICS_SERVICE_NAME
+            from bksim.gen import topic_pb2_grpc
+            topic_pb2_grpc.add_TopicsServicer_to_server(self.topics_servicer, server)
+            names.append(TOPICS_SERVICE_NAME)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection((SERVICE_NAME, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server)
+        reflection.enable_server_reflection((*names, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server)
+        self._health_names = ["", *names]
         self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         if self.port == 0:
             raise OSError(f"broker cannot bind {self.config.host}:{self.config.port}")
         await server.start()
         self._server = server
-        for name in ("", SERVICE_NAME):
+        for name in self._health_names:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return self.port
 
     async def stop(self, grace_ms: float) -> None:
         self.servicer.begin_drain()
-        for name in ("", SERVICE_NAME):
+        if self.topics_servicer is not None:
+            self.topics_servicer.begin_drain()
+        for name in getattr(self, "_health_names", ("", SERVICE_NAME)):
             await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._server is not None:
             await self._server.stop(grace_ms / 1000.0)

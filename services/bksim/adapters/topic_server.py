@@ -1,0 +1,377 @@
+"""The broker's gRPC Topics service (proto/topic.proto) over a TopicService (broker/topics/service.py).
+
+Owns: translating wire messages to topic-layer calls and back; TopicError -> gRPC status (the mapping is at
+the top of proto/topic.proto; the TopicStatus name also travels in the trailer "bksim-status", and streams
+send it in-band first as an Error response); the Produce pipeline (Sends start in arrival order, receipts
+go back in that order; at most `topic.producer_pending_max` Sends are unanswered, then the reader stops
+reading and gRPC flow control pushes back); the Subscribe stream's outbox (bounded by the consumer's permits:
+the dispatcher never sends beyond them).
+
+Must not: block the event loop, log payloads.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+from typing import Callable
+
+import grpc
+
+from bksim.broker.topics.errors import TopicError
+from bksim.broker.topics.positions import Position
+from bksim.broker.topics.service import TopicService
+from bksim.broker.topics.subscription import Delivery
+from bksim.broker.topics.topic import Policies
+from bksim.formats.message import Message
+from bksim.gen import topic_pb2, topic_pb2_grpc
+
+SERVICE_NAME = topic_pb2.DESCRIPTOR.services_by_name["Topics"].full_name
+STATUS_KEY = "bksim-status"
+TOPIC_GRPC_CODE_NAME = {
+    "BAD_REQUEST": "INVALID_ARGUMENT", "MESSAGE_TOO_LARGE": "INVALID_ARGUMENT", "INVALID_ACK": "INVALID_ARGUMENT",
+    "TENANT_NOT_FOUND": "NOT_FOUND", "NAMESPACE_NOT_FOUND": "NOT_FOUND", "TOPIC_NOT_FOUND": "NOT_FOUND",
+    "SUBSCRIPTION_NOT_FOUND": "NOT_FOUND", "ALREADY_EXISTS": "ALREADY_EXISTS",
+    "CONSUMER_BUSY": "FAILED_PRECONDITION", "NOT_ALLOWED": "FAILED_PRECONDITION",
+    "NOT_OWNER": "UNAVAILABLE", "TOPIC_FENCED": "UNAVAILABLE", "SERVICE_UNAVAILABLE": "UNAVAILABLE",
+    "METADATA_ERROR": "UNAVAILABLE", "TOO_MANY_REQUESTS": "RESOURCE_EXHAUSTED", "TIMEOUT": "DEADLINE_EXCEEDED",
+    "INTERNAL": "INTERNAL",
+}
+SUB_TYPES = {topic_pb2.EXCLUSIVE: "Exclusive", topic_pb2.SHARED: "Shared", topic_pb2.FAILOVER: "Failover",
+             topic_pb2.KEY_SHARED: "Key_Shared"}
+DELIVERIES_PER_MESSAGE_MAX = 256
+
+
+def _error_message(e: TopicError) -> topic_pb2.Error:
+    return topic_pb2.Error(status=topic_pb2.TopicStatus.Value(e.status), message=e.message,
+                           owner_address=e.owner_address)
+
+
+async def _abort(context, e: TopicError):
+    context.set_trailing_metadata(((STATUS_KEY, e.status),))
+    await context.abort(getattr(grpc.StatusCode, TOPIC_GRPC_CODE_NAME.get(e.status, "UNKNOWN")), e.message)
+
+
+class _Admit:
+    """Enter the broker's shared RPC bound (broker.requests_inflight_max) with a topic status when full."""
+
+    def __init__(self, admission) -> None:
+        self._admission = admission
+
+    def __enter__(self):
+        if self._admission.active >= self._admission.limit:
+            raise TopicError("TOO_MANY_REQUESTS", f"{self._admission.active} requests in flight "
+                                                  f"(broker.requests_inflight_max = {self._admission.limit})")
+        return self._admission.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        self._admission.__exit__(*exc)
+
+
+class _Sink:
+    """A consumer's outbox: the dispatcher puts deliveries here (bounded by the consumer's permits), the RPC
+    writes them out."""
+
+    def __init__(self) -> None:
+        self.items: collections.deque = collections.deque()
+        self.ready = asyncio.Event()
+
+    def deliver(self, deliveries: list[Delivery]) -> None:
+        self.items.append(deliveries)
+        self.ready.set()
+
+    def active_changed(self, active: bool) -> None:
+        self.items.append(topic_pb2.ConsumeResponse(active_change=topic_pb2.ActiveConsumerChange(active=active)))
+        self.ready.set()
+
+    def drop(self, error: TopicError) -> None:
+        self.items.append(error)
+        self.ready.set()
+
+    def put(self, response) -> None:
+        self.items.append(response)
+        self.ready.set()
+
+
+class TopicsServicer(topic_pb2_grpc.TopicsServicer):
+    def __init__(self, service: TopicService, admission, log: Callable[[str], None]) -> None:
+        self.service = service
+        self._admission = _Admit(admission)  # shared with the Broker service: one bound on concurrent RPCs
+        self._log = log
+        self.draining = False
+
+    async def _guarded(self, context, call):
+        try:
+            if self.draining:
+                raise TopicError("SERVICE_UNAVAILABLE", "the broker is shutting down")
+            with self._admission:
+                return await call()
+        except TopicError as e:
+            await _abort(context, e)
+
+    # ---- admin ------------------------------------------------------------------------------------------------
+    async def CreateTenant(self, request, context):
+        async def call():
+            await self.service.create_tenant(request.tenant)
+            return topic_pb2.ListTenantsResponse(tenants=await self.service.list_tenants())
+        return await self._guarded(context, call)
+
+    async def ListTenants(self, request, context):
+        async def call():
+            return topic_pb2.ListTenantsResponse(tenants=await self.service.list_tenants())
+        return await self._guarded(context, call)
+
+    async def CreateNamespace(self, request, context):
+        async def call():
+            p = request.policies
+            policies = Policies(p.retention_ms, p.retention_bytes, p.ttl_ms, p.dedup) if request.HasField("policies") \
+                else Policies()
+            await self.service.create_namespace(request.namespace, policies)
+            return self._namespace_info(request.namespace, policies)
+        return await self._guarded(context, call)
+
+    @staticmethod
+    def _namespace_info(namespace: str, p: Policies) -> topic_pb2.NamespaceInfo:
+        return topic_pb2.NamespaceInfo(namespace=namespace, policies=topic_pb2.NamespacePolicies(
+            retention_ms=p.retention_ms, retention_bytes=p.retention_bytes, ttl_ms=p.ttl_ms, dedup=p.dedup))
+
+    async def GetNamespace(self, request, context):
+        async def call():
+            return self._namespace_info(request.namespace, await self.service.get_namespace(request.namespace))
+        return await self._guarded(context, call)
+
+    async def ListNamespaces(self, request, context):
+        async def call():
+            return topic_pb2.ListNamespacesResponse(namespaces=await self.service.list_namespaces(request.tenant))
+        return await self._guarded(context, call)
+
+    async def CreateTopic(self, request, context):
+        async def call():
+            partitions = await self.service.create_topic(request.topic, request.partitions)
+            return topic_pb2.TopicMetadata(topic=request.topic, partitions=partitions)
+        return await self._guarded(context, call)
+
+    async def GetTopic(self, request, context):
+        async def call():
+            return topic_pb2.TopicMetadata(topic=request.topic, partitions=await self.service.get_topic(request.topic))
+        return await self._guarded(context, call)
+
+    async def DeleteTopic(self, request, context):
+        async def call():
+            partitions = await self.service.delete_topic(request.topic, request.force)
+            return topic_pb2.TopicMetadata(topic=request.topic, partitions=partitions)
+        return await self._guarded(context, call)
+
+    async def ListTopics(self, request, context):
+        async def call():
+            return topic_pb2.ListTopicsResponse(topics=await self.service.list_topics(request.namespace))
+        return await self._guarded(context, call)
+
+    async def Lookup(self, request, context):
+        async def call():
+            broker_id, address, owned = await self.service.lookup(request.topic)
+            return topic_pb2.LookupResponse(topic=request.topic, broker_id=broker_id, address=address, owned=owned)
+        return await self._guarded(context, call)
+
+    async def _served(self, topic: str):
+        """The topic loaded here; NOT_OWNER (with the owner's address) when another broker serves it."""
+        return await self.service.acquire(topic)
+
+    async def TopicStats(self, request, context):
+        async def call():
+            topic = await self._stats_topic(request.topic)
+            return topic_pb2.JsonResponse(json=json.dumps(topic.stats(), sort_keys=True))
+        return await self._guarded(context, call)
+
+    async def TopicStatsInternal(self, request, context):
+        async def call():
+            topic = await self._stats_topic(request.topic)
+            return topic_pb2.JsonResponse(json=json.dumps(topic.stats_internal(), sort_keys=True))
+        return await self._guarded(context, call)
+
+    async def _stats_topic(self, topic: str):
+        partitions = await self.service.get_topic(topic)
+        if partitions:
+            raise TopicError("BAD_REQUEST", f"{topic} has {partitions} partitions: ask for one partition "
+                                            f"({topic}-partition-<i>)")
+        return await self._served(topic)
+
+    # ---- produce ------------------------------------------------------------------------------------------------
+    async def Produce(self, request_iterator, context):
+        try:
+            if self.draining:
+                raise TopicError("SERVICE_UNAVAILABLE", "the broker is shutting down")
+            with self._admission:
+                await self._produce(request_iterator, context)
+        except TopicError as e:
+            await self._end_stream(context, topic_pb2.ProduceResponse(error=_error_message(e)), e)
+
+    async def _end_stream(self, context, response, e: TopicError) -> None:
+        try:  # in-band first: the status alone can be lost to a grpc.aio race (grpc/grpc#36066)
+            await context.write(response)
+        except Exception:  # noqa: BLE001 - the client is gone
+            pass
+        await _abort(context, e)
+
+    async def _produce(self, request_iterator, context) -> None:
+        it = request_iterator.__aiter__()
+        try:
+            first = await it.__anext__()
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("kind") != "open":
+            raise TopicError("BAD_REQUEST", "the first message of a Produce stream must be 'open'")
+        topic = await self._served(first.open.topic)
+        name, last_seq = topic.add_producer(first.open.producer_name, self.service.broker_id)
+        try:
+            await context.write(topic_pb2.ProduceResponse(ready=topic_pb2.ProducerReady(
+                producer_name=name, last_sequence_id=last_seq, partition=topic.partition,
+                broker_id=self.service.broker_id)))
+            queue: asyncio.Queue = asyncio.Queue(topic.config.producer_pending_max)
+            reader = asyncio.get_running_loop().create_task(self._read_sends(it, topic, name, queue))
+            try:
+                while True:
+                    item = await queue.get()
+                    if item is None:
+                        break
+                    if isinstance(item, TopicError):
+                        raise item
+                    request_id, count, task = item
+                    pos = await task
+                    receipt = topic_pb2.SendReceipt(request_id=request_id, partition=topic.partition,
+                                                    batch_size=count)
+                    if pos is None:
+                        receipt.ledger_id, receipt.entry_id, receipt.duplicate = -1, -1, True
+                    else:
+                        receipt.ledger_id, receipt.entry_id = pos.ledger, pos.entry
+                    await context.write(topic_pb2.ProduceResponse(receipt=receipt))
+            finally:
+                reader.cancel()
+        finally:
+            topic.remove_producer(name)
+
+    async def _read_sends(self, it, topic, producer: str, queue: asyncio.Queue) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async for request in it:
+                if request.WhichOneof("kind") != "send":
+                    raise TopicError("BAD_REQUEST", "a Produce stream takes one 'open', then 'send' messages")
+                send = request.send
+                messages = [Message(m.payload, m.key if m.has_key else None, dict(m.properties), m.event_time_ms,
+                                    m.sequence_id) for m in send.messages]
+                task = loop.create_task(topic.publish(producer, messages))  # starts in arrival order
+                await queue.put((send.request_id, len(messages), task))
+            await queue.put(None)
+        except TopicError as e:
+            await queue.put(e)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a broken client stream
+            await queue.put(TopicError("BAD_REQUEST", f"produce stream broke: {e!r}"))
+
+    # ---- subscribe ------------------------------------------------------------------------------------------------
+    async def Subscribe(self, request_iterator, context):
+        try:
+            if self.draining:
+                raise TopicError("SERVICE_UNAVAILABLE", "the broker is shutting down")
+            with self._admission:
+                await self._subscribe(request_iterator, context)
+        except TopicError as e:
+            await self._end_stream(context, topic_pb2.ConsumeResponse(error=_error_message(e)), e)
+
+    async def _subscribe(self, request_iterator, context) -> None:
+        it = request_iterator.__aiter__()
+        try:
+            first = await it.__anext__()
+        except StopAsyncIteration:
+            return
+        if first.WhichOneof("kind") != "open":
+            raise TopicError("BAD_REQUEST", "the first message of a Subscribe stream must be 'open'")
+        o = first.open
+        if o.type not in SUB_TYPES:
+            raise TopicError("BAD_REQUEST", f"unknown subscription type {o.type}")
+        topic = await self._served(o.topic)
+        sink = _Sink()
+        consumer_name = o.consumer_name or f"{self.service.broker_id}-c{id(sink) & 0xFFFFFF:x}"
+        initial = "earliest" if o.initial_position == topic_pb2.EARLIEST else "latest"
+        sub, consumer = await topic.subscribe(o.subscription, SUB_TYPES[o.type], initial, consumer_name,
+                                              o.priority, sink)
+        try:
+            await context.write(topic_pb2.ConsumeResponse(subscribed=topic_pb2.Subscribed(
+                consumer_name=consumer_name, broker_id=self.service.broker_id, partition=topic.partition)))
+            reader = asyncio.get_running_loop().create_task(self._read_consume(it, topic, sub, consumer, sink))
+            try:
+                await self._write_consume(context, sink, topic.partition)
+            finally:
+                reader.cancel()
+        finally:
+            sub.remove_consumer(consumer)
+
+    async def _write_consume(self, context, sink: _Sink, partition: int) -> None:
+        while True:
+            await sink.ready.wait()
+            sink.ready.clear()
+            while sink.items:
+                item = sink.items.popleft()
+                if item is None:
+                    return
+                if isinstance(item, TopicError):
+                    raise item
+                if isinstance(item, list):
+                    for i in range(0, len(item), DELIVERIES_PER_MESSAGE_MAX):
+                        chunk = item[i:i + DELIVERIES_PER_MESSAGE_MAX]
+                        await context.write(topic_pb2.ConsumeResponse(deliveries=topic_pb2.Deliveries(deliveries=[
+                            topic_pb2.Delivery(ledger_id=d.position.ledger, entry_id=d.position.entry,
+                                               partition=partition, redelivery_count=d.redelivery_count,
+                                               entry=d.entry, acked_batch_indexes=d.acked_batch_indexes)
+                            for d in chunk])))
+                else:
+                    await context.write(item)
+
+    async def _read_consume(self, it, topic, sub, consumer, sink: _Sink) -> None:
+        try:
+            async for request in it:
+                kind = request.WhichOneof("kind")
+                if kind == "flow":
+                    sub.flow(consumer, request.flow.permits)
+                elif kind == "ack":
+                    ids = [(Position(a.ledger_id, a.entry_id), a.batch_index if a.batch_size > 0 else -1,
+                            a.batch_size) for a in request.ack.ids]
+                    error = None
+                    try:
+                        sub.ack(consumer, ids, request.ack.cumulative)
+                    except TopicError as e:
+                        error = e
+                    if request.ack.request_id:
+                        result = topic_pb2.AckResult(request_id=request.ack.request_id)
+                        if error is not None:
+                            result.error.CopyFrom(_error_message(error))
+                        sink.put(topic_pb2.ConsumeResponse(ack_result=result))
+                    elif error is not None:
+                        raise error
+                elif kind == "redeliver":
+                    ids = [Position(a.ledger_id, a.entry_id) for a in request.redeliver.ids]
+                    sub.redeliver(consumer, ids or None)
+                elif kind == "seek":
+                    result = topic_pb2.SeekResult(request_id=request.seek.request_id)
+                    try:
+                        if request.seek.WhichOneof("target") == "position":
+                            p = request.seek.position
+                            await sub.seek(Position(p.ledger_id, p.entry_id))
+                        else:
+                            await topic.seek_to_time(sub, request.seek.publish_time_ms)
+                    except TopicError as e:
+                        result.error.CopyFrom(_error_message(e))
+                    sink.put(topic_pb2.ConsumeResponse(seek_result=result))
+                else:
+                    raise TopicError("BAD_REQUEST", f"unexpected {kind!r} on a Subscribe stream")
+            sink.put(None)  # the client half-closed: end the stream
+        except TopicError as e:
+            sink.drop(e)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a broken client stream
+            sink.drop(TopicError("BAD_REQUEST", f"subscribe stream broke: {e!r}"))
+
+    def begin_drain(self) -> None:
+        self.draining = True
