@@ -1,0 +1,165 @@
+"""Two brokers' TopicServices over one in-memory metadata store (ZooKeeper semantics: versions, ephemeral
+nodes bound to sessions) and FakeBookies, with MemoryCursor: admin errors, ownership, NOT_OWNER with the
+owner's address, takeover after the owner's session expires (the old owner is fenced and writes nothing
+more), dedup across the takeover, retention trimming."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from bksim.broker.ledgers import LedgerService
+from bksim.broker.topics.errors import TopicError
+from bksim.broker.topics.service import TopicService
+from bksim.broker.topics.topic import Policies
+from bksim.formats.message import Message, decode_entry
+from bksim.metadata.memory import InMemoryMetadataStore
+from bksim.metadata.paths import bookie_path
+from bksim.model.config import BrokerConfig, TopicConfig
+from tests.unit.broker.fake_bookies import FakeBookies, FakeClock
+from tests.unit.broker.topics.memory_cursor import MemoryCursor
+
+TOPIC = "persistent://acme/orders/o1"
+
+
+async def cluster(brokers=2, config=TopicConfig()):
+    store = InMemoryMetadataStore()
+    reg = store.session("bookies")
+    for b in ("b0", "b1", "b2"):
+        await reg.create(bookie_path(b), b"{}", ephemeral=True, make_parents=True)
+    fake = FakeBookies(["b0", "b1", "b2"])
+    services = []
+    for i in range(brokers):
+        session = store.session(f"broker-{i}")
+        await session.create(f"/brokers/available/br{i}", b'{"host": "127.0.0.1", "port": %d}' % (7000 + i),
+                             ephemeral=True, make_parents=True)
+        ledgers = LedgerService(store=session, transport=fake, rng=random.Random(i), clock=FakeClock(),
+                                config=BrokerConfig(speculative_read_ms=50))
+
+        async def open_cursor(ml, name, sub, initial, create):
+            return MemoryCursor(ml, sub, initial)
+
+        services.append(TopicService(store=session, ledgers=ledgers, clock=FakeClock(), broker_id=f"br{i}",
+                                     address=f"127.0.0.1:{7000 + i}", open_cursor_factory=open_cursor,
+                                     config=config))
+    return store, services
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def msgs(producer_seq, n=1):
+    return [Message(b"v%d" % (producer_seq + j), sequence_id=producer_seq + j) for j in range(n)]
+
+
+def test_admin_errors_are_precise_and_leave_nothing_behind():
+    async def main():
+        store, [a, _] = await cluster()
+        with pytest.raises(TopicError) as e:
+            await a.create_namespace("acme/orders", Policies())
+        assert e.value.status == "TENANT_NOT_FOUND"
+        await a.create_tenant("acme")
+        with pytest.raises(TopicError) as e:
+            await a.create_tenant("acme")
+        assert e.value.status == "ALREADY_EXISTS"
+        with pytest.raises(TopicError) as e:
+            await a.create_topic(TOPIC, 0)
+        assert e.value.status == "NAMESPACE_NOT_FOUND"
+        await a.create_namespace("acme/orders", Policies(dedup=True))
+        for bad in ("orders", "persistent://acme/orders", "persistent://acme/ord ers/x", "persistent://a/b/c/d"):
+            with pytest.raises(TopicError) as e:
+                await a.create_topic(bad, 0)
+            assert e.value.status == "BAD_REQUEST", bad
+        await a.create_topic(TOPIC, 0)
+        await a.create_topic("persistent://acme/orders/p", 3)
+        assert await a.list_topics("acme/orders") == ["persistent://acme/orders/o1", "persistent://acme/orders/p"]
+        assert await a.get_topic("persistent://acme/orders/p") == 3
+        with pytest.raises(TopicError) as e:
+            await a.acquire("persistent://acme/orders/nope")
+        assert e.value.status == "TOPIC_NOT_FOUND"
+        with pytest.raises(TopicError) as e:
+            await a.acquire("persistent://acme/orders/p")  # a partitioned topic is served per partition
+        assert e.value.status == "BAD_REQUEST"
+        await a.acquire("persistent://acme/orders/p-partition-2")
+    run(main())
+
+
+def test_one_owner_redirects_and_a_takeover_fences_the_old_owner():
+    async def main():
+        store, [a, b] = await cluster()
+        await a.create_tenant("acme")
+        await a.create_namespace("acme/orders", Policies(dedup=True))
+        await a.create_topic(TOPIC, 0)
+        ta = await a.acquire(TOPIC)
+        a_name, _ = ta.add_producer("p1", "br0")
+        first = [await ta.publish(a_name, msgs(i)) for i in range(10)]
+        assert all(p is not None for p in first)
+        assert await ta.publish(a_name, msgs(5)) is None  # dedup: already persisted
+        with pytest.raises(TopicError) as e:
+            await b.acquire(TOPIC)
+        assert e.value.status == "NOT_OWNER" and e.value.owner_address == "127.0.0.1:7000"
+        assert (await b.lookup(TOPIC))[:2] == ("br0", "127.0.0.1:7000")
+        # a's ownership node vanishes while a still believes it owns the topic; b takes over
+        await store.session("admin").delete(ta.name.ownership_path)
+        tb = await b.acquire(TOPIC)
+        # the old owner's next write is fenced (its ledger was fenced by b's recovery; its CAS then fails)
+        with pytest.raises(TopicError) as e:
+            await ta.publish(a_name, msgs(10))
+        assert e.value.status == "TOPIC_FENCED"
+        # dedup state came across from the log: a resend of sequence ids 0..9 is dropped at b
+        b_name, last = tb.add_producer("p1", "br1")
+        assert last == 9
+        assert await tb.publish(b_name, msgs(9)) is None
+        pos = await tb.publish(b_name, msgs(10))
+        assert pos is not None and pos > first[-1]
+        got = await tb.ml.read(tb.ml.first_position(), 100)
+        assert [decode_entry(e)[1][0].payload for _, e in got] == [b"v%d" % i for i in range(10)]
+    run(main())
+
+
+def test_retention_trims_only_what_every_cursor_consumed():
+    async def main():
+        _, [a, _] = await cluster(config=TopicConfig(ledger_entries_max=5))
+        await a.create_tenant("acme")
+        await a.create_namespace("acme/orders", Policies(retention_ms=0, retention_bytes=-1))
+        await a.create_topic(TOPIC, 0)
+        t = await a.acquire(TOPIC)
+
+        class Sink:
+            def deliver(self, d): pass
+            def active_changed(self, active): pass
+            def drop(self, e): pass
+        sub, consumer = await t.subscribe("s", "Exclusive", "earliest", "c", 0, Sink())
+        name, _ = t.add_producer("", "br0")
+        positions = [await t.publish(name, msgs(i)) for i in range(22)]
+        ledgers = t.ml.ledger_ids()
+        assert len(ledgers) >= 5
+        assert await t.run_trim() == []  # nothing consumed yet
+        sub.ack(consumer, [(positions[11], -1, 0)], cumulative=True)  # two full ledgers consumed
+        deleted = await t.run_trim()
+        assert deleted == ledgers[:2]
+        assert t.ml.ledger_ids() == ledgers[2:]
+    run(main())
+
+
+def test_session_expiry_fences_every_topic_of_the_broker():
+    async def main():
+        store, [a, b] = await cluster()
+        await a.create_tenant("acme")
+        await a.create_namespace("acme/orders", Policies())
+        await a.create_topic(TOPIC, 0)
+        ta = await a.acquire(TOPIC)
+        name, _ = ta.add_producer("p", "br0")
+        await ta.publish(name, msgs(0))
+        store.expire(a.store)  # ZooKeeper expired a's session: its ownership znode is gone
+        assert (await b.lookup(TOPIC))[2] is False
+        tb = await b.acquire(TOPIC)
+        await a.session_lost()  # the broker learns it on reconnecting (RenewingZkMetadataStore)
+        assert TOPIC not in a.topics
+        with pytest.raises(TopicError) as e:
+            await ta.publish(name, msgs(1))
+        assert e.value.status == "TOPIC_FENCED"
+        assert tb.ml.last_confirmed.entry == 0 and len(await tb.ml.read(tb.ml.first_position(), 10)) == 1
+    run(main())
