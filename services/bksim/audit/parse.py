@@ -1,0 +1,431 @@
+"""One bookie file -> FileResult: its integrity findings and its records, per ledger, as columnar blocks.
+
+The records come from the project's own parsers, the ones the bookie uses: `formats.journal.scan_records`
+(with the bookie's replay rules for torn tails) and `formats.entrylog.scan`; entries are read with
+`formats.entry.HEADER` and their digest recomputed as `formats.entry` defines it. Nothing here knows the
+metadata: whether a digest must match (digest type) is decided by the rules.
+
+Journal integrity, per file (see findings.RULES for the names):
+- the header: unreadable is `journal_bad_header`, except a short or all-zero header of the bookie's newest
+  journal (`torn_header`, benign: replay removes the file); another cluster's instance id is
+  `journal_foreign_instance` (its records are not used);
+- a framed record that fails its CRC (or type) with valid records after it: `journal_crc_failure`;
+- bytes that are no record with valid records after them: `journal_garbage`. After any damage the scan
+  resynchronises on the next offset where a valid record starts (searching at most RESYNC_BYTES_MAX bytes),
+  so records after the damage still count. This also catches what replay would call a torn tail when valid
+  records follow it (replay would truncate acknowledged records: a violation, never benign);
+- damage running to the end of the file: in the bookie's newest journal, what replay calls a torn tail is
+  `torn_tail` (benign; never acknowledged) unless the bookie's checkpoint mark lies beyond its start
+  (`torn_tail_below_checkpoint`); a torn-looking tail of an older journal is benign only when the whole
+  journal lies below the checkpoint mark (replay has moved past it); anything else is `journal_corrupt_tail`.
+
+Blocks hold, per ledger and in file order: entry id, piggybacked LAC, ledger length, payload bytes, the
+digest computed over the entry (header and payload: the content's identity, whatever the digest type), the
+stored digest, flags and file offset; plus the offsets of FENCE and MASTER_KEY records and (offset, lac) of
+EXPLICIT_LAC records. Arrays pickle as raw bytes, so Spark moves a block cheaply.
+"""
+from __future__ import annotations
+
+import re
+import struct
+from array import array
+from dataclasses import dataclass, field
+
+from bksim.formats import entry as entry_fmt
+from bksim.formats import entrylog as log_fmt
+from bksim.formats import journal as jfmt
+from bksim.formats.crc import crc32c
+from bksim.model.errors import FormatError, JournalCorruptError
+
+from bksim.audit.findings import Finding
+
+JOURNAL = "journal"
+ENTRYLOG = "entrylog"
+
+# After damage the scan looks for the next valid record at most this far (a bound on the work one damaged
+# region can cost: each candidate offset is probed).
+RESYNC_BYTES_MAX = 64 * 1024 * 1024
+# A candidate record longer than this is not probed (no bksim entry is larger: entry_bytes_max is 5 MiB by
+# default and at most the frame size), which keeps probing random bytes cheap.
+RECORD_BYTES_MAX = 16 * 1024 * 1024
+
+_LENGTH = struct.Struct(">I")
+_ENTRY_IDS = struct.Struct(">qq")
+_NONZERO = re.compile(rb"[^\x00]")
+_OFFSET = re.compile(r"offset (\d+)")
+_FOLLOWED = re.compile(r"followed by a valid record at offset (\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class FileTask:
+    """One file to parse and what the plan knows about it (inputs.py decides)."""
+    path: str  # as reported (a local absolute path, or the URI of another file system)
+    uri: str  # what the reader opens
+    bookie: str
+    kind: str  # JOURNAL | ENTRYLOG
+    file_id: int  # journal id or entry log id
+    size: int = 0
+    newest: bool = False  # journal: the highest journal id of its bookie (its tail may be torn)
+    below_mark: bool = False  # journal: entirely below the bookie's checkpoint mark (replay moved past it)
+    mark_offset: int = -1  # journal: the checkpoint mark's offset when the mark lies in this journal
+    instance_id: str | None = None  # the cluster instance the bookie's cookie names (None: unknown)
+
+
+class Block:
+    """Records of one ledger in one file, columnar and in file order."""
+
+    __slots__ = ("ids", "lacs", "ledger_lengths", "sizes", "digests", "stored", "flags", "offsets",
+                 "fences", "explicit_lacs", "master_keys")
+
+    def __init__(self) -> None:
+        self.ids = array("q")
+        self.lacs = array("q")
+        self.ledger_lengths = array("q")
+        self.sizes = array("q")
+        self.digests = array("I")  # crc32c over the entry's 32 header bytes then its payload
+        self.stored = array("I")  # the digest field as stored
+        self.flags = b""
+        self.offsets = array("q")
+        self.fences: list[int] = []  # offsets of FENCE records
+        self.explicit_lacs: list[tuple[int, int]] = []  # (offset, lac) of EXPLICIT_LAC records
+        self.master_keys: list[int] = []  # offsets of MASTER_KEY records
+
+    def __getstate__(self):
+        return tuple(getattr(self, name) for name in Block.__slots__)
+
+    def __setstate__(self, state) -> None:
+        for name, value in zip(Block.__slots__, state):
+            setattr(self, name, value)
+
+    @classmethod
+    def from_rows(cls, rows: list[tuple]) -> "Block":
+        block = cls()
+        if rows:
+            ids, lacs, lengths, sizes, digests, stored, flags, offsets = zip(*rows)
+            block.ids = array("q", ids)
+            block.lacs = array("q", lacs)
+            block.ledger_lengths = array("q", lengths)
+            block.sizes = array("q", sizes)
+            block.digests = array("I", digests)
+            block.stored = array("I", stored)
+            block.flags = bytes(flags)
+            block.offsets = array("q", offsets)
+        return block
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(slots=True)
+class FileResult:
+    task: FileTask
+    size: int
+    records: int = 0  # valid records (journal) or entries (entry log)
+    counts: dict[str, int] = field(default_factory=dict)  # valid records by type name
+    payload_bytes: int = 0  # entry payload bytes of valid records
+    findings: list[Finding] = field(default_factory=list)
+    blocks: dict[int, Block] = field(default_factory=dict)  # ledger id -> its records in this file
+    usable: bool = True  # False: the file's records are not used (unreadable header, foreign instance)
+
+    def summary(self) -> dict:
+        """What the report says about the file (no records)."""
+        t = self.task
+        return {"file": t.path, "bookie": t.bookie, "kind": t.kind, "file_id": t.file_id, "bytes": self.size,
+                "records": self.records, "counts": dict(sorted(self.counts.items())),
+                "payload_bytes": self.payload_bytes, "ledgers": len(self.blocks), "usable": self.usable,
+                "newest": t.newest}
+
+
+def parse_file(task: FileTask, data: bytes) -> FileResult:
+    """Parse one journal or entry log (its whole bytes)."""
+    if task.kind == JOURNAL:
+        return parse_journal(task, data)
+    if task.kind == ENTRYLOG:
+        return parse_entry_log(task, data)
+    raise ValueError(f"unknown file kind {task.kind!r} for {task.path}")
+
+
+# -- journals ----------------------------------------------------------------------------------------------
+
+def parse_journal(task: FileTask, data: bytes) -> FileResult:
+    result = FileResult(task, len(data))
+    found = result.findings
+    try:
+        instance = jfmt.decode_file_header(data)
+    except FormatError as e:
+        if task.newest and (len(data) < jfmt.FILE_HEADER_BYTES or data.count(0) == len(data)):
+            # maybe: a crash between creating the newest journal and syncing its header (nothing acknowledged)
+            found.append(_at(task, "torn_header", 0, f"{len(data)} bytes, header unreadable ({e}); replay "
+                                                      f"removes this file"))
+        else:
+            found.append(_at(task, "journal_bad_header", 0, str(e)))
+        result.usable = False
+        return result
+    if task.instance_id is not None and not _same_instance(instance, task.instance_id):
+        found.append(_at(task, "journal_foreign_instance", 0, f"journal of cluster instance {instance}, the "
+                                                              f"bookie's cookie names {task.instance_id}"))
+        result.usable = False
+        return result
+    records = _scan(task, data, found)
+    _collect(result, records)
+    return result
+
+
+def _same_instance(a: str, b: str) -> bool:
+    try:
+        return jfmt.same_instance(a, b)
+    except FormatError:
+        return a == b
+
+
+def _at(task: FileTask, rule: str, offset: int, detail: str, ledger: int | None = None) -> Finding:
+    return Finding(rule, ledger=ledger, bookie=task.bookie, file=task.path, offset=offset, detail=detail)
+
+
+def _scan(task: FileTask, data: bytes, found: list[Finding]) -> list[jfmt.JournalRecord]:
+    """Every valid record of the file, damage reported into `found` (see the module docstring)."""
+    out: list[jfmt.JournalRecord] = []
+    size = len(data)
+    pos = jfmt.FILE_HEADER_BYTES
+    while pos < size:
+        scan = jfmt.scan_records(data, pos, task.newest, skip_corruption=True, name=task.path)
+        out.extend(scan.records)
+        stop = None  # where the scan gave up on the rest of the file
+        for problem in scan.skipped:
+            why = problem[len(task.path) + len(": corruption: "):]
+            at = int(_OFFSET.search(why).group(1))
+            followed = _FOLLOWED.search(why)
+            if followed is not None:
+                found.append(_at(task, "journal_crc_failure", at,
+                                 f"{why.split(', followed by')[0]}{_claims(data, at)}; next valid record at "
+                                 f"offset {followed.group(1)}"))
+            else:
+                stop = at
+        if scan.torn is not None:
+            torn_at = scan.end
+            resume = _resync(data, torn_at + 1)
+            if resume is not None:  # what replay would truncate as a torn tail has valid records after it
+                found.append(_at(task, "journal_garbage", torn_at, f"{resume - torn_at} bytes that are no record "
+                                 f"({scan.torn}), then valid records from offset {resume} (replay would "
+                                 f"truncate them)"))
+                pos = resume
+                continue
+            found.append(_torn_tail(task, torn_at, size, scan.torn))
+            break
+        if stop is None:
+            break
+        resume = _resync(data, stop + 1)
+        if resume is not None:
+            found.append(_at(task, "journal_garbage", stop, f"{resume - stop} bytes that are no record"
+                             f"{_claims(data, stop)}, then valid records from offset {resume}"))
+            pos = resume
+            continue
+        found.append(_damaged_tail(task, data, stop))
+        break
+    return out
+
+
+def _torn_tail(task: FileTask, at: int, size: int, why: str) -> Finding:
+    if task.mark_offset > at:
+        return _at(task, "torn_tail_below_checkpoint", at, f"{why}; {size - at} bytes from offset {at}, but the "
+                                                           f"checkpoint mark is at offset {task.mark_offset}")
+    return _at(task, "torn_tail", at, f"{why}; {size - at} bytes not replayed (newest journal)")
+
+
+def _damaged_tail(task: FileTask, data: bytes, at: int) -> Finding:
+    """Damage from `at` to the end of the file, with nothing valid after it."""
+    size = len(data)
+    tear_like = False
+    if not task.newest:  # would replay call it torn if this were the newest journal?
+        try:
+            tear_like = jfmt.scan_records(data, at, True).torn is not None
+        except JournalCorruptError:
+            tear_like = False
+    if tear_like and task.below_mark:
+        return _at(task, "torn_tail", at, f"{size - at} bytes torn at the end of a journal entirely below the "
+                                          f"checkpoint mark (replay moved past it)")
+    what = "a torn-looking tail in a journal that is not the bookie's newest" if tear_like else \
+        f"{size - at} bytes that are no record{_claims(data, at)}, to the end of the file"
+    return _at(task, "journal_corrupt_tail", at, what)
+
+
+def _claims(data: bytes, at: int) -> str:
+    """What a damaged record at `at` says it is, if its frame is readable (for the reader of the report)."""
+    if len(data) - at < jfmt.RECORD_PREFIX_BYTES + _ENTRY_IDS.size:
+        return ""
+    length, _crc, rtype, _flags = jfmt.RECORD_PREFIX.unpack_from(data, at)
+    if rtype != jfmt.RecordType.ENTRY or length < jfmt.LENGTH_MIN + _ENTRY_IDS.size:
+        return ""
+    ledger_id, entry_id = _ENTRY_IDS.unpack_from(data, at + jfmt.RECORD_PREFIX_BYTES)
+    return f" (the record claims ledger {ledger_id} entry {entry_id})"
+
+
+def _valid_record_at(data: bytes, at: int) -> bool:
+    if len(data) - at < jfmt.RECORD_PREFIX_BYTES:
+        return False
+    (length,) = _LENGTH.unpack_from(data, at)
+    if length < jfmt.LENGTH_MIN or length > RECORD_BYTES_MAX or at + 4 + length > len(data):
+        return False
+    try:
+        return len(jfmt.scan_records(data[at:at + 4 + length], 0, False).records) == 1
+    except JournalCorruptError:
+        return False
+
+
+def _resync(data: bytes, start: int) -> int | None:
+    """The first offset >= start where a valid record begins (searching RESYNC_BYTES_MAX bytes), or None."""
+    end = min(len(data), start + RESYNC_BYTES_MAX)
+    at = start
+    while at < end:
+        if data[at] == 0 and data[at:at + 4] == b"\0\0\0\0":  # a zero length is never a record: skip the run
+            nonzero = _NONZERO.search(data, at, end)
+            if nonzero is None:
+                return None
+            at = max(nonzero.start() - 3, at + 1)
+            continue
+        if _valid_record_at(data, at):
+            return at
+        at += 1
+    return None
+
+
+def _collect(result: FileResult, records: list[jfmt.JournalRecord]) -> None:
+    """Sort the valid records into per-ledger rows, then blocks."""
+    task = result.task
+    entry_type, fence_type = jfmt.RecordType.ENTRY, jfmt.RecordType.FENCE
+    header, header_bytes = entry_fmt.HEADER, entry_fmt.HEADER_BYTES
+    rows_by_ledger: dict[int, list[tuple]] = {}
+    others: list[jfmt.JournalRecord] = []
+    payload_bytes = 0
+    malformed = 0
+    for rec in records:
+        if rec.type is not entry_type:
+            others.append(rec)
+            continue
+        body = rec.body
+        if len(body) < header_bytes:
+            result.findings.append(_at(task, "entry_malformed", rec.offset, f"ENTRY body of {len(body)} bytes is "
+                                                                            f"shorter than the entry header"))
+            malformed += 1
+            continue
+        ledger_id, entry_id, lac, ledger_length, stored = header.unpack_from(body)
+        if ledger_id < 0 or entry_id < 0:
+            result.findings.append(_at(task, "entry_malformed", rec.offset, f"entry names ledger {ledger_id} "
+                                                                            f"entry {entry_id}"))
+            malformed += 1
+            continue
+        rows = rows_by_ledger.get(ledger_id)
+        if rows is None:
+            rows = rows_by_ledger[ledger_id] = []
+        size = len(body) - header_bytes
+        payload_bytes += size
+        rows.append((entry_id, lac, ledger_length, size, crc32c(body[header_bytes:], crc32c(body[:32])), stored,
+                     rec.flags, rec.offset))
+    blocks = {ledger_id: Block.from_rows(rows) for ledger_id, rows in rows_by_ledger.items()}
+    counts = {"ENTRY": len(records) - len(others) - malformed} if len(records) > len(others) else {}
+    for rec in others:
+        name = rec.type.name
+        counts[name] = counts.get(name, 0) + 1
+        if rec.type is jfmt.RecordType.PADDING:
+            continue
+        body = rec.body
+        try:
+            if rec.type is fence_type:
+                (ledger_id,) = jfmt.LEDGER_ID.unpack(body)
+            elif rec.type is jfmt.RecordType.EXPLICIT_LAC:
+                ledger_id, lac = jfmt.LEDGER_LAC.unpack(body)
+            else:  # MASTER_KEY
+                (ledger_id,) = jfmt.LEDGER_ID.unpack_from(body)
+        except struct.error:
+            result.findings.append(_at(task, "entry_malformed", rec.offset, f"{name} body of {len(body)} bytes"))
+            continue
+        block = blocks.get(ledger_id)
+        if block is None:
+            block = blocks[ledger_id] = Block()
+        if rec.type is fence_type:
+            block.fences.append(rec.offset)
+        elif rec.type is jfmt.RecordType.EXPLICIT_LAC:
+            block.explicit_lacs.append((rec.offset, lac))
+        else:
+            block.master_keys.append(rec.offset)
+    result.records = len(records)
+    result.counts = counts
+    result.payload_bytes = payload_bytes
+    result.blocks = blocks
+
+
+# -- entry logs --------------------------------------------------------------------------------------------
+
+def parse_entry_log(task: FileTask, data: bytes) -> FileResult:
+    result = FileResult(task, len(data))
+    try:
+        header, records, why = log_fmt.scan(data)
+    except FormatError as e:
+        if len(data) < log_fmt.HEADER_BYTES or data.count(0) == len(data):
+            # maybe: a log created at a start whose header was never synced
+            result.findings.append(_at(task, "entrylog_open_tail", 0, f"{len(data)} bytes, header unreadable: {e}"))
+        else:
+            result.findings.append(_at(task, "entrylog_bad_header", 0, str(e)))
+        result.usable = False
+        return result
+    if why is not None:
+        at = int(_OFFSET.search(why).group(1))
+        if header.ledger_map_offset == 0:
+            result.findings.append(_at(task, "entrylog_open_tail", at, f"{why} (log without a ledger map: open "
+                                                                       f"when the bookie stopped)"))
+        else:
+            result.findings.append(_at(task, "entrylog_damaged", at, why))
+    header_fmt, header_bytes = entry_fmt.HEADER, entry_fmt.HEADER_BYTES
+    rows_by_ledger: dict[int, list[tuple]] = {}
+    n = 0
+    for rec in records:
+        body = rec.entry
+        if body is None:
+            continue  # the ledger map
+        if len(body) < header_bytes:
+            result.findings.append(_at(task, "entry_malformed", rec.offset, f"entry log record of {len(body)} "
+                                                                            f"bytes is shorter than the entry header"))
+            continue
+        ledger_id, entry_id, lac, ledger_length, stored = header_fmt.unpack_from(body)
+        if ledger_id < 0 or entry_id < 0:
+            result.findings.append(_at(task, "entry_malformed", rec.offset, f"entry names ledger {ledger_id} "
+                                                                            f"entry {entry_id}"))
+            continue
+        rows = rows_by_ledger.get(ledger_id)
+        if rows is None:
+            rows = rows_by_ledger[ledger_id] = []
+        size = len(body) - header_bytes
+        result.payload_bytes += size
+        rows.append((entry_id, lac, ledger_length, size, crc32c(body[header_bytes:], crc32c(body[:32])), stored,
+                     0, rec.offset))
+        n += 1
+    result.blocks = {ledger_id: Block.from_rows(rows) for ledger_id, rows in rows_by_ledger.items()}
+    result.records = n
+    result.counts = {"ENTRY": n} if n else {}
+    return result
+
+
+# -- rows for the records DataFrame ------------------------------------------------------------------------
+
+RECORD_COLUMNS = (("bookie", "string"), ("file", "string"), ("source", "string"), ("offset", "long"),
+                  ("type", "string"), ("flags", "int"), ("ledger", "long"), ("entry", "long"), ("lac", "long"),
+                  ("length", "long"), ("ledger_length", "long"), ("digest", "long"), ("digest_stored", "long"))
+
+
+def record_rows(result: FileResult):
+    """One tuple per valid record (RECORD_COLUMNS): entries with their piggybacked LAC, payload length
+    (`length`), ledger length and digests; FENCE / EXPLICIT_LAC / MASTER_KEY with their ledger."""
+    task = result.task
+    bookie, path, source = task.bookie, task.path, task.kind
+    for ledger_id, block in result.blocks.items():
+        for entry_id, lac, ledger_length, size, digest, stored, flags, offset in zip(
+                block.ids, block.lacs, block.ledger_lengths, block.sizes, block.digests, block.stored, block.flags,
+                block.offsets):
+            yield (bookie, path, source, offset, "ENTRY", flags, ledger_id, entry_id, lac, size, ledger_length,
+                   digest, stored)
+        for offset in block.fences:
+            yield (bookie, path, source, offset, "FENCE", 0, ledger_id, None, None, None, None, None, None)
+        for offset, lac in block.explicit_lacs:
+            yield (bookie, path, source, offset, "EXPLICIT_LAC", 0, ledger_id, None, lac, None, None, None, None)
+        for offset in block.master_keys:
+            yield (bookie, path, source, offset, "MASTER_KEY", 0, ledger_id, None, None, None, None, None, None)

@@ -1,0 +1,487 @@
+"""The audit's rules for one ledger: plain functions over its records from every bookie (both drivers call them).
+
+Input: the ledger's metadata as a `LedgerView` (None when the snapshot does not know the ledger: deleted, or
+created after the snapshot), its `Piece`s (one per file that holds records of it: journal blocks and entry
+log blocks), and the evidence each bookie's inputs give ("complete": journal ids contiguous from 1, or entry
+logs supplied; "partial": older journals missing; a bookie absent from the inputs has none).
+
+The confirmed end: last_entry_id of a CLOSED ledger; for an OPEN or IN_RECOVERY ledger the highest LAC any
+copy carries (those entries were acknowledged, so they too must be on Qa bookies). For ids 0..end:
+
+- holders(e) = distinct bookies of e's segment ensemble holding a valid copy (journal record with a good
+  CRC, entry digest matching when the digest type is crc32c; or an entry log record). No holder anywhere:
+  `gap`; fewer than Qa: `below_ack_quorum`; when a non-holder of the segment lacks complete evidence either
+  is `unverifiable` instead (unknown is never no); at least Qa but fewer than Qw: `under_replicated`;
+- `divergence`: two valid copies of one id with different bytes (any bookies, journal or entry log);
+- `lac_above_last_entry` (CLOSED): a piggybacked or explicit LAC above last_entry_id.
+
+Per bookie, in journal order (journal id, offset):
+- `write_after_fence`: a normal add after the bookie's first FENCE of the ledger, unless an earlier journal
+  copy on that bookie has identical bytes (an idempotent re-add);
+- `lac_decreased`: over first copies of normal adds and explicit LACs (write-backs and re-adds carry the LAC
+  their entry was written with, so they are not the bookie's progress).
+
+Benign, counted: identical duplicates on one bookie's journals, copies above a CLOSED ledger's end, copies on
+bookies outside the entry's segment, an open ledger's tail (above its confirmed end), copies of ledgers the
+snapshot does not know. Entry ranges with the same verdict and holders are reported as one finding.
+
+Cost: the common case (everything in place) runs on C-speed set, sort and Counter operations over the
+columnar blocks; per-record Python loops run only for ledgers that have something to report.
+"""
+from __future__ import annotations
+
+import bisect
+from array import array
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from bksim.audit.findings import Finding, RULES, VIOLATION
+from bksim.audit.parse import ENTRYLOG, JOURNAL, Block
+from bksim.model.status import FLAG_RECOVERY_ADD
+
+COMPLETE = "complete"
+PARTIAL = "partial"
+ABSENT = "absent"
+
+# Findings kept per ledger (the counts stay exact). A lost bookie can make millions of entries under-replicated;
+# ranges collapse those, but a bound keeps a pathological input from filling memory.
+FINDINGS_PER_LEDGER_MAX = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerView:
+    """What the rules need of a ledger's metadata (plain values: cheap to pickle to Spark workers)."""
+    state: str  # OPEN | IN_RECOVERY | CLOSED
+    ensemble_size: int
+    write_quorum_size: int
+    ack_quorum_size: int
+    last_entry_id: int
+    digest_type: str
+    segments: tuple[tuple[int, tuple[str, ...]], ...]  # (first_entry_id, ensemble)
+
+    @classmethod
+    def of(cls, metadata) -> "LedgerView":
+        """From a metadata.ledger_metadata.LedgerMetadata."""
+        return cls(metadata.state.value, metadata.ensemble_size, metadata.write_quorum_size,
+                   metadata.ack_quorum_size, metadata.last_entry_id, metadata.digest_type,
+                   tuple((s.first_entry_id, tuple(s.ensemble)) for s in metadata.segments))
+
+    @property
+    def closed(self) -> bool:
+        return self.state == "CLOSED"
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """The records of one ledger in one file."""
+    bookie: str
+    kind: str  # JOURNAL | ENTRYLOG
+    file_id: int
+    path: str
+    block: Block
+
+
+@dataclass(slots=True)
+class LedgerResult:
+    ledger: int
+    state: str  # the metadata's, or UNKNOWN
+    last_entry_id: int | None
+    confirmed_end: int | None  # the highest id checked for replicas (None: not checked)
+    quorum: tuple[int, int, int] | None  # E, Qw, Qa
+    entries: int = 0  # distinct entry ids with a valid copy
+    copies: int = 0  # valid copies (journal and entry log)
+    payload_bytes: int = 0
+    histogram: dict[int, int] = field(default_factory=dict)  # holders -> entry ids (ids 0..confirmed_end)
+    benign: dict[str, int] = field(default_factory=dict)
+    rule_counts: dict[str, list[int]] = field(default_factory=dict)  # rule -> [findings, entries]
+    findings: list[Finding] = field(default_factory=list)  # the first FINDINGS_PER_LEDGER_MAX in sort order
+    copies_per_bookie: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def violations(self) -> int:
+        return sum(n for rule, (n, _) in self.rule_counts.items() if RULES[rule][0] == VIOLATION)
+
+    def to_json(self) -> dict:
+        return {
+            "ledger": self.ledger, "state": self.state, "last_entry_id": self.last_entry_id,
+            "confirmed_end": self.confirmed_end, "quorum": list(self.quorum) if self.quorum else None,
+            "entries": self.entries, "copies": self.copies, "payload_bytes": self.payload_bytes,
+            "histogram": {str(k): v for k, v in sorted(self.histogram.items())},
+            "benign": dict(sorted(self.benign.items())),
+            "rule_counts": {k: {"findings": v[0], "entries": v[1]} for k, v in sorted(self.rule_counts.items())},
+            "violations": self.violations,
+            "copies_per_bookie": dict(sorted(self.copies_per_bookie.items())),
+        }
+
+
+class _Findings:
+    """Findings of one ledger: exact counts per rule, the first `limit` findings in sort order."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.kept: list[Finding] = []
+        self.counts: dict[str, list[int]] = {}
+
+    def add(self, finding: Finding) -> None:
+        count = self.counts.setdefault(finding.rule, [0, 0])
+        count[0] += 1
+        count[1] += finding.entries
+        self.kept.append(finding)
+        if len(self.kept) > 2 * self.limit:
+            self.kept = sorted(self.kept, key=Finding.sort_key)[:self.limit]
+
+    def result(self) -> list[Finding]:
+        return sorted(self.kept, key=Finding.sort_key)[:self.limit]
+
+
+class _Copies:
+    """One bookie's valid copies of the ledger from one source, concatenated in file order."""
+
+    __slots__ = ("ids", "digests", "lacs", "flags", "offsets", "spans", "fences", "explicit_lacs")
+
+    def __init__(self) -> None:
+        self.ids = array("q")
+        self.digests = array("I")
+        self.lacs = array("q")
+        self.flags = b""
+        self.offsets = array("q")
+        self.spans: list[tuple[int, str, int, int]] = []  # (file id, path, start, end) over the arrays
+        self.fences: list[tuple[int, int, str]] = []  # (file id, offset, path)
+        self.explicit_lacs: list[tuple[int, int, int, str]] = []  # (file id, offset, lac, path)
+
+    def append(self, piece: Piece, keep: list[int] | None) -> None:
+        block = piece.block
+        start = len(self.ids)
+        if keep is None:
+            self.ids += block.ids
+            self.digests += block.digests
+            self.lacs += block.lacs
+            self.flags += block.flags
+            self.offsets += block.offsets
+        else:
+            self.ids += array("q", (block.ids[i] for i in keep))
+            self.digests += array("I", (block.digests[i] for i in keep))
+            self.lacs += array("q", (block.lacs[i] for i in keep))
+            self.flags += bytes(block.flags[i] for i in keep)
+            self.offsets += array("q", (block.offsets[i] for i in keep))
+        self.spans.append((piece.file_id, piece.path, start, len(self.ids)))
+        self.fences += [(piece.file_id, offset, piece.path) for offset in block.fences]
+        self.explicit_lacs += [(piece.file_id, offset, lac, piece.path) for offset, lac in block.explicit_lacs]
+
+    def where(self, index: int) -> tuple[int, str, int]:
+        """(file id, path, offset) of the copy at `index`."""
+        for file_id, path, start, end in self.spans:
+            if start <= index < end:
+                return file_id, path, self.offsets[index]
+        raise IndexError(index)
+
+
+def _valid_indexes(block: Block, digest_type: str | None) -> list[int] | None:
+    """None when every copy's digest is acceptable, else the indexes that are."""
+    if digest_type == "crc32c":
+        if block.stored == block.digests:
+            return None
+        return [i for i, (s, d) in enumerate(zip(block.stored, block.digests)) if s == d]
+    if digest_type is None:  # the ledger is unknown: accept a matching digest, or none (0)
+        if block.stored == block.digests or block.stored.count(0) == len(block.stored):
+            return None
+        return [i for i, (s, d) in enumerate(zip(block.stored, block.digests)) if s == d or s == 0]
+    return None  # digest type "none": the stored field means nothing
+
+
+def check_ledger(ledger_id: int, view: LedgerView | None, pieces: list[Piece], evidence: dict[str, str],
+                 findings_max: int = FINDINGS_PER_LEDGER_MAX) -> LedgerResult:
+    """Every rule of the module docstring for one ledger. Deterministic: the order of `pieces` does not matter."""
+    pieces = sorted(pieces, key=lambda p: (p.bookie, p.kind, p.file_id, p.path))
+    found = _Findings(findings_max)
+    digest_type = view.digest_type if view is not None else None
+    journals: dict[str, _Copies] = {}
+    logs: dict[str, _Copies] = {}
+    payload_bytes = 0
+    for piece in pieces:
+        block = piece.block
+        keep = _valid_indexes(block, digest_type)
+        if keep is not None:
+            kept = set(keep)
+            for i in range(len(block)):
+                if i not in kept:
+                    found.add(Finding("entry_digest_mismatch", ledger=ledger_id, first_entry=block.ids[i],
+                                      last_entry=block.ids[i], bookie=piece.bookie, file=piece.path,
+                                      offset=block.offsets[i], detail=f"stored digest {block.stored[i]:#010x}, "
+                                      f"the bytes give {block.digests[i]:#010x} ({digest_type or 'unknown'} "
+                                      f"digest type)"))
+            payload_bytes += sum(block.sizes[i] for i in keep)
+        else:
+            payload_bytes += sum(block.sizes)
+        target = journals if piece.kind == JOURNAL else logs
+        copies = target.get(piece.bookie)
+        if copies is None:
+            copies = target[piece.bookie] = _Copies()
+        copies.append(piece, keep)
+
+    bookies = sorted(set(journals) | set(logs))
+    held: dict[str, list[int]] = {}  # bookie -> sorted distinct ids it holds a valid copy of
+    pairs: set[tuple[int, int]] = set()
+    copies_per_bookie: dict[str, int] = {}
+    benign: Counter = Counter()
+    max_lac = -1
+    for bookie in bookies:
+        j = journals.get(bookie)
+        log = logs.get(bookie)
+        ids: set[int] = set()
+        n = 0
+        if j is not None:
+            ids = set(j.ids)
+            n += len(j.ids)
+            j_pairs = set(zip(j.ids, j.digests))
+            benign["duplicates"] += len(j.ids) - len(j_pairs)
+            pairs |= j_pairs
+            if j.lacs:
+                max_lac = max(max_lac, max(j.lacs))
+            if j.explicit_lacs:
+                max_lac = max(max_lac, max(lac for _, _, lac, _ in j.explicit_lacs))
+        if log is not None:
+            ids.update(log.ids)
+            n += len(log.ids)
+            pairs.update(zip(log.ids, log.digests))
+            if log.lacs:
+                max_lac = max(max_lac, max(log.lacs))
+        held[bookie] = sorted(ids)
+        copies_per_bookie[bookie] = n
+    all_ids = sorted(set().union(*held.values())) if held else []
+
+    result = LedgerResult(ledger_id, view.state if view else "UNKNOWN", view.last_entry_id if view else None,
+                          None, (view.ensemble_size, view.write_quorum_size, view.ack_quorum_size) if view else None)
+    result.entries = len(all_ids)
+    result.copies = sum(copies_per_bookie.values())
+    result.payload_bytes = payload_bytes
+    result.copies_per_bookie = copies_per_bookie
+
+    for bookie, j in journals.items():
+        _check_fences(ledger_id, bookie, j, found)
+        _check_lac_order(ledger_id, bookie, j, found)
+
+    if view is None:
+        benign["unknown_ledger_copies"] += result.copies
+    else:
+        end = view.last_entry_id if view.closed else max_lac
+        result.confirmed_end = end
+        if view.closed and max_lac > view.last_entry_id:
+            _lac_above(ledger_id, view.last_entry_id, journals, logs, found)
+        tail = sum(len(h) - bisect.bisect_right(h, end) for h in held.values())
+        if tail:
+            benign["above_last_entry" if view.closed else "open_ledger_tail"] += tail
+        if end >= 0:
+            result.histogram = _replicas(ledger_id, view, end, held, all_ids, evidence, found, benign)
+            if len(pairs) != len(all_ids):
+                _divergence(ledger_id, end, pairs, journals, logs, found)
+    result.benign = {k: v for k, v in benign.items() if v}
+    result.rule_counts = found.counts
+    result.findings = found.result()
+    return result
+
+
+# -- replicas per entry --------------------------------------------------------------------------------------
+
+def _segment_ranges(view: LedgerView, end: int):
+    """(first, stop, ensemble) for each segment, clipped to ids 0..end."""
+    segments = view.segments
+    for i, (first, ensemble) in enumerate(segments):
+        stop = segments[i + 1][0] if i + 1 < len(segments) else end + 1
+        stop = min(stop, end + 1)
+        if first < stop:
+            yield first, stop, ensemble
+
+
+def _replicas(ledger_id: int, view: LedgerView, end: int, held: dict[str, list[int]], all_ids: list[int],
+              evidence: dict[str, str], found: _Findings, benign: Counter) -> dict[int, int]:
+    histogram: Counter = Counter()
+    qa, qw = view.ack_quorum_size, view.write_quorum_size
+    for first, stop, ensemble in _segment_ranges(view, end):
+        counts: Counter = Counter()
+        members = set(ensemble)
+        for bookie, ids in held.items():
+            lo, hi = bisect.bisect_left(ids, first), bisect.bisect_left(ids, stop)
+            if bookie in members:
+                counts.update(ids[lo:hi])
+            else:
+                benign["outside_segment"] += hi - lo
+        histogram.update(counts.values())
+        absent = (stop - first) - len(counts)
+        if absent:
+            histogram[0] += absent
+        if absent or any(n < qw for n in counts.values()):
+            _classify(ledger_id, view, first, stop, ensemble, held, counts, all_ids, evidence, found)
+    return dict(histogram)
+
+
+def _chunks(first: int, stop: int, counts: Counter, all_ids: list[int]):
+    """(first, last, count, held elsewhere) for ids first..stop-1 in order: present ids one by one, absent
+    ids in runs (split where a bookie outside the segment holds one)."""
+    at = first
+    for entry_id in sorted(counts):
+        if entry_id > at:
+            yield from _absent(at, entry_id - 1, all_ids)
+        yield entry_id, entry_id, counts[entry_id], False
+        at = entry_id + 1
+    if at < stop:
+        yield from _absent(at, stop - 1, all_ids)
+
+
+def _absent(lo: int, hi: int, all_ids: list[int]):
+    at = lo
+    for entry_id in all_ids[bisect.bisect_left(all_ids, lo):bisect.bisect_right(all_ids, hi)]:
+        if entry_id > at:
+            yield at, entry_id - 1, 0, False
+        yield entry_id, entry_id, 0, True
+        at = entry_id + 1
+    if at <= hi:
+        yield at, hi, 0, False
+
+
+def _classify(ledger_id: int, view: LedgerView, first: int, stop: int, ensemble: tuple[str, ...],
+              held: dict[str, list[int]], counts: Counter, all_ids: list[int], evidence: dict[str, str],
+              found: _Findings) -> None:
+    qa, qw = view.ack_quorum_size, view.write_quorum_size
+    sets = {}
+    for bookie in ensemble:
+        ids = held.get(bookie, [])
+        sets[bookie] = set(ids[bisect.bisect_left(ids, first):bisect.bisect_left(ids, stop)])
+    run = None  # [rule, holders, elsewhere, first, last]
+
+    def flush():
+        if run is not None:
+            rule, holders, elsewhere, lo, hi = run
+            found.add(Finding(rule, ledger=ledger_id, first_entry=lo, last_entry=hi,
+                              detail=_replica_detail(rule, holders, elsewhere, ensemble, first, qa, qw, evidence)))
+
+    for lo, hi, count, elsewhere in _chunks(first, stop, counts, all_ids):
+        if count >= qw:
+            continue
+        holders = tuple(b for b in ensemble if lo in sets[b]) if count else ()
+        if count == 0 and not elsewhere:
+            rule = "gap"
+        elif count < qa:
+            rule = "below_ack_quorum"
+        else:
+            rule = "under_replicated"
+        if rule != "under_replicated" and any(evidence.get(b, ABSENT) != COMPLETE for b in ensemble
+                                              if b not in holders):
+            rule = "unverifiable"
+        if run is not None and run[0] == rule and run[1] == holders and run[2] == elsewhere and run[4] + 1 == lo:
+            run[4] = hi
+            continue
+        flush()
+        run = [rule, holders, elsewhere, lo, hi]
+    flush()
+
+
+def _replica_detail(rule: str, holders: tuple[str, ...], elsewhere: bool, ensemble: tuple[str, ...],
+                    first: int, qa: int, qw: int, evidence: dict[str, str]) -> str:
+    text = (f"held by {len(holders)} of the segment's bookies (Qw={qw}, Qa={qa}; segment from entry {first}: "
+            f"{', '.join(ensemble)})")
+    if holders:
+        text += f": {', '.join(holders)}"
+    if elsewhere:
+        text += "; a copy exists only on a bookie outside the segment"
+    if rule == "unverifiable":
+        missing = [f"{b} ({evidence.get(b, ABSENT)})" for b in ensemble if b not in holders
+                   and evidence.get(b, ABSENT) != COMPLETE]
+        text += f"; no complete journal history in the inputs for {', '.join(missing)}"
+    return text
+
+
+# -- divergence ------------------------------------------------------------------------------------------------
+
+def _divergence(ledger_id: int, end: int, pairs: set[tuple[int, int]], journals: dict[str, _Copies],
+                logs: dict[str, _Copies], found: _Findings) -> None:
+    digests: dict[int, set[int]] = defaultdict(set)
+    for entry_id, digest in pairs:
+        if entry_id <= end:
+            digests[entry_id].add(digest)
+    divergent = {e for e, ds in digests.items() if len(ds) > 1}
+    if not divergent:
+        return
+    where: dict[int, list[tuple[int, str, str, int]]] = defaultdict(list)  # id -> (digest, bookie, path, offset)
+    for source in (journals, logs):
+        for bookie, copies in source.items():
+            for i, entry_id in enumerate(copies.ids):
+                if entry_id in divergent:
+                    _, path, offset = copies.where(i)
+                    where[entry_id].append((copies.digests[i], bookie, path, offset))
+    for entry_id in sorted(divergent):
+        copies = sorted(where[entry_id])
+        first = copies[0]
+        versions = defaultdict(list)
+        for digest, bookie, path, offset in copies:
+            versions[digest].append(f"{bookie} {path}@{offset}")
+        found.add(Finding("divergence", ledger=ledger_id, first_entry=entry_id, last_entry=entry_id, bookie=first[1],
+                          file=first[2], offset=first[3],
+                          detail="; ".join(f"digest {d:#010x}: {', '.join(v)}" for d, v in sorted(versions.items()))))
+
+
+# -- per bookie, in journal order ----------------------------------------------------------------------------
+
+def _check_fences(ledger_id: int, bookie: str, j: _Copies, found: _Findings) -> None:
+    if not j.fences:
+        return
+    fence_file, fence_offset, fence_path = min(j.fences)
+    seen: set[tuple[int, int]] = set()
+    for i, file_id, path, offset in _in_order(j):
+        entry_id, digest = j.ids[i], j.digests[i]
+        if (file_id, offset) > (fence_file, fence_offset) and not j.flags[i] & FLAG_RECOVERY_ADD \
+                and (entry_id, digest) not in seen:
+            found.add(Finding("write_after_fence", ledger=ledger_id, first_entry=entry_id, last_entry=entry_id,
+                              bookie=bookie, file=path, offset=offset,
+                              detail=f"normal add journaled after this bookie's fence of the ledger "
+                                     f"({fence_path}@{fence_offset}), with no identical earlier copy"))
+        seen.add((entry_id, digest))
+
+
+def _in_order(j: _Copies):
+    """(index, file id, path, offset) of every copy, in journal order."""
+    for file_id, path, start, end in j.spans:
+        for i in range(start, end):
+            yield i, file_id, path, j.offsets[i]
+
+
+def _check_lac_order(ledger_id: int, bookie: str, j: _Copies, found: _Findings) -> None:
+    lacs = j.lacs.tolist()
+    if not j.explicit_lacs and j.flags.count(0) == len(j.flags) and len(set(j.ids)) == len(j.ids) \
+            and lacs == sorted(lacs):
+        return  # the common case: normal first adds only, LACs never decrease
+    # (position, lac, where) of first copies of normal adds and explicit LACs, in journal order
+    events = []
+    seen: set[int] = set()
+    for i, file_id, path, offset in _in_order(j):
+        entry_id = j.ids[i]
+        if not j.flags[i] & FLAG_RECOVERY_ADD and entry_id not in seen:
+            events.append(((file_id, offset), lacs[i], path, f"entry {entry_id}"))
+        seen.add(entry_id)
+    for file_id, offset, lac, path in j.explicit_lacs:
+        events.append(((file_id, offset), lac, path, "explicit LAC"))
+    events.sort(key=lambda e: e[0])
+    top, top_at = -1, None
+    for (file_id, offset), lac, path, what in events:
+        if lac < top:
+            found.add(Finding("lac_decreased", ledger=ledger_id, bookie=bookie, file=path, offset=offset,
+                              detail=f"{what} carries LAC {lac} after LAC {top} ({top_at})"))
+        elif lac > top:
+            top, top_at = lac, f"{path}@{offset}"
+
+
+def _lac_above(ledger_id: int, last_entry_id: int, journals: dict[str, _Copies], logs: dict[str, _Copies],
+               found: _Findings) -> None:
+    for source in (journals, logs):
+        for bookie, copies in sorted(source.items()):
+            for i, lac in enumerate(copies.lacs):
+                if lac > last_entry_id:
+                    _, path, offset = copies.where(i)
+                    found.add(Finding("lac_above_last_entry", ledger=ledger_id, bookie=bookie, file=path, offset=offset,
+                                      detail=f"entry {copies.ids[i]} carries LAC {lac}; the ledger is CLOSED at "
+                                             f"last_entry_id {last_entry_id}"))
+    for bookie, copies in sorted(journals.items()):
+        for file_id, offset, lac, path in copies.explicit_lacs:
+            if lac > last_entry_id:
+                found.add(Finding("lac_above_last_entry", ledger=ledger_id, bookie=bookie, file=path, offset=offset,
+                                  detail=f"explicit LAC {lac}; the ledger is CLOSED at last_entry_id {last_entry_id}"))

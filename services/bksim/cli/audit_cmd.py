@@ -1,0 +1,139 @@
+"""`bksim audit`: the journal audit (audit/), composed here: where the metadata comes from (a snapshot file, or
+ZooKeeper read through the adapters), which driver runs (PySpark, or --local), where the outputs go.
+
+    bksim audit --journals DIR... [--entrylogs DIR...] (--metadata FILE | --zookeeper HOST:PORT) --out DIR
+                [--master local[*] | spark://HOST:7077 | ...] [--local] [--no-parquet]
+
+Writes DIR/report.json, DIR/report.html and (Spark) DIR/records.parquet; progress lines go to stderr, a summary
+to stdout. Exit status: 0 clean, 1 violations, 2 unusable input (a missing directory, an unreadable snapshot,
+journals whose bookie cannot be told, ZooKeeper unreachable).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "audit", help="replay bookie journals and prove durability against the ledger metadata",
+        description="Parse every bookie's journals (live and archived) and optionally entry logs, and check them "
+        "against the ledger metadata: record integrity, replicas per entry (>= Qa, gaps), divergence, writes after "
+        "a fence, LAC order. DIR may be BOOKIE=DIR when no COOKIE tells whose it is. Exit 0 clean, 1 violations, "
+        "2 unusable input.")
+    p.add_argument("--journals", nargs="+", required=True, metavar="DIR",
+                   help="directories searched recursively for journals (<16 hex>.txn): journal directories, "
+                        "journal_archive_dirs, or a whole run directory")
+    p.add_argument("--entrylogs", nargs="+", default=[], metavar="DIR",
+                   help="ledger (or entrylogs/) directories: entries whose journals were deleted still count")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--metadata", metavar="FILE", help="a snapshot from `bksim metadata export --out FILE`")
+    source.add_argument("--zookeeper", metavar="HOST:PORT", help="read the metadata from this ZooKeeper now")
+    p.add_argument("--out", required=True, metavar="DIR", help="where report.json, report.html and records.parquet go")
+    p.add_argument("--master", default="local[*]", help="Spark master (default local[*]): local[N], spark://HOST:PORT, "
+                   "yarn, k8s://...")
+    p.add_argument("--local", action="store_true", help="no Spark: the same checks in this process (local paths only)")
+    p.add_argument("--no-parquet", action="store_true", help="do not write the records as Parquet")
+    p.add_argument("--driver-memory", default=None, help="Spark driver memory (default 1g)")
+    p.add_argument("--findings-max", type=int, default=None,
+                   help="findings listed per class in report.json (default 10000; counts stay exact)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--config", default=argparse.SUPPRESS, help="TOML configuration file (for --zookeeper timeouts)")
+    p.set_defaults(func=cmd_audit)
+
+
+def cmd_audit(args) -> int:
+    from bksim.audit import job, report as report_mod
+    from bksim.audit.inputs import ENTRYLOGS, JOURNALS, make_plan, parse_dir_arg
+    from bksim.audit.snapshot import AuditInputError, load_snapshot, read_snapshot_file
+
+    started = time.perf_counter()
+    quiet = args.quiet
+
+    def progress(message: str) -> None:
+        if not quiet:
+            print(f"bksim audit: {message}", file=sys.stderr, flush=True)
+
+    if args.findings_max is not None and args.findings_max < 0:
+        raise AuditInputError("--findings-max must be >= 0")
+    dirs = [parse_dir_arg(d, JOURNALS) for d in args.journals] + [parse_dir_arg(d, ENTRYLOGS) for d in args.entrylogs]
+    if args.metadata:
+        snapshot = read_snapshot_file(args.metadata)
+    else:
+        from bksim.cli.metadata_cmd import snapshot_from_zookeeper
+
+        progress(f"reading the metadata from ZooKeeper {args.zookeeper}")
+        snapshot = load_snapshot(snapshot_from_zookeeper(args.zookeeper, getattr(args, "config", None)),
+                                 source=f"zookeeper {args.zookeeper}")
+    progress(f"metadata: {len(snapshot.ledgers)} ledgers from {snapshot.source}")
+    out_dir = os.path.abspath(args.out)
+    os.makedirs(out_dir, exist_ok=True)
+    options = job.AuditOptions(out_dir=out_dir, parquet=not args.no_parquet,
+                               **({"findings_max": args.findings_max} if args.findings_max is not None else {}))
+    if args.local:
+        from bksim.audit.local import LocalFiles, run_local
+
+        plan = make_plan(dirs, LocalFiles(), snapshot.instance_id)
+        progress(f"{len(plan.tasks)} files of {len(plan.bookies)} bookies, {plan.total_bytes / 1e6:,.1f} MB")
+        files, ledgers, run = run_local(plan, snapshot, options, progress)
+        run["timing_s"]["total"] = round(time.perf_counter() - started, 3)
+    else:
+        files, ledgers, run, plan = _run_spark(args, dirs, snapshot, options, progress, started)
+    report, status = job.finish(plan, snapshot, files, ledgers, run, options)
+    _print_summary(report, args.json)
+    assert status in (report_mod.EXIT_CLEAN, report_mod.EXIT_VIOLATIONS)
+    return status
+
+
+def _run_spark(args, dirs, snapshot, options, progress, started):
+    from bksim.audit.inputs import make_plan
+    from bksim.audit.spark import DRIVER_MEMORY_DEFAULT, SparkFiles, build_session, run_spark
+
+    work = os.path.join(options.out_dir, ".spark")
+    progress(f"starting Spark ({args.master})")
+    spark = build_session(args.master, work, args.driver_memory or DRIVER_MEMORY_DEFAULT)
+    try:
+        session_up = time.perf_counter()
+        plan = make_plan(dirs, SparkFiles(spark), snapshot.instance_id)
+        progress(f"{len(plan.tasks)} files of {len(plan.bookies)} bookies, {plan.total_bytes / 1e6:,.1f} MB")
+        planned = time.perf_counter()
+        files, ledgers, run = run_spark(spark, plan, snapshot, options, progress)
+        run["timing_s"]["session"] = round(session_up - started, 3)
+        run["timing_s"]["plan"] = round(planned - session_up, 3)
+        run["timing_s"]["after_session"] = round(time.perf_counter() - session_up, 3)
+        run["timing_s"]["total"] = round(time.perf_counter() - started, 3)
+    finally:
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return files, ledgers, run, plan
+
+
+def _print_summary(report: dict, as_json: bool) -> None:
+    t = report["totals"]
+    outputs = report["run"].get("outputs", {})
+    if as_json:
+        print(json.dumps({"verdict": report["verdict"], "exit_status": report["exit_status"], "totals": t,
+                          "rule_counts": report["rule_counts"], "outputs": outputs}))
+        return
+    benign = ", ".join(f"{k} {v:,}" for k, v in report["benign_counts"].items()) or "none"
+    print(f"audit: {report['verdict'].upper()} ({t['violations']:,} violations): {t['bookies']} bookies, "
+          f"{t['journal_files']} journals and {t['entrylog_files']} entry logs ({t['bytes'] / 1e6:,.1f} MB, "
+          f"{t['records']:,} journal records), {t['ledgers']:,} ledgers, {t['entries_checked']:,} entries checked; "
+          f"{t['under_replicated_entries']:,} under-replicated, {t['unverifiable_entries']:,} unverifiable; "
+          f"benign: {benign}")
+    for v in report["violations"][:10]:
+        where = f" {v['file']}@{v['offset']}" if "file" in v else ""
+        entries = f" entries {v['first_entry']}..{v['last_entry']}" if "first_entry" in v else ""
+        ledger = f" ledger {v['ledger']}" if "ledger" in v else ""
+        print(f"  {v['rule']}:{ledger}{entries}{where}: {v['detail']}")
+    if t["violations"] > 10:
+        print(f"  ... {t['violations'] - 10:,} more in report.json")
+    for w in report["warnings"][:5]:
+        print(f"warning: {w}")
+    files = [outputs.get("report_json"), outputs.get("report_html"), outputs.get("records_parquet")]
+    print("report: " + ", ".join(f for f in files if f))
