@@ -1,0 +1,486 @@
+"""ManagedCursor over the in-memory metadata store, FakeBookies (an in-memory fake of the bookie transport) behind
+real LedgerServices (one per "broker", each its own metadata session) and a FakeLayout: persistence to the cursor
+ledger, recovery (with recovery-open) after a kill, fall-backs to the znode, chunking, rolling, fencing."""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from bksim.broker.ledgers import LedgerService
+from bksim.broker.topics import cursor_codec as codec
+from bksim.broker.topics.errors import TopicError
+from bksim.broker.topics.managed_cursor import CURSOR_PASSWORD, ManagedCursor
+from bksim.broker.topics.positions import Position as P
+from bksim.metadata.memory import InMemoryMetadataStore
+from bksim.metadata.paths import bookie_path
+from bksim.model.config import BrokerConfig, TopicConfig
+from bksim.model.errors import LedgerError
+from helpers import wait_until_async
+from tests.unit.broker.fake_bookies import FakeBookies
+from tests.unit.broker.topics.fake_layout import FakeLayout
+
+ML = "/managed-ledgers/t/ns/persistent/topic"
+PATH = f"{ML}/sub"
+CONFIG = TopicConfig(cursor_persist_interval_ms=1000)
+
+
+class ManualClock:
+    """Time moves only when the test calls advance(); sleepers wake when their deadline has passed."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._sleepers: list[tuple[float, asyncio.Future]] = []
+
+    def monotonic_ms(self) -> float:
+        return self.now
+
+    def wall_ms(self) -> int:
+        return 1_700_000_000_000 + int(self.now)
+
+    async def sleep_ms(self, ms: float) -> None:
+        future = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self.now + ms, future))
+        await future
+
+    def advance(self, ms: float) -> None:
+        self.now += ms
+        for item in list(self._sleepers):
+            if item[0] <= self.now and not item[1].done():
+                item[1].set_result(None)
+                self._sleepers.remove(item)
+
+    @property
+    def sleepers(self) -> int:
+        return len(self._sleepers)
+
+
+class World:
+    def __init__(self, bookies=("b0", "b1", "b2", "b3"), layout=None) -> None:
+        self.store = InMemoryMetadataStore()
+        self.bookie_ids = list(bookies)
+        self.fake = FakeBookies(self.bookie_ids)
+        self.layout = layout or FakeLayout([(100, 1000), (101, 0), (102, 500)])
+        self.clock = ManualClock()
+        self.logs: list[str] = []
+        self.brokers = 0
+
+    async def start(self) -> "World":
+        reg = self.store.session("bookies")
+        self.registration = reg
+        for b in self.bookie_ids:
+            await reg.create(bookie_path(b), b"{}", ephemeral=True, make_parents=True)
+        await self.store.create(ML, b"{}", make_parents=True)
+        return self
+
+    def broker(self) -> LedgerService:
+        self.brokers += 1
+        return LedgerService(store=self.store.session(f"broker-{self.brokers}"), transport=self.fake,
+                             rng=random.Random(self.brokers), clock=self.clock, config=BrokerConfig(),
+                             log=self.logs.append)
+
+    async def open(self, service: LedgerService, config=CONFIG, **kw) -> ManagedCursor:
+        kw.setdefault("background_flush", False)
+        return await ManagedCursor.open(name="sub", path=PATH, layout=self.layout, ledgers=service,
+                                        store=service.store, clock=self.clock, config=config, log=self.logs.append,
+                                        **kw)
+
+    async def znode(self) -> dict:
+        data, _ = await self.store.get(PATH)
+        return json.loads(data)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def world(**kw) -> World:
+    return await World(**kw).start()
+
+
+def holes_pattern(cursor: ManagedCursor) -> list[P]:
+    """Every other entry of ledger 100 from 1, and a few in 102."""
+    acked = [P(100, e) for e in range(1, 1000, 2)] + [P(102, 7), P(102, 8), P(102, 300)]
+    cursor.ack(acked)
+    return acked
+
+
+def assert_same_state(a: ManagedCursor, b: ManagedCursor) -> None:
+    assert b.mark_delete == a.mark_delete
+    assert list(b.state.ranges()) == list(a.state.ranges())
+    assert list(b.state.batches()) == list(a.state.batches())
+    assert list(b.state.redeliveries()) == list(a.state.redeliveries())
+    assert b.properties == a.properties
+
+
+# ---------------------------------------------------------------------------------------------- open
+def test_open_creates_the_znode_at_latest_or_earliest():
+    async def main():
+        w = await world()
+        svc = w.broker()
+        latest = await w.open(svc)
+        assert latest.mark_delete == P(102, 499) and latest.backlog() == 0
+        assert (await w.znode())["mark_delete"] == [102, 499]
+        assert latest.stats_internal()["recovery"]["source"] == "new"
+        await w.store.delete(PATH)
+        earliest = await w.open(svc, initial_position="earliest")
+        assert earliest.mark_delete == P(100, -1) and earliest.read_position == P(100, 0)
+        assert earliest.backlog() == 1500
+        z = await w.znode()
+        assert z["cursor_ledger"] == -1 and z["mark_delete"] == [100, -1]
+        with pytest.raises(TopicError) as info:
+            await w.open(svc, initial_position="middle")
+        assert info.value.status == "BAD_REQUEST"
+    run(main())
+
+
+def test_open_without_the_managed_ledger_znode_is_topic_not_found():
+    async def main():
+        w = await world()
+        await w.store.delete(ML)
+        with pytest.raises(TopicError) as info:
+            await w.open(w.broker())
+        assert info.value.status == "TOPIC_NOT_FOUND" and ML in info.value.message
+    run(main())
+
+
+# ---------------------------------------------------------------------------------------------- persist, recover
+def test_kill_after_a_persist_recovers_everything_from_the_cursor_ledger_opened_with_recovery():
+    async def main():
+        w = await world()
+        a = await w.open(w.broker(), initial_position="earliest")
+        holes_pattern(a)
+        a.ack_batch_indexes(P(100, 0), [0, 3], 5)
+        assert a.increment_redelivery(P(100, 2)) == 1
+        assert a.increment_redelivery(P(100, 2)) == 2
+        a.increment_redelivery(P(102, 0))
+        a.set_property("dedup/p", 41)
+        assert a.dirty
+        assert await a.persist(force=True) is True
+        assert not a.dirty
+        first_ledger = a.stats_internal()["cursorLedger"]
+        assert first_ledger >= 0 and (await w.znode())["cursor_ledger"] == first_ledger
+        a.ack([P(100, 4)])  # after the last persist: lost by the kill
+        a.abort("kill -9")
+        b_service = w.broker()
+        b = await w.open(b_service)
+        stats = b.stats_internal()
+        assert stats["recovery"]["source"] == "ledger" and stats["recovery"]["cursorLedger"] == first_ledger
+        assert b.mark_delete == P(100, -1) and not b.is_acked(P(100, 4)) and b.is_acked(P(100, 5))
+        assert b.state.acked_count == 500 + 3
+        assert b.acked_batch_indexes(P(100, 0)) == [0, 3]
+        assert b.redelivery_count(P(100, 2)) == 2 and b.redelivery_count(P(102, 0)) == 1
+        assert b.properties == {"dedup/p": 41}
+        md, _ = await b_service.metadata(first_ledger)
+        assert md.is_closed  # recovery closed it: the old writer is fenced
+        # the first persist after recovery goes to a NEW ledger; the recovered one is deleted
+        await b.persist(force=True)
+        second = b.stats_internal()["cursorLedger"]
+        assert second not in (first_ledger, -1) and (await w.znode())["cursor_ledger"] == second
+        with pytest.raises(LedgerError) as info:
+            await b_service.metadata(first_ledger)
+        assert info.value.status == "NO_SUCH_LEDGER"
+        b.abort("kill -9 again")
+        c = await w.open(w.broker())
+        assert_same_state(b, c)
+    run(main())
+
+
+def test_clean_close_with_a_small_state_leaves_the_znode_alone_and_deletes_the_ledger():
+    async def main():
+        w = await world()
+        svc = w.broker()
+        a = await w.open(svc, initial_position="earliest")
+        a.ack([P(100, 3), P(100, 4), P(102, 9)])
+        a.increment_redelivery(P(100, 0))
+        a.ack_batch_indexes(P(100, 1), [1], 2)
+        await a.persist(force=True)
+        ledger = a.stats_internal()["cursorLedger"]
+        a.ack([P(100, 7)])
+        await a.close()
+        z = await w.znode()
+        assert z["cursor_ledger"] == -1 and z["left_out"] == {}
+        assert z["acked_ranges"] == [[100, 3, 4], [100, 7, 7], [102, 9, 9]]
+        with pytest.raises(LedgerError):
+            await svc.metadata(ledger)
+        with pytest.raises(TopicError) as info:
+            a.ack([P(100, 9)])
+        assert info.value.status == "SERVICE_UNAVAILABLE"
+        b = await w.open(w.broker())
+        assert b.stats_internal()["recovery"]["source"] == "znode" and "reason" not in b.stats_internal()["recovery"]
+        assert_same_state(a, b)
+    run(main())
+
+
+def test_clean_close_with_a_large_state_writes_a_final_snapshot_and_closes_the_ledger():
+    async def main():
+        w = await world()
+        svc = w.broker()
+        config = replace(CONFIG, ranges_in_metadata_max=10)
+        a = await w.open(svc, config, initial_position="earliest")
+        holes_pattern(a)  # 500 + 2 ranges
+        await a.close()
+        z = await w.znode()
+        ledger = z["cursor_ledger"]
+        assert ledger >= 0 and len(z["acked_ranges"]) == 10 and z["left_out"] == {"acked_ranges": 492}
+        md, _ = await svc.metadata(ledger)
+        assert md.is_closed and md.last_entry_id == 0
+        b = await w.open(w.broker(), config)
+        assert b.stats_internal()["recovery"]["source"] == "ledger"
+        assert_same_state(a, b)
+    run(main())
+
+
+def test_the_cursor_ledger_rolls_and_the_old_one_is_deleted_after_the_znode_names_the_new():
+    async def main():
+        w = await world()
+        svc = w.broker()
+        a = await w.open(svc, replace(CONFIG, cursor_ledger_entries_max=3), initial_position="earliest")
+        seen = []
+        for i in range(7):
+            a.ack([P(100, 2 * i + 1)])
+            await a.persist(force=True)
+            seen.append(a.stats_internal()["cursorLedger"])
+        assert seen[0] == seen[1] == seen[2] != seen[3] == seen[4] == seen[5] != seen[6]
+        assert (await w.znode())["cursor_ledger"] == seen[6]
+        for old in (seen[0], seen[3]):
+            with pytest.raises(LedgerError):
+                await svc.metadata(old)
+        a.abort("kill")
+        b = await w.open(w.broker())
+        assert_same_state(a, b)
+    run(main())
+
+
+def test_chunked_snapshots_recover_and_a_partial_tail_falls_back_to_the_previous_snapshot():
+    async def main():
+        w = await world()
+        config = replace(CONFIG, cursor_snapshot_chunk_bytes=64)
+        a = await w.open(w.broker(), config, initial_position="earliest")
+        rng = random.Random(3)
+        a.ack([P(100, e) for e in range(1, 1000) if rng.random() < 0.5])
+        await a.persist(force=True)
+        persisted = a.stats_internal()["lastPersist"]
+        assert persisted["bytes"] > 2 * 64 and persisted["entries"] == (persisted["bytes"] + 63) // 64 + 1  # + marker
+        a.abort("kill")
+        b = await w.open(w.broker(), config)
+        assert b.stats_internal()["recovery"]["source"] == "ledger"
+        assert_same_state(a, b)
+        # a snapshot whose chunks reached the ledger but whose marker did not
+        await b.persist(force=True)
+        expected = list(b.state.ranges())
+        b.ack([P(102, e) for e in range(0, 500, 3)])
+        packed = codec.pack(codec.CursorSnapshot.of(b.state), seq=999)
+        chunks = codec.entries_for(packed, 64)
+        assert len(chunks) > 1
+        await asyncio.gather(*[b._handle.append(c) for c in chunks])  # white box: a persist cut before its marker
+        b.abort("kill in the middle of a persist")
+        c = await w.open(w.broker(), config)
+        rec = c.stats_internal()["recovery"]
+        assert rec["source"] == "ledger" and "without its marker" in rec["skipped"][0]
+        assert list(c.state.ranges()) == expected
+    run(main())
+
+
+# ---------------------------------------------------------------------------------------------- fall-backs
+def test_append_failure_falls_back_to_the_znode_with_bounded_ranges_and_says_what_was_not_persisted():
+    async def main():
+        w = await world(bookies=("b0", "b1"))
+        svc = w.broker()
+        config = replace(CONFIG, ranges_in_metadata_max=5)
+        a = await w.open(svc, config, initial_position="earliest")
+        a.ack([P(100, 1)])
+        await a.persist(force=True)
+        ledger = a.stats_internal()["cursorLedger"]
+        holes_pattern(a)
+        w.fake["b1"].down = True  # E=2 with 2 bookies: no replacement, the append fails
+        await a.persist(force=True)
+        stats = a.stats_internal()
+        assert stats["lastPersist"]["to"] == "znode" and stats["lastPersist"]["notPersisted"] == {"acked_ranges": 497}
+        assert stats["persistErrors"] == 1 and "NOT_ENOUGH_BOOKIES" in stats["lastPersistError"]
+        assert stats["cursorLedger"] == -1 and stats["state"] == "NoLedger" and a.dirty  # still owes a full snapshot
+        assert any("NOT persisted: 497 acked_ranges" in line for line in w.logs)
+        z = await w.znode()
+        assert z["cursor_ledger"] == -1 and len(z["acked_ranges"]) == 5 and z["left_out"] == {"acked_ranges": 497}
+        with pytest.raises(LedgerError):
+            await svc.metadata(ledger)  # the znode no longer names it: deleted
+        a.abort("kill")
+        b = await w.open(w.broker(), config)
+        rec = b.stats_internal()["recovery"]
+        assert rec["source"] == "znode" and rec["leftOut"] == {"acked_ranges": 497}
+        assert [(str(x), str(y)) for x, y in b.state.ranges()] == \
+               [("100:0", "100:1"), ("100:2", "100:3"), ("100:4", "100:5"), ("100:6", "100:7"), ("100:8", "100:9")]
+        # the bookie is back: the next persist starts a new ledger with the whole state
+        w.fake["b1"].down = False
+        await b.persist(force=True)
+        assert b.stats_internal()["lastPersist"]["to"] == "ledger" and not b.dirty
+    run(main())
+
+
+def test_an_unreadable_cursor_ledger_falls_back_to_the_znode_and_says_so():
+    async def main():
+        w = await world()
+        svc = w.broker()
+        a = await w.open(svc, initial_position="earliest")
+        a.ack([P(100, 0), P(100, 1), P(100, 5)])  # mark-delete 100:1
+        await a.persist(force=True)  # the znode names the ledger with mark-delete 100:1, range 100:5
+        a.ack([P(100, 9)])
+        await a.persist(force=True)
+        ledger = a.stats_internal()["cursorLedger"]
+        a.abort("kill")
+        await svc.delete_ledger(ledger, password=CURSOR_PASSWORD)  # lost
+        b = await w.open(w.broker())
+        rec = b.stats_internal()["recovery"]
+        assert rec["source"] == "znode" and f"cursor ledger {ledger} is unreadable" in rec["reason"]
+        assert "NO_SUCH_LEDGER" in rec["reason"]
+        assert any("WARNING" in line and "falling back" in line for line in w.logs)
+        assert b.mark_delete == P(100, 1) and b.is_acked(P(100, 5)) and not b.is_acked(P(100, 9))
+        # never "earliest": what the znode had is kept
+        assert b.backlog() == 1500 - 3
+    run(main())
+
+
+def test_a_cursor_ledger_without_a_complete_snapshot_falls_back_to_the_znode():
+    async def main():
+        w = await world()
+        a = await w.open(w.broker(), replace(CONFIG, cursor_snapshot_chunk_bytes=64), initial_position="earliest")
+        a.ack([P(100, 0)])
+        await a.persist(force=True)
+        await a._handle.append(b"not a cursor entry")  # white box: damage at the tail
+        a.abort("kill")
+        b = await w.open(w.broker(), CONFIG)
+        rec = b.stats_internal()["recovery"]
+        assert rec["source"] == "ledger" and "magic" in rec["skipped"][0]
+        assert b.mark_delete == P(100, 0)
+    run(main())
+
+
+# ---------------------------------------------------------------------------------------------- ownership
+def test_another_broker_recovering_the_cursor_fences_the_first():
+    async def main():
+        w = await world()
+        fenced = []
+        a = await w.open(w.broker(), on_fenced=fenced.append, initial_position="earliest")
+        a.ack([P(100, 0)])
+        await a.persist(force=True)
+        b = await w.open(w.broker())  # takes over: recovery-opens (fences) a's cursor ledger
+        a.ack([P(100, 1)])
+        with pytest.raises(TopicError) as info:
+            await a.persist(force=True)
+        assert info.value.status == "TOPIC_FENCED" and "fenced" in info.value.message
+        assert len(fenced) == 1 and a.stats_internal()["state"] == "Fenced"
+        for call in (lambda: a.ack([P(100, 2)]), lambda: a.increment_redelivery(P(100, 3))):
+            with pytest.raises(TopicError) as info:
+                call()
+            assert info.value.status == "TOPIC_FENCED"
+        with pytest.raises(TopicError):
+            await a.close()
+        await b.persist(force=True)  # the new owner is unaffected
+        assert b.mark_delete == P(100, 0)
+    run(main())
+
+
+def test_a_znode_cas_conflict_is_topic_fenced_and_the_new_ledger_is_not_left_behind():
+    async def main():
+        w = await world()
+        svc = w.broker()
+        a = await w.open(svc, initial_position="earliest")
+        b = await w.open(w.broker())
+        b.ack([P(100, 0)])
+        await b.persist(force=True)  # CASes the znode: a's version is stale
+        before = set(await svc.list_ledgers())
+        a.ack([P(100, 5)])
+        with pytest.raises(TopicError) as info:
+            await a.persist(force=True)
+        assert info.value.status == "TOPIC_FENCED" and PATH in info.value.message
+        assert set(await svc.list_ledgers()) == before  # a's fresh cursor ledger was deleted again
+        assert (await w.znode())["cursor_ledger"] == b.stats_internal()["cursorLedger"]
+    run(main())
+
+
+# ---------------------------------------------------------------------------------------------- seek, delete
+def test_seek_is_persisted_to_the_ledger_and_the_znode_before_it_returns():
+    async def main():
+        w = await world()
+        a = await w.open(w.broker(), initial_position="earliest")
+        holes_pattern(a)
+        a.ack_cumulative(P(100, 500))
+        await a.persist(force=True)
+        await a.seek(P(100, 10))
+        assert a.mark_delete == P(100, 9) and a.read_position == P(100, 10) and a.state.acked_count == 0
+        assert not a.dirty and (await w.znode())["mark_delete"] == [100, 9]
+        a.abort("kill")
+        b = await w.open(w.broker())
+        assert b.mark_delete == P(100, 9) and b.state.acked_count == 0
+    run(main())
+
+
+def test_delete_removes_the_znode_then_the_cursor_ledger():
+    async def main():
+        w = await world()
+        svc = w.broker()
+        a = await w.open(svc, initial_position="earliest")
+        a.ack([P(100, 3)])
+        await a.persist(force=True)
+        ledger = a.stats_internal()["cursorLedger"]
+        await a.delete()
+        assert await w.store.exists(PATH) is None
+        with pytest.raises(LedgerError):
+            await svc.metadata(ledger)
+        with pytest.raises(TopicError):
+            a.ack([P(100, 4)])
+    run(main())
+
+
+# ---------------------------------------------------------------------------------------------- background
+def test_a_dirty_cursor_is_persisted_by_the_background_task_every_interval():
+    async def main():
+        w = await world()
+        a = await w.open(w.broker(), initial_position="earliest", background_flush=True)
+        await wait_until_async(lambda: w.clock.sleepers == 1, 5, message="the flush task sleeping")
+        w.clock.advance(1000)  # not dirty: nothing written
+        await wait_until_async(lambda: w.clock.sleepers == 1, 5, message="the flush task sleeping again")
+        assert a.stats_internal()["lastPersist"] == {}
+        a.ack([P(100, 0), P(100, 2)])
+        assert await a.persist() is True  # not rate-limited yet: nothing was persisted before
+        a.ack([P(100, 4)])
+        assert await a.persist() is False  # within the interval: left to the background task
+        w.clock.advance(999)
+        await wait_until_async(lambda: w.clock.sleepers == 1, 5)
+        assert a.dirty
+        w.clock.advance(1)
+        await wait_until_async(lambda: not a.dirty, 5, message="the background persist")
+        assert a.stats_internal()["lastPersist"]["seq"] == 2
+        a.abort("kill")
+        assert w.clock.sleepers == 1  # the cancelled task's sleep is never woken
+        b = await w.open(w.broker())
+        assert b.is_acked(P(100, 4))
+    run(main())
+
+
+def test_stats_internal_has_pulsars_fields():
+    async def main():
+        w = await world()
+        a = await w.open(w.broker(), initial_position="earliest")
+        a.ack([P(100, 3), P(100, 4), P(100, 7)] + [P(102, e) for e in range(0, 400, 2)])
+        a.read_position = P(100, 10)
+        a.ack_batch_indexes(P(100, 0), [1], 3)
+        a.set_property("x", 1)
+        s = a.stats_internal()
+        assert s["markDeletePosition"] == "100:-1" and s["readPosition"] == "100:10"
+        assert s["individuallyDeletedMessages"].startswith("[(100:2..100:4], (100:6..100:7], (102:-1..102:0],")
+        assert s["individuallyDeletedMessages"].endswith(", ...(102 more)]")
+        assert s["totalNonContiguousDeletedMessagesRange"] == 202 and s["individuallyDeletedEntries"] == 203
+        assert s["batchDeletedIndexes"] == 1 and s["properties"] == {"x": 1}
+        assert s["numberOfEntriesSinceFirstNotAckedMessage"] == 11 and s["backlog"] == 1500 - 203
+        assert s["state"] == "NoLedger" and s["cursorLedger"] == -1 and s["dirty"]
+        await a.persist(force=True)
+        s = a.stats_internal()
+        assert s["state"] == "Open" and s["cursorLedgerLastEntry"] == 0 and s["lastPersist"]["to"] == "ledger"
+        with pytest.raises(TopicError) as info:
+            a.ack([P(102, 500)])
+        assert info.value.status == "INVALID_ACK" and "102:500" in info.value.message
+    run(main())
