@@ -1,0 +1,213 @@
+"""`Client`: the entry point of the topic client — admin calls, producers and consumers (like pulsar-client).
+
+A Client owns one event loop thread (core.LoopThread), a gRPC channel per broker address, and the producers
+and consumers it created (close() closes them). `service_url` is one broker address or several
+("h1:p1,h2:p2" or a list): admin calls and lookups go to any of them (the next one when one does not
+answer); producers and consumers connect to the owner of each topic (or partition) that Lookup names.
+
+Every blocking call is bounded by `operation_timeout_ms` (producing and consuming have their own bounds:
+send timeout, receive timeout). Errors: ClientError with the broker's TopicStatus name and text.
+"""
+from __future__ import annotations
+
+import json
+import threading
+
+from bksim.client.consumer import (ACK_GROUP_TIME_MS_DEFAULT, NEGATIVE_ACK_DELAY_MS_DEFAULT,
+                                   RECEIVER_QUEUE_SIZE_DEFAULT, Consumer)
+from bksim.client.core import (BACKOFF_INITIAL_MS_DEFAULT, BACKOFF_MAX_MS_DEFAULT, OPERATION_TIMEOUT_MS_DEFAULT,
+                               RECONNECT_ATTEMPTS_MAX_DEFAULT, Backoff, Connections, LoopThread, parse_service_url)
+from bksim.client.errors import ClientError
+from bksim.client.producer import (BATCHING_MAX_BYTES_DEFAULT, BATCHING_MAX_MESSAGES_DEFAULT,
+                                   BATCHING_MAX_PUBLISH_DELAY_MS_DEFAULT, MAX_MESSAGE_BYTES_DEFAULT,
+                                   MAX_PENDING_MESSAGES_DEFAULT, SEND_TIMEOUT_MS_DEFAULT, Producer)
+from bksim.client.types import InitialPosition, RoutingMode, SubscriptionType
+from bksim.gen import topic_pb2
+
+SERVICE_URL_DEFAULT = "127.0.0.1:6650"
+
+
+def _policies(p: topic_pb2.NamespacePolicies) -> dict:
+    return {"retention_ms": p.retention_ms, "retention_bytes": p.retention_bytes, "ttl_ms": p.ttl_ms, "dedup": p.dedup}
+
+
+class Client:
+    """A connection to a bksim cluster's brokers. Thread-safe; use as a context manager or call close()."""
+
+    def __init__(self, service_url=SERVICE_URL_DEFAULT, *, operation_timeout_ms: int = OPERATION_TIMEOUT_MS_DEFAULT,
+                 backoff_initial_ms: int = BACKOFF_INITIAL_MS_DEFAULT, backoff_max_ms: int = BACKOFF_MAX_MS_DEFAULT,
+                 reconnect_attempts_max: int = RECONNECT_ATTEMPTS_MAX_DEFAULT) -> None:
+        if operation_timeout_ms <= 0 or backoff_initial_ms <= 0 or backoff_max_ms < backoff_initial_ms \
+                or reconnect_attempts_max < 1:
+            raise ClientError("BAD_REQUEST", "need operation_timeout_ms > 0, 0 < backoff_initial_ms <= backoff_max_ms "
+                                             "and reconnect_attempts_max >= 1")
+        self.addresses = parse_service_url(service_url)
+        self._operation_timeout_s = operation_timeout_ms / 1000.0
+        self._backoff_args = (backoff_initial_ms / 1000.0, backoff_max_ms / 1000.0, reconnect_attempts_max,
+                              self._operation_timeout_s)
+        self._lock = threading.Lock()
+        self._children: list = []
+        self._closed = False
+        self._loop = LoopThread()
+        self._conns = Connections(self.addresses, self._operation_timeout_s)
+
+    def _backoff(self) -> Backoff:
+        return Backoff(*self._backoff_args)
+
+    def _call(self, method: str, request):
+        if self._closed:
+            raise ClientError("BAD_REQUEST", "the client is closed")
+        return self._loop.run(self._conns.unary(method, request), self._operation_timeout_s * len(self.addresses) + 1)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every producer (flushing) and consumer, then the channels and the loop thread."""
+        if self._closed:
+            return
+        with self._lock:
+            children = list(self._children)
+        for child in children:
+            try:
+                child.close()
+            except ClientError:
+                pass
+        self._closed = True
+        try:
+            self._loop.run(self._conns.close(), 5.0)
+        except ClientError:
+            pass
+        self._loop.stop()
+
+    def _forget(self, child) -> None:
+        with self._lock:
+            if child in self._children:
+                self._children.remove(child)
+
+    # -- admin -------------------------------------------------------------------------------------------------
+    def create_tenant(self, tenant: str) -> None:
+        self._call("CreateTenant", topic_pb2.CreateTenantRequest(tenant=tenant))
+
+    def list_tenants(self) -> list[str]:
+        return list(self._call("ListTenants", topic_pb2.ListTenantsRequest()).tenants)
+
+    def create_namespace(self, namespace: str, *, retention_ms: int = 0, retention_bytes: int = -1, ttl_ms: int = 0,
+                         dedup: bool = False) -> dict:
+        """Create "tenant/ns" with its policies; returns {"namespace", "retention_ms", "retention_bytes",
+        "ttl_ms", "dedup"}. retention_ms -1 = keep forever; retention_bytes -1 = no size limit."""
+        r = self._call("CreateNamespace", topic_pb2.CreateNamespaceRequest(
+            namespace=namespace, policies=topic_pb2.NamespacePolicies(retention_ms=retention_ms,
+                                                                       retention_bytes=retention_bytes,
+                                                                       ttl_ms=ttl_ms, dedup=dedup)))
+        return {"namespace": r.namespace, **_policies(r.policies)}
+
+    def get_namespace(self, namespace: str) -> dict:
+        r = self._call("GetNamespace", topic_pb2.GetNamespaceRequest(namespace=namespace))
+        return {"namespace": r.namespace, **_policies(r.policies)}
+
+    def list_namespaces(self, tenant: str) -> list[str]:
+        return list(self._call("ListNamespaces", topic_pb2.ListNamespacesRequest(tenant=tenant)).namespaces)
+
+    def create_topic(self, topic: str, partitions: int = 0) -> dict:
+        """Create a topic (partitions 0 = non-partitioned); returns {"topic", "partitions"}."""
+        r = self._call("CreateTopic", topic_pb2.CreateTopicRequest(topic=topic, partitions=partitions))
+        return {"topic": r.topic, "partitions": r.partitions}
+
+    def get_topic(self, topic: str) -> dict:
+        r = self._call("GetTopic", topic_pb2.TopicRequest(topic=topic))
+        return {"topic": r.topic, "partitions": r.partitions}
+
+    def delete_topic(self, topic: str, force: bool = False) -> dict:
+        r = self._call("DeleteTopic", topic_pb2.DeleteTopicRequest(topic=topic, force=force))
+        return {"topic": r.topic, "partitions": r.partitions}
+
+    def list_topics(self, namespace: str) -> list[str]:
+        return list(self._call("ListTopics", topic_pb2.ListTopicsRequest(namespace=namespace)).topics)
+
+    def lookup(self, topic: str) -> dict:
+        """{"topic", "broker_id", "address", "owned"} of a topic or one partition."""
+        r = self._call("Lookup", topic_pb2.LookupRequest(topic=topic))
+        return {"topic": r.topic, "broker_id": r.broker_id, "address": r.address, "owned": r.owned}
+
+    def topic_stats(self, topic: str) -> dict:
+        return self._json("TopicStats", topic)
+
+    def topic_stats_internal(self, topic: str) -> dict:
+        return self._json("TopicStatsInternal", topic)
+
+    def _json(self, method: str, topic: str) -> dict:
+        r = self._call(method, topic_pb2.TopicRequest(topic=topic))
+        try:
+            return json.loads(r.json)
+        except ValueError as e:
+            raise ClientError("INTERNAL", f"{method} of {topic}: the broker's answer is not JSON: {e}") from None
+
+    def _partitions(self, topic: str) -> int:
+        try:
+            return self.get_topic(topic)["partitions"]
+        except ClientError as e:
+            if e.status == "TOPIC_NOT_FOUND":
+                return 0  # the broker decides on Produce/Subscribe (it may create the topic or refuse)
+            raise
+
+    # -- producers and consumers -------------------------------------------------------------------------------
+    def create_producer(self, topic: str, producer_name: str | None = None, *, batching_enabled: bool = True,
+                        batching_max_messages: int = BATCHING_MAX_MESSAGES_DEFAULT,
+                        batching_max_bytes: int = BATCHING_MAX_BYTES_DEFAULT,
+                        batching_max_publish_delay_ms: float = BATCHING_MAX_PUBLISH_DELAY_MS_DEFAULT,
+                        send_timeout_ms: int = SEND_TIMEOUT_MS_DEFAULT,
+                        max_pending_messages: int = MAX_PENDING_MESSAGES_DEFAULT, block_if_queue_full: bool = False,
+                        routing_mode: RoutingMode = RoutingMode.RoundRobinPartition,
+                        initial_sequence_id: int | None = None,
+                        max_message_bytes: int = MAX_MESSAGE_BYTES_DEFAULT) -> Producer:
+        """A producer on `topic` (every partition of a partitioned topic), connected when this returns."""
+        partitions = self._partitions(topic)
+        producer = Producer(self, topic, partitions, producer_name=producer_name, batching_enabled=batching_enabled,
+                            batching_max_messages=batching_max_messages, batching_max_bytes=batching_max_bytes,
+                            batching_max_publish_delay_ms=batching_max_publish_delay_ms,
+                            send_timeout_ms=send_timeout_ms, max_pending_messages=max_pending_messages,
+                            block_if_queue_full=block_if_queue_full, routing_mode=routing_mode,
+                            initial_sequence_id=initial_sequence_id, max_message_bytes=max_message_bytes)
+        self._open(producer)
+        return producer
+
+    def subscribe(self, topic: str, subscription: str,
+                  subscription_type: SubscriptionType | str = SubscriptionType.Exclusive, *,
+                  consumer_name: str | None = None, priority: int = 0,
+                  initial_position: InitialPosition | str = InitialPosition.Latest,
+                  receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT, ack_timeout_ms: int = 0,
+                  negative_ack_redelivery_delay_ms: int = NEGATIVE_ACK_DELAY_MS_DEFAULT,
+                  ack_group_time_ms: int = ACK_GROUP_TIME_MS_DEFAULT) -> Consumer:
+        """A consumer of `subscription` on `topic` (every partition), subscribed when this returns."""
+        try:
+            kind = SubscriptionType.parse(subscription_type)
+            position = InitialPosition.parse(initial_position)
+        except ValueError as e:
+            raise ClientError("BAD_REQUEST", str(e)) from None
+        partitions = self._partitions(topic)
+        consumer = Consumer(self, topic, partitions, subscription, subscription_type=kind, consumer_name=consumer_name,
+                            priority=priority, initial_position=position, receiver_queue_size=receiver_queue_size,
+                            ack_timeout_ms=ack_timeout_ms,
+                            negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+                            ack_group_time_ms=ack_group_time_ms)
+        self._open(consumer)
+        return consumer
+
+    def _open(self, child) -> None:
+        if self._closed:
+            raise ClientError("BAD_REQUEST", "the client is closed")
+        # connecting may take the whole reconnect budget (bounded by the operation timeout) per partition
+        try:
+            self._loop.run(child._start(), self._operation_timeout_s * 2 + 5)
+        except BaseException:
+            try:
+                child.close()
+            except ClientError:
+                pass
+            raise
+        with self._lock:
+            self._children.append(child)

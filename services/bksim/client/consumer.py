@@ -1,0 +1,645 @@
+"""The consumer: flow-control permits, decoding entries into messages, acknowledgements (individual, batch
+index, cumulative), negative acks, the ack timeout, seek, and reconnects.
+
+Shape. A `Consumer` (the sync facade) has one `_PartitionConsumer` per partition (one for a non-partitioned
+topic), each with its own Subscribe stream; their messages go into one receive queue (merged receive).
+A Delivery's entry is decoded (formats/message.py) into its messages; the batch indexes the broker says are
+already acknowledged are skipped. A message of a batch has MessageId(ledger, entry, partition, index) and is
+acknowledged with a batch-index ack (AckId batch_index / batch_size); a single message with index -1.
+
+Flow control (as Pulsar): at subscribe time each partition consumer grants `receiver_queue_size` permits
+(messages); a message counts against the permits when the broker sends it, and the consumer grants them again
+once the application has received half a queue's worth (skipped, already-acknowledged batch messages count as
+received at once). The receive queue therefore holds at most about `receiver_queue_size` messages per
+partition (plus the rest of one batch: the broker may finish an entry).
+
+Acknowledgements. `acknowledge()` of a message this consumer delivered is grouped: acks are sent at most
+`ack_group_time_ms` later or when ACK_GROUP_MAX are waiting (close() sends what is left). An id this consumer
+does not hold as unacknowledged goes to the broker at once and waits for its answer, so an unknown id gets
+the broker's INVALID_ACK. `acknowledge_cumulative()` waits for the broker's answer (on Shared and Key_Shared
+the broker refuses it with NOT_ALLOWED). `negative_acknowledge()` asks for redelivery after
+`negative_ack_redelivery_delay_ms`; with `ack_timeout_ms` > 0, a received message not acknowledged within it is
+redelivered (both through a Redeliver request; the broker raises the redelivery count).
+
+Reconnects. On NOT_OWNER, TOPIC_FENCED, SERVICE_UNAVAILABLE, ... a partition consumer looks the topic up again
+and subscribes again (Backoff: bounded attempts, overall `operation_timeout_ms`), dropping the messages it had
+queued but the application had not received, and granting its permits again. Messages received but not
+acknowledged may come again (at-least-once); acks waiting to be sent are sent on the new stream. Any other
+refusal, or giving up, fails the consumer: receive() raises the error once the queue is empty.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+
+import grpc
+
+from bksim.client.core import Backoff
+from bksim.client.errors import ClientError, from_error_pb, from_rpc_error
+from bksim.client.types import InitialPosition, Message, MessageId, SubscriptionType
+from bksim.formats.message import decode_entry
+from bksim.gen import topic_pb2
+from bksim.model.errors import FormatError
+
+log = logging.getLogger("bksim.client")
+
+RECEIVER_QUEUE_SIZE_DEFAULT = 1000
+RECEIVER_QUEUE_SIZE_MAX = 1_000_000  # the most permits one Flow may grant
+NEGATIVE_ACK_DELAY_MS_DEFAULT = 60_000
+ACK_GROUP_TIME_MS_DEFAULT = 10
+ACK_GROUP_MAX = 1000          # grouped acks sent at once when this many wait
+ACK_IDS_PER_REQUEST_MAX = 10_000  # ids in one Ack / Redeliver request
+CLOSE_WAIT_S = 2.0            # how long close() waits for the broker to end a half-closed stream
+TICK_MIN_S, TICK_MAX_S = 0.01, 1.0   # the redelivery tracker's tick (a quarter of the shortest delay)
+
+
+def _ack_id(mid: MessageId, batch_size: int) -> topic_pb2.AckId:
+    if mid.batch_index >= 0:
+        return topic_pb2.AckId(ledger_id=mid.ledger, entry_id=mid.entry, batch_index=mid.batch_index,
+                               batch_size=batch_size)
+    return topic_pb2.AckId(ledger_id=mid.ledger, entry_id=mid.entry, batch_index=-1)
+
+
+class Consumer:
+    """Receives from one subscription of one topic (all its partitions). Create with `Client.subscribe`."""
+
+    def __init__(self, client, topic: str, partitions: int, subscription: str, *,
+                 subscription_type: SubscriptionType, consumer_name: str | None, priority: int,
+                 initial_position: InitialPosition, receiver_queue_size: int, ack_timeout_ms: int,
+                 negative_ack_redelivery_delay_ms: int, ack_group_time_ms: int) -> None:
+        if not 1 <= receiver_queue_size <= RECEIVER_QUEUE_SIZE_MAX:
+            raise ClientError("BAD_REQUEST", f"receiver_queue_size must be 1..{RECEIVER_QUEUE_SIZE_MAX}, got "
+                                             f"{receiver_queue_size}")
+        if ack_timeout_ms < 0 or negative_ack_redelivery_delay_ms < 0 or ack_group_time_ms < 0:
+            raise ClientError("BAD_REQUEST", "ack_timeout_ms, negative_ack_redelivery_delay_ms and "
+                                             "ack_group_time_ms must be >= 0")
+        if not subscription:
+            raise ClientError("BAD_REQUEST", "a subscription name is required")
+        self._client = client
+        self._loop = client._loop
+        self._topic = topic
+        self._partitioned = partitions > 0
+        self._subscription = subscription
+        self._type = subscription_type
+        self._requested_name = consumer_name or ""
+        self._priority = priority
+        self._initial_position = initial_position
+        self._queue_size = receiver_queue_size
+        self._refill_at = max(1, receiver_queue_size // 2)
+        self._ack_timeout_s = ack_timeout_ms / 1000.0
+        self._nack_delay_s = negative_ack_redelivery_delay_ms / 1000.0
+        self._ack_group_s = ack_group_time_ms / 1000.0
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: collections.deque[Message] = collections.deque()
+        self._waiters = 0
+        self._unacked: dict[MessageId, tuple[_PartitionConsumer, int]] = {}   # delivered, not acked: batch size
+        self._ack_deadlines: collections.OrderedDict[MessageId, float] = collections.OrderedDict()
+        self._nacks: dict[MessageId, float] = {}       # id -> when to ask for its redelivery
+        self._ack_group: list[tuple[_PartitionConsumer, MessageId, int]] = []
+        self._ack_flush_armed = False
+        self._error: ClientError | None = None
+        self._closed = False
+        self.last_ack_error: ClientError | None = None  # the latest refusal of a grouped ack (they are not awaited)
+        count = partitions if self._partitioned else 1
+        self._parts = [_PartitionConsumer(self, f"{topic}-partition-{i}" if self._partitioned else topic,
+                                          i if self._partitioned else -1) for i in range(count)]
+        self._tracker_task: asyncio.Task | None = None
+
+    async def _start(self) -> None:
+        first = self._parts[0]
+        await first.start(self._requested_name)
+        rest = self._parts[1:]
+        if rest:
+            results = await asyncio.gather(*(p.start(first.name) for p in rest), return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+        delays = [d for d in (self._ack_timeout_s, self._nack_delay_s) if d > 0]
+        tick = min(TICK_MAX_S, max(TICK_MIN_S, min(delays) / 4)) if delays else TICK_MAX_S
+        self._tracker_task = asyncio.get_running_loop().create_task(self._track_redeliveries(tick))
+
+    # -- facts -------------------------------------------------------------------------------------------------
+    def topic(self) -> str:
+        return self._topic
+
+    def subscription_name(self) -> str:
+        return self._subscription
+
+    def consumer_name(self) -> str:
+        return self._parts[0].name
+
+    def is_active(self) -> bool | None:
+        """Exclusive/Failover: whether the broker last said this consumer is active (None: not said yet)."""
+        states = [p.active for p in self._parts if p.active is not None]
+        return None if not states else any(states)
+
+    def unacked_count(self) -> int:
+        return len(self._unacked)
+
+    def queued(self) -> int:
+        """Messages received from the broker and not yet taken by receive()."""
+        return len(self._queue)
+
+    # -- receive -----------------------------------------------------------------------------------------------
+    def receive(self, timeout_ms: int | None = None) -> Message:
+        """The next message (waits at most `timeout_ms`; None = until one comes). ClientError TIMEOUT when none
+        came in time; the consumer's error when it failed; BAD_REQUEST when it is closed."""
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000.0
+        flow = None
+        with self._cond:
+            while not self._queue:
+                if self._error is not None:
+                    raise self._error
+                if self._closed:
+                    raise ClientError("BAD_REQUEST", f"consumer {self.consumer_name()} of {self._subscription} on "
+                                                     f"{self._topic} is closed")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise ClientError("TIMEOUT", f"no message on {self._topic} (subscription {self._subscription}) "
+                                                 f"within {timeout_ms} ms")
+                self._waiters += 1
+                try:
+                    self._cond.wait(remaining)
+                finally:
+                    self._waiters -= 1
+            msg = self._queue.popleft()
+            part = msg._owner
+            if msg._epoch == part.epoch:
+                part.refill += 1
+                if part.refill >= self._refill_at:
+                    flow = (part, part.refill, part.epoch)
+                    part.refill = 0
+            if self._ack_timeout_s > 0:
+                self._ack_deadlines[msg._id] = time.monotonic() + self._ack_timeout_s
+                self._ack_deadlines.move_to_end(msg._id)
+        if flow is not None:
+            self._loop.call(flow[0].send_flow, flow[1], flow[2])
+        return msg
+
+    def _deliver(self, part: "_PartitionConsumer", messages: list[Message], skipped: int) -> None:  # loop thread
+        flow = None
+        with self._cond:
+            for m in messages:
+                self._unacked[m._id] = (part, m._batch_size)
+            self._queue.extend(messages)
+            if skipped:
+                part.refill += skipped
+                if part.refill >= self._refill_at:
+                    flow = part.refill
+                    part.refill = 0
+            if self._waiters and messages:
+                self._cond.notify_all()
+        if flow is not None:
+            part.send_flow(flow, part.epoch)
+
+    def _purge(self, part: "_PartitionConsumer") -> int:  # loop thread, under no lock
+        """Drop the messages of `part` not yet received by the application (a new stream or a seek will send
+        them again); their tracker entries go too. Returns how many."""
+        with self._cond:
+            keep = collections.deque(m for m in self._queue if m._owner is not part)
+            dropped = [m for m in self._queue if m._owner is part]
+            self._queue = keep
+            for m in dropped:
+                self._unacked.pop(m._id, None)
+            part.refill = 0
+        return len(dropped)
+
+    # -- acknowledgements --------------------------------------------------------------------------------------
+    def _id_of(self, message: Message | MessageId) -> MessageId:
+        if isinstance(message, Message):
+            return message._id
+        if isinstance(message, MessageId):
+            return message
+        if isinstance(message, tuple) and len(message) == 4:
+            return MessageId(*message)
+        raise ClientError("BAD_REQUEST", f"expected a Message or a MessageId, got {type(message).__name__}")
+
+    def _part_of(self, mid: MessageId) -> "_PartitionConsumer":
+        if not self._partitioned:
+            return self._parts[0]
+        if 0 <= mid.partition < len(self._parts):
+            return self._parts[mid.partition]
+        raise ClientError("BAD_REQUEST", f"message id {mid} names partition {mid.partition}; {self._topic} has "
+                                         f"partitions 0..{len(self._parts) - 1}")
+
+    def acknowledge(self, message: Message | MessageId) -> None:
+        """Acknowledge one message (see the module docstring: grouped when this consumer delivered it)."""
+        mid = self._id_of(message)
+        self._check_usable()
+        arm = False
+        with self._cond:
+            tracked = self._unacked.pop(mid, None)
+            if tracked is not None:
+                self._ack_deadlines.pop(mid, None)
+                self._nacks.pop(mid, None)
+                self._ack_group.append((tracked[0], mid, tracked[1]))
+                if len(self._ack_group) >= ACK_GROUP_MAX or self._ack_group_s == 0:
+                    arm = "now"
+                elif not self._ack_flush_armed:
+                    self._ack_flush_armed = True
+                    arm = "later"
+        if tracked is None:
+            batch_size = message._batch_size if isinstance(message, Message) else 0
+            part = self._part_of(mid)
+            self._run(part.request_ack([_ack_id(mid, batch_size)], cumulative=False))
+            return
+        if arm == "now":
+            self._loop.call(self._flush_acks)
+        elif arm == "later":
+            self._loop.call(self._arm_ack_flush)
+
+    def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        """Acknowledge every message of the message's partition up to and including it; waits for the broker
+        (NOT_ALLOWED on Shared and Key_Shared subscriptions)."""
+        mid = self._id_of(message)
+        self._check_usable()
+        part = self._part_of(mid)
+        with self._cond:
+            tracked = self._unacked.get(mid)
+        batch_size = tracked[1] if tracked else (message._batch_size if isinstance(message, Message) else 0)
+        self._run(part.request_ack([_ack_id(mid, batch_size)], cumulative=True))
+        with self._cond:
+            for other in [m for m, (p, _) in self._unacked.items() if p is part and m <= mid]:
+                self._unacked.pop(other, None)
+                self._ack_deadlines.pop(other, None)
+                self._nacks.pop(other, None)
+
+    def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Ask for the message to be delivered again after negative_ack_redelivery_delay_ms."""
+        mid = self._id_of(message)
+        self._check_usable()
+        with self._cond:
+            self._ack_deadlines.pop(mid, None)
+            self._nacks[mid] = time.monotonic() + self._nack_delay_s
+
+    def _arm_ack_flush(self) -> None:  # loop thread
+        self._loop.loop.call_later(self._ack_group_s, self._flush_acks)
+
+    def _flush_acks(self) -> None:  # loop thread
+        with self._cond:
+            group, self._ack_group = self._ack_group, []
+            self._ack_flush_armed = False
+        by_part: dict[_PartitionConsumer, list[topic_pb2.AckId]] = {}
+        for part, mid, batch_size in group:
+            by_part.setdefault(part, []).append(_ack_id(mid, batch_size))
+        for part, ids in by_part.items():
+            part.send_acks(ids)
+
+    async def _track_redeliveries(self, tick: float) -> None:
+        """Every tick: Redeliver the negatively acknowledged messages that are due and the received ones whose
+        ack timeout passed."""
+        while True:
+            await asyncio.sleep(tick)  # a periodic check, not synchronisation
+            now = time.monotonic()
+            due: dict[_PartitionConsumer, list[topic_pb2.AckId]] = {}
+            with self._cond:
+                for mid in [m for m, when in self._nacks.items() if when <= now]:
+                    del self._nacks[mid]
+                    tracked = self._unacked.get(mid)
+                    part = tracked[0] if tracked else self._part_of_or_none(mid)
+                    if part is not None:
+                        due.setdefault(part, []).append(_ack_id(mid, tracked[1] if tracked else 0))
+                while self._ack_deadlines:
+                    mid, when = next(iter(self._ack_deadlines.items()))
+                    if when > now:
+                        break
+                    del self._ack_deadlines[mid]
+                    tracked = self._unacked.get(mid)
+                    if tracked is not None:
+                        due.setdefault(tracked[0], []).append(_ack_id(mid, tracked[1]))
+            for part, ids in due.items():
+                part.send_redeliver(ids)
+
+    def _part_of_or_none(self, mid: MessageId) -> "_PartitionConsumer | None":
+        try:
+            return self._part_of(mid)
+        except ClientError:
+            return None
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        """Ask the broker to deliver again every message it delivered to this consumer and that is not acked."""
+        self._check_usable()
+        for part in self._parts:
+            self._loop.call(part.send_redeliver, [])
+
+    # -- seek --------------------------------------------------------------------------------------------------
+    def seek(self, target: Message | MessageId | int) -> None:
+        """Move the subscription: to a message id (the next message delivered is that one) or to a publish time
+        in ms (the first message published at or after it, on every partition). Messages queued and not yet
+        received are dropped."""
+        self._check_usable()
+        if isinstance(target, bool) or not isinstance(target, (int, Message, MessageId, tuple)):
+            raise ClientError("BAD_REQUEST", f"seek to a MessageId or a publish time in ms, not {target!r}")
+        if isinstance(target, int) and not isinstance(target, MessageId):
+            for part in self._parts:
+                self._run(part.request_seek(publish_time_ms=target))
+            return
+        mid = self._id_of(target)
+        part = self._part_of(mid)
+        self._run(part.request_seek(position=topic_pb2.AckId(ledger_id=mid.ledger, entry_id=mid.entry,
+                                                            batch_index=mid.batch_index)))
+
+    # -- state -------------------------------------------------------------------------------------------------
+    def _run(self, coroutine):
+        return self._loop.run(coroutine, self._client._operation_timeout_s + 1.0)
+
+    def _check_usable(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise ClientError("BAD_REQUEST", f"consumer of {self._subscription} on {self._topic} is closed")
+
+    def _fail(self, error: ClientError) -> None:
+        with self._cond:
+            if self._error is None and not self._closed:
+                self._error = error
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Send the acks still grouped, then end every stream (the broker keeps the subscription)."""
+        if self._closed:
+            return
+        try:
+            self._loop.run(self._close(), CLOSE_WAIT_S * 2 + 1)
+        except ClientError:
+            pass
+        finally:
+            with self._cond:
+                self._closed = True
+                self._cond.notify_all()
+            self._client._forget(self)
+
+    async def _close(self) -> None:
+        self._flush_acks()
+        if self._tracker_task is not None:
+            self._tracker_task.cancel()
+        await asyncio.gather(*(p.stop() for p in self._parts), return_exceptions=True)
+
+    def __enter__(self) -> "Consumer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _PartitionConsumer:
+    """One partition's Subscribe stream (see the module docstring)."""
+
+    def __init__(self, consumer: Consumer, topic: str, index: int) -> None:
+        self.consumer = consumer
+        self.topic = topic
+        self.index = index
+        self.name = ""
+        self.epoch = 0           # streams opened so far; a message remembers the one it came on
+        self.refill = 0          # messages received (or skipped) since the last Flow, under the consumer's lock
+        self.active: bool | None = None
+        self.address = ""
+        self._call = None
+        self._outbox: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+        self._request_id = 0
+        self._waiting: dict[int, tuple[asyncio.Future | None, str]] = {}  # request id -> (future, kind)
+        self._ack_backlog: list[topic_pb2.AckId] = []  # grouped acks while no stream is up
+
+    # -- requests (loop thread) --------------------------------------------------------------------------------
+    def _put(self, request: topic_pb2.ConsumeRequest) -> bool:
+        if self._outbox is None:
+            return False
+        self._outbox.put_nowait(request)
+        return True
+
+    def send_flow(self, permits: int, epoch: int) -> None:
+        if epoch == self.epoch and permits > 0:
+            self._put(topic_pb2.ConsumeRequest(flow=topic_pb2.Flow(permits=permits)))
+
+    def send_acks(self, ids: list[topic_pb2.AckId]) -> None:
+        """Grouped acks: not awaited; a refusal is logged and kept as consumer.last_ack_error."""
+        if self._outbox is None:
+            self._ack_backlog.extend(ids)
+            return
+        for start in range(0, len(ids), ACK_IDS_PER_REQUEST_MAX):
+            self._request_id += 1
+            self._waiting[self._request_id] = (None, "ack")
+            self._put(topic_pb2.ConsumeRequest(ack=topic_pb2.Ack(request_id=self._request_id,
+                                                                 ids=ids[start:start + ACK_IDS_PER_REQUEST_MAX])))
+
+    def send_redeliver(self, ids: list[topic_pb2.AckId]) -> None:
+        for start in range(0, max(1, len(ids)), ACK_IDS_PER_REQUEST_MAX):
+            self._put(topic_pb2.ConsumeRequest(redeliver=topic_pb2.Redeliver(
+                ids=ids[start:start + ACK_IDS_PER_REQUEST_MAX])))
+
+    async def request_ack(self, ids: list[topic_pb2.AckId], cumulative: bool) -> None:
+        self._request_id += 1
+        rid = self._request_id
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = (future, "ack")
+        if not self._put(topic_pb2.ConsumeRequest(ack=topic_pb2.Ack(request_id=rid, ids=ids, cumulative=cumulative))):
+            self._waiting.pop(rid, None)
+            raise ClientError("SERVICE_UNAVAILABLE", f"consumer of {self.topic} is reconnecting; ack again later")
+        await future
+
+    async def request_seek(self, position: topic_pb2.AckId | None = None, publish_time_ms: int | None = None) -> None:
+        self._request_id += 1
+        rid = self._request_id
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = (future, "seek")
+        seek = (topic_pb2.Seek(request_id=rid, position=position) if position is not None
+                else topic_pb2.Seek(request_id=rid, publish_time_ms=publish_time_ms))
+        if not self._put(topic_pb2.ConsumeRequest(seek=seek)):
+            self._waiting.pop(rid, None)
+            raise ClientError("SERVICE_UNAVAILABLE", f"consumer of {self.topic} is reconnecting; seek again later")
+        await future
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    async def start(self, name: str) -> None:
+        self.name = name
+        ready = asyncio.get_running_loop().create_future()
+        self._task = asyncio.get_running_loop().create_task(self._run(ready))
+        try:
+            await ready
+        except BaseException:
+            self._stopping = True
+            self._task.cancel()
+            raise
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._outbox is not None:
+            self._outbox.put_nowait(None)  # half-close: the broker removes the consumer and ends the stream
+        if self._task is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), CLOSE_WAIT_S)
+        except (TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping anyway
+            pass
+        self._task.cancel()
+        if self._call is not None:
+            self._call.cancel()
+
+    async def _run(self, ready: asyncio.Future) -> None:
+        consumer = self.consumer
+        backoff = consumer._client._backoff()
+        hint = ""
+        while not self._stopping:
+            try:
+                await self._connect(hint)
+            except ClientError as e:
+                hint = ""
+                if not ready.done() and not e.retriable:
+                    ready.set_exception(e)
+                    return
+                # reconnecting: the broker may not have dropped this name's previous stream yet
+                retriable = e.retriable or e.status == "CONSUMER_BUSY"
+                if not retriable or backoff.expired():
+                    final = ClientError(e.status, f"consumer of {self.topic} (subscription {consumer._subscription}): "
+                                                  f"gave up connecting after {backoff.attempts} attempts: {e.message}",
+                                        from_broker=e.from_broker, grpc_code=e.grpc_code)
+                    if not ready.done():
+                        ready.set_exception(final)
+                    consumer._fail(final)
+                    return
+                await asyncio.sleep(backoff.next_delay_s())  # back-off between reconnect attempts
+                continue
+            backoff.reset()
+            if not ready.done():
+                ready.set_result(None)
+            error = await self._serve()
+            self._fail_waiting(error)
+            if self._stopping:
+                return
+            consumer._purge(self)
+            if not error.retriable:
+                consumer._fail(error)
+                return
+            hint = error.owner_address if error.status == "NOT_OWNER" else ""
+            await asyncio.sleep(backoff.next_delay_s())  # the broker said try again: not at once
+
+    def _fail_waiting(self, error: ClientError) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for future, _kind in waiting.values():
+            if future is not None and not future.done():
+                future.set_exception(ClientError(error.status, f"the stream ended before the answer: {error.message}",
+                                                 from_broker=error.from_broker))
+
+    async def _connect(self, hint: str) -> None:
+        consumer = self.consumer
+        conns = consumer._client._conns
+        address = hint or await conns.lookup(self.topic)
+        outbox: asyncio.Queue = asyncio.Queue()
+        outbox.put_nowait(topic_pb2.ConsumeRequest(open=topic_pb2.SubscribeOpen(
+            topic=self.topic, subscription=consumer._subscription, type=consumer._type.value,
+            consumer_name=self.name, priority=consumer._priority, initial_position=consumer._initial_position.value)))
+
+        async def requests():
+            while True:
+                item = await outbox.get()
+                if item is None:
+                    return
+                yield item
+
+        call = conns.stub(address).Subscribe(requests())
+        try:
+            response = await asyncio.wait_for(call.read(), conns.operation_timeout_s)
+        except TimeoutError:
+            call.cancel()
+            raise ClientError("TIMEOUT", f"broker {address} did not answer Subscribe for {self.topic} within "
+                                         f"{conns.operation_timeout_s:.1f}s") from None
+        except grpc.aio.AioRpcError as e:
+            call.cancel()
+            raise from_rpc_error(e, address) from None
+        kind = response.WhichOneof("kind") if response is not grpc.aio.EOF else None
+        if kind != "subscribed":
+            call.cancel()
+            if kind == "error":
+                raise from_error_pb(response.error, address)
+            raise ClientError("SERVICE_UNAVAILABLE", f"broker {address} ended the subscribe stream of {self.topic} "
+                                                     f"before the consumer was subscribed")
+        self.name = response.subscribed.consumer_name
+        self.epoch += 1
+        self._call, self._outbox, self.address = call, outbox, address
+        with consumer._cond:
+            self.refill = 0
+        outbox.put_nowait(topic_pb2.ConsumeRequest(flow=topic_pb2.Flow(permits=consumer._queue_size)))
+        if self._ack_backlog:
+            backlog, self._ack_backlog = self._ack_backlog, []
+            self.send_acks(backlog)
+        if self._stopping:
+            outbox.put_nowait(None)
+
+    async def _serve(self) -> ClientError:
+        call, address = self._call, self.address
+        try:
+            while True:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    return ClientError("SERVICE_UNAVAILABLE", f"broker {address} ended the subscribe stream of "
+                                                              f"{self.topic}")
+                kind = response.WhichOneof("kind")
+                if kind == "deliveries":
+                    self._on_deliveries(response.deliveries.deliveries)
+                elif kind == "ack_result":
+                    self._answer(response.ack_result.request_id, response.ack_result)
+                elif kind == "seek_result":
+                    if not response.seek_result.HasField("error"):
+                        dropped = self.consumer._purge(self)  # what came before the seek is stale
+                        self.send_flow(dropped, self.epoch)
+                    self._answer(response.seek_result.request_id, response.seek_result)
+                elif kind == "active_change":
+                    self.active = response.active_change.active
+                elif kind == "error":
+                    return from_error_pb(response.error, address)
+        except grpc.aio.AioRpcError as e:
+            return from_rpc_error(e, address)
+        except FormatError as e:
+            return ClientError("INTERNAL", f"broker {address} delivered an entry of {self.topic} that does not "
+                                           f"decode: {e}", from_broker=True)
+        finally:
+            call.cancel()
+            self._call = self._outbox = None
+
+    def _answer(self, request_id: int, result) -> None:
+        future, kind = self._waiting.pop(request_id, (None, ""))
+        error = from_error_pb(result.error, self.address) if result.HasField("error") else None
+        if future is None:
+            if error is not None:
+                self.consumer.last_ack_error = error
+                log.warning("consumer of %s: grouped ack refused: %s", self.topic, error)
+            return
+        if not future.done():
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(None)
+
+    def _on_deliveries(self, deliveries) -> None:
+        consumer = self.consumer
+        epoch = self.epoch
+        topic = self.topic
+        out: list[Message] = []
+        skipped = 0
+        for d in deliveries:
+            header, messages = decode_entry(d.entry)
+            partition = d.partition
+            publish = header.publish_time_ms
+            producer = header.producer_name
+            if header.is_batch:
+                size = len(messages)
+                acked = set(d.acked_batch_indexes)
+                skipped += len(acked)
+                for i, m in enumerate(messages):
+                    if i in acked:
+                        continue
+                    out.append(Message(m.payload, m.key, m.properties, MessageId(d.ledger_id, d.entry_id, partition, i),
+                                       d.redelivery_count, publish, m.event_time_ms, topic, size, m.sequence_id,
+                                       producer, self, epoch))
+            else:
+                for m in messages:
+                    out.append(Message(m.payload, m.key, m.properties, MessageId(d.ledger_id, d.entry_id, partition, -1),
+                                       d.redelivery_count, publish, m.event_time_ms, topic, 0, m.sequence_id,
+                                       producer, self, epoch))
+        if out or skipped:
+            consumer._deliver(self, out, skipped)
