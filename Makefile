@@ -110,5 +110,8 @@ compose-tools:
 	command -v docker-compose >/dev/null || { apt-get update && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends docker-compose; }
 
+# COMPOSE_CHECK_ARGS: --audit (default) also builds the audit image and runs the audit service (Spark) over the
+# bookies' volumes before down; its verdict must be clean. COMPOSE_CHECK_ARGS= skips it.
+COMPOSE_CHECK_ARGS ?= --audit
 compose-check: deps compose-tools
-	$(BKSIM) compose check
+	$(BKSIM) compose check $(COMPOSE_CHECK_ARGS)

@@ -63,6 +63,7 @@ DOWN_TIMEOUT_S = 120
 KILL_TIMEOUT_S = 30
 COMPOSE_CMD_TIMEOUT_S = 60
 POLL_S = 0.5
+AUDIT_TIMEOUT_S = 600
 # processes an engine starts besides dockerd (matched with our root in their command line before stopping)
 ENGINE_PROGRAMS = ("dockerd", "containerd", "docker-proxy", "runc")
 
@@ -93,6 +94,9 @@ def register(subparsers) -> None:
     p.add_argument("--run-dir", default=None, help="where dockerd keeps its state (default <cluster.run_dir>/compose)")
     p.add_argument("--base-image", default=os.environ.get("BKSIM_BASE_IMAGE", BASE_IMAGE_DEFAULT),
                    help=f"base image tag; built with debootstrap when missing (default {BASE_IMAGE_DEFAULT})")
+    p.add_argument("--audit", action="store_true",
+                   help="also build the audit image (pyspark) and run the audit service (profile audit) over the "
+                        "bookies' volumes before down; its verdict must be clean")
     p.set_defaults(func=cmd_check)
 
 
@@ -142,9 +146,10 @@ def config_dict(files: list[str], profiles: tuple[str, ...] = (), env: dict | No
     return json.loads(parsed.stdout)
 
 
-def render(host: bool, out: str) -> dict:
-    """Write the merged configuration to `out` (JSON); for host networking without `ports:`."""
-    config = config_dict(compose_files(host), profiles=("audit",))
+def render(host: bool, out: str, env: dict | None = None) -> dict:
+    """Write the merged configuration to `out` (JSON); for host networking without `ports:`. `env` is the
+    environment the files are interpolated with (default this process's)."""
+    config = config_dict(compose_files(host), profiles=("audit",), env=env)
     if host:
         for service in config.get("services", {}).values():
             service.pop("ports", None)
@@ -375,15 +380,17 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
 
 
 class Check:
-    def __init__(self, run_dir: str, base_image: str) -> None:
+    def __init__(self, run_dir: str, base_image: str, audit: bool = False) -> None:
         self.run_dir = os.path.abspath(run_dir)
         self.base_image = base_image
+        self.audit = audit
+        self.audit_out = os.path.join(self.run_dir, "audit")
         self.engine = Dockerd(os.path.join(self.run_dir, "docker"))
         self.rendered = os.path.join(self.run_dir, "host.yml")
         self.compose_log = os.path.join(self.run_dir, "compose.log")
         self.step = Step()
         self.stack_up = False
-        self.env = dict(self.engine.env, BKSIM_BASE_IMAGE=base_image)
+        self.env = dict(self.engine.env, BKSIM_BASE_IMAGE=base_image, BKSIM_AUDIT_OUT=self.audit_out)
 
     # -- engine and images --
 
@@ -457,7 +464,7 @@ class Check:
     def up(self) -> str:
         _run(compose_argv(compose_files(True)) + ["config", "-q"], COMPOSE_CMD_TIMEOUT_S,
              "docker-compose config -q (docker-compose.yml + host override)", env=self.env)
-        render(True, self.rendered)
+        render(True, self.rendered, env=self.env)
         self.stack_up = True
         self.compose("down", "-v", "--remove-orphans", timeout_s=DOWN_TIMEOUT_S, log=True)  # an interrupted run's
         check_ports_free()
@@ -595,6 +602,8 @@ class Check:
             s.run("build bksim image", lambda: self.compose_build())
             s.say(s.run("up (host networking) and wait healthy", self.up))
             s.run("write, kill a bookie, write, read back", self.workload)
+            if self.audit:
+                s.say(s.run("audit service (Spark) over the bookies' volumes", self.run_audit))
             s.run("down -v", self.down)
         except ComposeError as e:
             print(f"compose check FAILED: {e}", file=sys.stderr, flush=True)
@@ -615,8 +624,25 @@ class Check:
         return 0
 
     def compose_build(self) -> None:
-        render(True, self.rendered)
+        render(True, self.rendered, env=self.env)
         self.compose("build", "zookeeper", timeout_s=BUILD_TIMEOUT_S, log=True)
+        if self.audit:
+            self.compose("--profile", "audit", "build", "audit", timeout_s=BUILD_TIMEOUT_S, log=True)
+
+    def run_audit(self) -> str:
+        """The audit service (profile audit) over the live stack's volumes: report.json must say clean."""
+        shutil.rmtree(self.audit_out, ignore_errors=True)
+        os.makedirs(self.audit_out, exist_ok=True)
+        try:
+            self.compose("--profile", "audit", "run", "--rm", "audit", timeout_s=AUDIT_TIMEOUT_S, log=True)
+        except ComposeError as e:
+            raise ComposeError(f"the audit service failed (exit 1 = violations, 2 = unusable input): {e}") from None
+        with open(os.path.join(self.audit_out, "report.json")) as f:
+            report = json.load(f)
+        verdict = report.get("verdict")
+        if verdict != "clean":
+            raise ComposeError(f"audit verdict {verdict!r}: {json.dumps(report.get('totals', {}))[:2000]}")
+        return f"audit verdict clean: {json.dumps(report.get('totals', {}), sort_keys=True)[:400]}"
 
 
 def reflection_services(address: str) -> list[str]:
@@ -638,7 +664,7 @@ def cmd_check(args) -> int:
 
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        return Check(run_dir, args.base_image).run()
+        return Check(run_dir, args.base_image, args.audit).run()
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -1,0 +1,306 @@
+"""The docker-compose deployment, checked without a Docker engine.
+
+- `docker-compose config -q` (Debian's v1 tool, installed by `make compose-tools`, a prerequisite of
+  `make test`) accepts docker-compose.yml alone, with the host-networking override, with the audit profile,
+  and the file `bksim compose render --host` writes for `make compose-check`.
+- What the files say is checked against the code: the services exist, every long-running one has a
+  healthcheck that probes its own role, every BKSIM_ variable is a real option of bksim.model.config and
+  each service's environment loads as a valid configuration with the ports the check and the published
+  ports expect, bookie data lives on named volumes, the audit reads every bookie's volume read-only, and
+  the host override puts every service on 127.0.0.1.
+- The in-container helper deploy/container.py runs for real against this test session's ZooKeeper and a
+  module's bookie and broker: its healthchecks pass on live servers and fail on a dead port, and its
+  `zookeeper` mode starts a ZooKeeper from BKSIM_ variables.
+
+`make compose-check` runs the same files end to end on a private dockerd (README, "Containers").
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from bksim.cli import compose_cmd
+from bksim.cli import config as cfgload
+from bksim.model import config as schema
+from helpers import free_port, wait_until
+
+REPO = compose_cmd.REPO
+CONTAINER_PY = os.path.join(REPO, "deploy", "container.py")
+SERVICES = {"zookeeper", "bookie-1", "bookie-2", "bookie-3", "broker-1", "broker-2"}
+ROLES = {"zookeeper": "zookeeper", "bookie-1": "bookie", "bookie-2": "bookie", "bookie-3": "bookie",
+         "broker-1": "broker", "broker-2": "broker"}
+IN_IMAGE_CONTAINER_PY = "/opt/bksim/deploy/container.py"
+HEALTH_TIMEOUT_S = 30.0
+
+
+def compose_bin() -> str:
+    path = shutil.which("docker-compose")
+    assert path, "docker-compose is missing: `make compose-tools` (a prerequisite of `make test`) installs it"
+    return path
+
+
+def compose_env() -> dict[str, str]:
+    """The environment without variables that would change the interpolation under test."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("BKSIM_", "COMPOSE_", "DOCKER_"))}
+
+
+def config_q(*files: str, profile: str | None = None) -> subprocess.CompletedProcess:
+    argv = [compose_bin(), *(["--profile", profile] if profile else [])]
+    for f in files:
+        argv += ["-f", f]
+    return subprocess.run(argv + ["config", "-q"], capture_output=True, text=True, cwd=REPO, env=compose_env(),
+                          timeout=60)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return compose_cmd.config_dict(compose_cmd.compose_files(False), env=compose_env())["services"]
+
+
+@pytest.fixture(scope="module")
+def host():
+    return compose_cmd.config_dict(compose_cmd.compose_files(True), profiles=("audit",), env=compose_env())["services"]
+
+
+def bksim_env(service: dict) -> dict[str, str]:
+    return {k: str(v) for k, v in service.get("environment", {}).items() if k.startswith("BKSIM_")}
+
+
+def loaded(service: dict) -> schema.Config:
+    """The configuration the service's process loads: deploy/bksim.toml (the image's BKSIM_CONFIG) + its env."""
+    env = bksim_env(service)
+    assert env.get("BKSIM_CONFIG") == "/opt/bksim/deploy/bksim.toml"
+    env.pop("BKSIM_CONFIG")
+    return cfgload.load(os.path.join(REPO, "deploy", "bksim.toml"), env=env)
+
+
+# -- docker-compose config -q ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("files,profile", [
+    ((compose_cmd.COMPOSE_FILE,), None),
+    ((compose_cmd.COMPOSE_FILE,), "audit"),
+    ((compose_cmd.COMPOSE_FILE, compose_cmd.HOST_OVERRIDE), None),
+    ((compose_cmd.COMPOSE_FILE, compose_cmd.HOST_OVERRIDE), "audit"),
+], ids=["base", "base+audit", "host", "host+audit"])
+def test_compose_config_is_valid(files, profile):
+    done = config_q(*files, profile=profile)
+    assert done.returncode == 0, f"docker-compose config -q rejected {files}:\n{done.stderr}"
+
+
+def test_config_q_rejects_a_broken_file(tmp_path):
+    """The validation above can fail: a service with an unknown key is refused."""
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text("services:\n  zookeeper:\n    image: x\n    helthcheck: {}\n")
+    done = config_q(str(broken))
+    assert done.returncode != 0 and "helthcheck" in done.stderr
+
+
+def test_rendered_host_file_is_valid_and_has_no_ports(tmp_path):
+    out = tmp_path / "host.yml"
+    rendered = compose_cmd.render(True, str(out))["services"]
+    assert set(rendered) == SERVICES | {"audit"}
+    assert all("ports" not in s for s in rendered.values()), "v1 refuses ports on host networking"
+    done = subprocess.run([compose_bin(), "-p", "bksim", "-f", str(out), "config", "-q"], capture_output=True,
+                          text=True, cwd=REPO, env=compose_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+# -- what the files say ----------------------------------------------------------------------------------------
+
+def test_services_exist_and_audit_is_only_in_its_profile(base, host):
+    assert set(base) == SERVICES | {"audit"}
+    assert set(host) == SERVICES | {"audit"}
+    assert base["audit"].get("profiles") == ["audit"] and host["audit"].get("profiles") == ["audit"]
+    assert all(not base[s].get("profiles") for s in SERVICES)
+
+
+def test_every_service_has_a_healthcheck_probing_its_role(base):
+    assert os.path.isfile(CONTAINER_PY)
+    for name in SERVICES:
+        check = base[name].get("healthcheck")
+        assert check and not check.get("disable"), f"{name} has no healthcheck"
+        assert check["test"] == ["CMD", "python", IN_IMAGE_CONTAINER_PY, "health", ROLES[name]], name
+        for key in ("interval", "timeout", "retries"):
+            assert key in check, f"{name}: healthcheck without {key} (waits must be bounded)"
+
+
+def test_every_bksim_variable_is_a_real_option(base, host):
+    options = {(s, n) for s, n, _, _ in schema.describe()}
+    for label, services in (("base", base), ("host", host)):
+        for name, service in services.items():
+            for key in bksim_env(service):
+                if key == cfgload.CONFIG_ENV:
+                    continue
+                section, _, option = key[len(cfgload.ENV_PREFIX):].lower().partition("_")
+                assert (section, option) in options, f"{label} {name}: {key} is not an option of bksim.model.config"
+
+
+def test_each_service_loads_a_valid_configuration_with_the_expected_ports(base, host):
+    for services in (base, host):
+        zk = loaded(services["zookeeper"]).zookeeper
+        assert zk.port == compose_cmd.HOST_PORTS["zookeeper"]
+        for b in ("bookie-1", "bookie-2", "bookie-3"):
+            config = loaded(services[b])
+            assert config.zookeeper.port == zk.port
+            assert config.bookie.port == compose_cmd.HOST_PORTS[b]
+        for r in ("broker-1", "broker-2"):
+            config = loaded(services[r])
+            assert config.zookeeper.port == zk.port
+            assert config.broker.port == compose_cmd.HOST_PORTS[r]
+    # the bridge case: each process binds and registers under its service name, ZooKeeper under "zookeeper"
+    for name in SERVICES:
+        config = loaded(base[name])
+        assert config.zookeeper.host == "zookeeper", name
+        if name.startswith("bookie"):
+            assert config.bookie.host == name
+        if name.startswith("broker"):
+            assert config.broker.host == name
+
+
+def test_published_ports_are_the_ports_the_processes_listen_on(base):
+    published = {name: [_port(p) for p in s.get("ports", [])] for name, s in base.items()}
+    for name in ("zookeeper", "broker-1", "broker-2"):
+        port = compose_cmd.HOST_PORTS[name]
+        assert published[name] == [(port, port, "127.0.0.1")], f"{name} publishes {published[name]}"
+    assert not any(published[b] for b in ("bookie-1", "bookie-2", "bookie-3")), "bookies are reached by brokers only"
+
+
+def _port(spec) -> tuple[int, int, str | None]:
+    """(published, target, host ip) of a port in long syntax or v1's "ip:published:target/proto" string."""
+    if isinstance(spec, dict):
+        return int(spec["published"]), int(spec["target"]), spec.get("host_ip")
+    parts = spec.split("/")[0].split(":")
+    return int(parts[-2]), int(parts[-1]), parts[-3] if len(parts) == 3 else None
+
+
+def test_bookie_data_is_on_named_volumes(base):
+    declared = compose_cmd.config_dict(compose_cmd.compose_files(False), env=compose_env()).get("volumes", {})
+    for b in ("bookie-1", "bookie-2", "bookie-3"):
+        config = loaded(base[b]).bookie
+        mounts = _mounts(base[b])
+        assert any(src == f"{b}-data" and config.journal_dir.startswith(target + "/") and
+                   config.ledger_dir.startswith(target + "/") for src, target, _ in mounts), \
+            f"{b}: journal {config.journal_dir} / ledgers {config.ledger_dir} not on volume {b}-data: {mounts}"
+        assert f"{b}-data" in declared, f"volume {b}-data is not a named volume"
+    zk = loaded(base["zookeeper"]).zookeeper
+    assert any(src == "zookeeper-data" and zk.data_dir.startswith(target + "/")
+               for src, target, _ in _mounts(base["zookeeper"]))
+
+
+def _mounts(service: dict) -> list[tuple[str, str, bool]]:
+    """(source, target, read_only) of a service's volumes, short or long syntax."""
+    out = []
+    for v in service.get("volumes", []):
+        if isinstance(v, dict):
+            out.append((v["source"], v["target"], bool(v.get("read_only"))))
+        else:
+            parts = v.split(":")
+            out.append((parts[0], parts[1], len(parts) > 2 and "ro" in parts[2].split(",")))
+    return out
+
+
+def test_audit_reads_every_bookie_volume_read_only(host):
+    audit = host["audit"]
+    mounts = _mounts(audit)
+    command = " ".join(audit["command"])
+    assert command.startswith("sh -c exec bksim audit ")
+    for b in ("bookie-1", "bookie-2", "bookie-3"):
+        journal = loaded(host[b]).bookie.journal_dir
+        assert any(src == f"{b}-data" and ro and journal.startswith(target + "/") for src, target, ro in mounts), \
+            f"audit does not mount {b}-data read-only where {journal} is: {mounts}"
+        assert journal in command, f"audit command does not read {journal}"
+    assert "--zookeeper" in command and "--out /var/lib/bksim/audit" in command
+    assert audit["build"]["target"] == "audit" and audit["image"] != host["bookie-1"]["image"]
+
+
+def test_host_override_puts_every_service_on_loopback(host):
+    for name, service in host.items():
+        assert service.get("network_mode") == "host", name
+        assert service["build"].get("network") == "host", f"{name}: the build must not need a bridge either"
+        hosts = {k: v for k, v in bksim_env(service).items() if k.endswith("_HOST")}
+        assert hosts and set(hosts.values()) == {"127.0.0.1"}, f"{name}: {hosts}"
+
+
+def test_one_image_for_every_role_with_the_base_as_build_argument(base):
+    images = {base[s]["image"] for s in SERVICES}
+    assert images == {"bksim:local"}
+    for s in SERVICES:
+        build = base[s]["build"]
+        assert build["dockerfile"] == "deploy/Dockerfile" and build["target"] == "runtime"
+        assert build["args"]["BASE"] == compose_cmd.BASE_IMAGE_DEFAULT
+    with open(os.path.join(REPO, "deploy", "Dockerfile")) as f:
+        text = f.read()
+    assert "ARG BASE=" in text and "FROM ${BASE} AS runtime" in text and "FROM runtime AS audit" in text
+
+
+# -- deploy/container.py against live servers --------------------------------------------------------------------
+
+def container_py(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, CONTAINER_PY, *args], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=HEALTH_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def live(broker_cluster):
+    broker_cluster.settle(1)
+    # the default payload bound (the harness lowers it; the probes do not depend on it, and the [topic]
+    # section requires topic.message_bytes_max <= broker.payload_bytes_max)
+    default = schema.BrokerConfig().payload_bytes_max
+    (broker,) = broker_cluster.start_brokers(1, env={"BKSIM_BROKER_PAYLOAD_BYTES_MAX": str(default)})
+    return broker_cluster.live_bookies()[0], broker
+
+
+def test_healthchecks_pass_on_live_servers(live, zookeeper):
+    bookie, broker = live
+    for role, env in (("bookie", bookie.environment()), ("broker", broker.environment()),
+                      ("zookeeper", broker.environment())):
+        done = container_py("health", role, env=env)
+        assert done.returncode == 0, f"health {role}: {done.stderr}"
+
+
+def test_healthchecks_fail_where_nothing_serves(live):
+    bookie, broker = live
+    dead = str(free_port())
+    for role, env, key in (("bookie", bookie.environment(), "BKSIM_BOOKIE_PORT"),
+                           ("broker", broker.environment(), "BKSIM_BROKER_PORT"),
+                           ("zookeeper", broker.environment(), "BKSIM_ZOOKEEPER_PORT")):
+        done = container_py("health", role, env=dict(env, **{key: dead}))
+        assert done.returncode == 1, f"health {role} on dead port {dead} passed"
+        assert done.stderr.strip(), "a failing healthcheck says why"
+
+
+def test_bookie_health_requires_its_registration(live):
+    """A serving gRPC port is not enough: the bookie id must be registered (else brokers cannot place on it)."""
+    bookie, _broker = live
+    done = container_py("health", "bookie", env=dict(bookie.environment(), BKSIM_BOOKIE_BOOKIE_ID="not-registered:1"))
+    assert done.returncode == 1 and "not registered" in done.stderr, done.stderr
+
+
+def test_zookeeper_mode_starts_a_server_from_bksim_variables(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
+    env.update(BKSIM_ZOOKEEPER_HOST="127.0.0.1", BKSIM_ZOOKEEPER_PORT=str(port), BKSIM_ZOOKEEPER_HEAP_MB="64",
+               BKSIM_ZOOKEEPER_DATA_DIR=str(tmp_path / "zk" / "data"))
+    with open(tmp_path / "zk.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, CONTAINER_PY, "zookeeper"], env=env, stdout=log,
+                                stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        wait_until(lambda: container_py("health", "zookeeper", env=env).returncode == 0, HEALTH_TIMEOUT_S,
+                   interval_s=0.2, message=f"ZooKeeper from container.py on port {port}")
+        cfg = (tmp_path / "zk" / "zoo.cfg").read_text()
+        assert f"clientPort={port}" in cfg and "clientPortAddress=127.0.0.1" in cfg
+        assert proc.poll() is None
+        with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
+            assert b"QuorumPeerMain" in f.read(), "the JVM replaced the helper (exec), so it gets docker stop's signal"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
