@@ -84,6 +84,7 @@ perf: deps  ## every benchmark with its same-run ratio (prints figures; not a pa
 	$(BKSIM) perf bookie-add --batch 100 --record-bytes 1024 --seconds $(PERF_SECONDS) --repeat $(PERF_REPEAT)
 	$(BKSIM) perf ledger-write --both --entry-size 1024 --batch 100 --duration $(PERF_SECONDS) --repeat $(PERF_REPEAT)
 	$(BKSIM) perf recovery --entries 10000 --entry-size 1024
+	$(BKSIM) perf cursor-holes --entries 10000000
 
 # ---- deterministic simulation (see the README section "Deterministic simulation") -----------------------
 # `make sim SEED=N` runs one seed of the ledger world (prints its plan, PASS or the violated invariant with the

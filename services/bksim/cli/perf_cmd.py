@@ -1,5 +1,5 @@
 """`bksim perf ...`: the benchmarks (fsync-baseline, journal-append, grpc-baseline, bookie-add, ledger-write,
-recovery).
+recovery, cursor-holes).
 
 Each prints a header with the machine facts, the CPU idle fraction before every measurement, and a table of
 records/s, MB/s and per-record p50/p99/p99.9 latency; `--json` prints one JSON object instead (the human
@@ -91,6 +91,21 @@ def register(subparsers) -> None:
     _shape(p)
     _run_options(p)
     p.set_defaults(func=cmd_recovery, seconds=0.0, records=0)
+
+    from bksim.perf import cursor_holes
+
+    p = sub.add_parser("cursor-holes", help="a cursor with ENTRIES/2 ack holes: snapshot size, time to persist it "
+                       "and to recover it after a kill and after a clean close (real ZooKeeper and bookies)")
+    p.add_argument("--entries", type=int, default=cursor_holes.TARGET_ENTRIES,
+                   help=f"entries of the topic (default {cursor_holes.TARGET_ENTRIES:,})")
+    p.add_argument("--ledger-entries", type=int, default=cursor_holes.LEDGER_ENTRIES_DEFAULT,
+                   help=f"entries per message ledger (default {cursor_holes.LEDGER_ENTRIES_DEFAULT:,})")
+    p.add_argument("--pattern", choices=cursor_holes.PATTERNS, default="alternate",
+                   help="alternate: every other entry acked (default); random: each entry with probability 1/2")
+    p.add_argument("--bookies", type=int, default=2, help="bookie processes (default 2; the cursor ledger's "
+                   "E/Qw/Qa are topic.* capped at this)")
+    _run_options(p)
+    p.set_defaults(func=cmd_cursor_holes, seconds=0.0, records=0, record_bytes=1, group=1)
 
 
 def _common(p: argparse.ArgumentParser, group_name: str, group_default: int, group_help: str,
@@ -250,6 +265,25 @@ def cmd_recovery(args) -> int:
                       f"LAC {args.lac}; time = the client's OpenLedger(recover=true) call")
 
 
+def cmd_cursor_holes(args) -> int:
+    from bksim.cli import config as cfgload
+    from bksim.model.errors import ConfigError
+    from bksim.perf import cursor_holes
+
+    if args.entries < 2 or args.ledger_entries < 1 or args.bookies < 1:
+        raise ConfigError("need --entries >= 2, --ledger-entries >= 1 and --bookies >= 1")
+    config = cfgload.load(args.config)
+
+    def measure(workdir: str, idle: Callable[[str], float]):
+        results, report = cursor_holes.measure(workdir, args.entries, args.ledger_entries, args.pattern, args.bookies,
+                                               idle, config, config_path=args.config, keep=args.keep)
+        return results, [], cursor_holes.targets(report)
+
+    return _run("cursor-holes", args, measure,
+                shape=f"{args.entries:,} entries in ledgers of {args.ledger_entries:,}, {args.pattern} acks, "
+                      f"{args.bookies} bookies; times: persist = one forced snapshot, recover = ManagedCursor.open")
+
+
 # ---------------------------------------------------------------------------------------------- shared
 def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple], shape: str | None = None) -> int:
     """Make the temp dir, print the header, measure, print the report; clean up whatever happens.
@@ -329,7 +363,7 @@ def _check_shape(args) -> None:
 def _check_bounds(args) -> None:
     from bksim.model.errors import ConfigError
 
-    if args.func is cmd_recovery:
+    if args.func in (cmd_recovery, cmd_cursor_holes):
         pass  # bounded by --entries
     elif args.seconds <= 0 and args.records <= 0:
         raise ConfigError("give a bound: --seconds > 0 and/or --records > 0")
