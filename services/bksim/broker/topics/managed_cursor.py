@@ -112,6 +112,7 @@ class ManagedCursor:
         self._persist_errors = 0
         self._last_error = ""
         self._last_switch_ms = 0
+        self._aborted = False
         self.recovery: dict = {}
 
     # ------------------------------------------------------------------------------------------ opening
@@ -331,12 +332,19 @@ class ManagedCursor:
                 return
             if not self.dirty:
                 continue
+            # shielded: close() cancels this task, but a persist under way finishes (close waits for the lock)
+            persist = asyncio.ensure_future(self.persist())
+            persist.add_done_callback(_retrieved)
             try:
-                await self.persist()
+                await asyncio.shield(persist)
             except TopicError as e:
                 if e.status == "TOPIC_FENCED":
                     return
                 self._log(f"cursor {self.name}: background persist failed: {e}")
+            except Exception as e:  # a bug: say so, and keep persisting (a dead flusher would persist nothing)
+                self._persist_errors += 1
+                self._last_error = f"unexpected {e!r}"
+                self._log(f"cursor {self.name}: background persist failed unexpectedly: {e!r}")
 
     async def _persist_locked(self, update_znode: bool = False) -> None:
         """Persist the current state: to the cursor ledger, else (append failed) to the znode."""
@@ -358,6 +366,7 @@ class ManagedCursor:
             if e.status == "FENCED":
                 raise self._fence(f"cursor ledger {self._ledger_id} was fenced: another broker recovered it "
                                   f"({e})") from None
+            self._check_not_aborted()
             await self._fallback_to_znode(snap, changes, started, f"cursor ledger append failed: {e}")
             return
         self._persisted_changes = changes
@@ -433,7 +442,12 @@ class ManagedCursor:
         await self._cas(raw)
         return left_out
 
+    def _check_not_aborted(self) -> None:
+        if self._aborted:
+            raise TopicError("SERVICE_UNAVAILABLE", f"cursor {self.name} was aborted: nothing more is written")
+
     async def _cas(self, raw: bytes) -> None:
+        self._check_not_aborted()
         try:
             self._znode_version = await self._store.set(self.path, raw, self._znode_version)
             return
@@ -516,8 +530,11 @@ class ManagedCursor:
                                   f"next owner recovers it)")
                     self._handle = None
                     await self._write_znode(codec.CursorSnapshot.of(self.state), self._ledger_id)
-                self._log(f"cursor {self.name}: closed; state in cursor ledger {self._ledger_id} "
-                          f"({self.state.range_count()} ranges > {bound} for the znode)")
+                    self._log(f"cursor {self.name}: closed; state in cursor ledger {self._ledger_id} "
+                              f"({self.state.range_count()} ranges > {bound} for the znode)")
+                else:
+                    self._log(f"cursor {self.name}: closed; its cursor ledger failed: the znode holds what fits "
+                              f"({self._last_persist.get('notPersisted')} left out)")
             self._persisted_changes = self.state.changes
             self._status = CLOSED
 
@@ -546,6 +563,7 @@ class ManagedCursor:
     def abort(self, reason: str) -> None:
         """Stop without writing anything: the cursor ledger stays as it is (OPEN) for the next owner to recover;
         acks since the last persist are lost (they will be redelivered)."""
+        self._aborted = True
         self._stop_flusher()
         if self._handle is not None:
             self._handle.abort(reason)
@@ -585,3 +603,9 @@ class ManagedCursor:
             "recovery": dict(self.recovery),
             "memoryBytes": s.memory_bytes(),
         }
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    """Done callback of a shielded persist: its exception is handled by whoever awaited it, if anyone still did."""
+    if not task.cancelled():
+        task.exception()

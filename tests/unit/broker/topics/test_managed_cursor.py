@@ -484,3 +484,29 @@ def test_stats_internal_has_pulsars_fields():
             a.ack([P(102, 500)])
         assert info.value.status == "INVALID_ACK" and "102:500" in info.value.message
     run(main())
+
+
+def test_abort_while_a_persist_waits_for_the_bookies_writes_nothing_more():
+    async def main():
+        w = await world()
+        a = await w.open(w.broker(), initial_position="earliest")
+        a.ack([P(100, 0)])
+        await a.persist(force=True)
+        _, version = await w.store.get(PATH)
+        for b in w.bookie_ids:
+            w.fake[b].gate = asyncio.Event()
+        a.ack([P(100, 1)])
+        persist = asyncio.ensure_future(a.persist(force=True))
+        await wait_until_async(lambda: sum(w.fake[b].waiting for b in w.bookie_ids) >= 2, 5,
+                               message="the snapshot's adds waiting at the bookies")
+        a.abort("kill -9")
+        for b in w.bookie_ids:
+            w.fake[b].gate.set()
+        with pytest.raises(TopicError) as info:
+            await persist
+        assert info.value.status == "SERVICE_UNAVAILABLE" and "aborted" in info.value.message
+        assert (await w.store.get(PATH))[1] == version  # no fall-back to the znode after the abort
+        b = await w.open(w.broker())
+        # the interrupted snapshot may or may not have reached the bookies: either way the ledger is recovered
+        assert b.stats_internal()["recovery"]["source"] == "ledger" and b.mark_delete in (P(100, 0), P(100, 1))
+    run(main())
