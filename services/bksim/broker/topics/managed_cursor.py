@@ -157,7 +157,10 @@ class ManagedCursor:
                 self._log(f"cursor {self.name}: created {self.path} at {md} ({initial_position})")
                 return
             except NodeExistsError:  # created meanwhile by another broker: read it like any other
-                data, self._znode_version = await self._store.get(self.path)
+                try:
+                    data, self._znode_version = await self._store.get(self.path)
+                except MetadataError as e:
+                    raise TopicError("METADATA_ERROR", f"cursor {self.name}: reading {self.path}: {e}") from None
             except NoNodeError:
                 parent = self.path.rsplit("/", 1)[0]
                 raise TopicError("TOPIC_NOT_FOUND", f"cursor {self.name}: managed ledger znode {parent} does not "
@@ -199,7 +202,7 @@ class ManagedCursor:
             self.recovery["leftOut"] = znode.left_out
         if notes:
             self.recovery["corrections"] = notes
-        self._log(f"cursor {self.name}: recovered from the {source} "
+        self._log(f"cursor {self.name}: recovered from the {source}"
                   f"{' (cursor ledger ' + str(znode.cursor_ledger) + ')' if source == 'ledger' else ''}: "
                   f"mark-delete {self.state.mark_delete}, {self.state.acked_count} acked entries after it, "
                   f"{self.state.batch_count} partial batches, {self.state.redelivery_tracked} redelivery counts")

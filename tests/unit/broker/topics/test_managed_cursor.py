@@ -18,7 +18,7 @@ from bksim.broker.topics.positions import Position as P
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig, TopicConfig
-from bksim.model.errors import LedgerError
+from bksim.model.errors import ConnectionLossError, LedgerError
 from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies
 from tests.unit.broker.topics.fake_layout import FakeLayout
@@ -509,4 +509,47 @@ def test_abort_while_a_persist_waits_for_the_bookies_writes_nothing_more():
         b = await w.open(w.broker())
         # the interrupted snapshot may or may not have reached the bookies: either way the ledger is recovered
         assert b.stats_internal()["recovery"]["source"] == "ledger" and b.mark_delete in (P(100, 0), P(100, 1))
+    run(main())
+
+
+class LossyStore:
+    """Wraps a metadata session: the next `set` raises ConnectionLossError, after applying it or not."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.lose_next_set: str | None = None  # "applied" | "not applied"
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def set(self, path, data, version):
+        mode, self.lose_next_set = self.lose_next_set, None
+        if mode == "applied":
+            await self.inner.set(path, data, version)
+        if mode is not None:
+            raise ConnectionLossError(path)
+        return await self.inner.set(path, data, version)
+
+
+def test_a_lost_answer_to_a_znode_write_is_settled_by_reading_it_back():
+    async def main():
+        w = await world()
+        svc = w.broker()
+        lossy = LossyStore(svc.store)
+        a = await ManagedCursor.open(name="sub", path=PATH, layout=w.layout, ledgers=svc, store=lossy, clock=w.clock,
+                                     config=CONFIG, initial_position="earliest", background_flush=False)
+        a.ack([P(100, 0)])
+        lossy.lose_next_set = "applied"
+        await a.persist(force=True)  # creates the cursor ledger, CASes the znode: the answer is lost, the write is in
+        assert (await w.znode())["cursor_ledger"] == a.stats_internal()["cursorLedger"] >= 0
+        a.ack([P(100, 1)])
+        await a.seek(P(100, 5))  # the next CAS uses the version read back: no false fencing
+        assert (await w.znode())["mark_delete"] == [100, 4]
+        lossy.lose_next_set = "not applied"
+        with pytest.raises(TopicError) as info:
+            await a.seek(P(100, 7))
+        assert info.value.status == "METADATA_ERROR" and "not applied" in info.value.message
+        assert (await w.znode())["mark_delete"] == [100, 4]
+        await a.seek(P(100, 7))  # and the cursor goes on
+        assert (await w.znode())["mark_delete"] == [100, 6]
     run(main())
