@@ -37,7 +37,7 @@ import time
 
 import grpc
 
-from bksim.client.core import Backoff
+from bksim.client.core import Backoff, end_stream as _end
 from bksim.client.errors import ClientError, from_error_pb, from_rpc_error
 from bksim.client.types import InitialPosition, Message, MessageId, SubscriptionType
 from bksim.formats.message import decode_entry
@@ -478,7 +478,7 @@ class _PartitionConsumer:
             pass
         self._task.cancel()
         if self._call is not None:
-            self._call.cancel()
+            _end(self._call, self._outbox)
 
     async def _run(self, ready: asyncio.Future) -> None:
         consumer = self.consumer
@@ -545,15 +545,15 @@ class _PartitionConsumer:
         try:
             response = await asyncio.wait_for(call.read(), conns.operation_timeout_s)
         except TimeoutError:
-            call.cancel()
+            _end(call, outbox)
             raise ClientError("TIMEOUT", f"broker {address} did not answer Subscribe for {self.topic} within "
                                          f"{conns.operation_timeout_s:.1f}s") from None
         except grpc.aio.AioRpcError as e:
-            call.cancel()
+            _end(call, outbox)
             raise from_rpc_error(e, address) from None
         kind = response.WhichOneof("kind") if response is not grpc.aio.EOF else None
         if kind != "subscribed":
-            call.cancel()
+            _end(call, outbox)
             if kind == "error":
                 raise from_error_pb(response.error, address)
             raise ClientError("SERVICE_UNAVAILABLE", f"broker {address} ended the subscribe stream of {self.topic} "
@@ -571,7 +571,7 @@ class _PartitionConsumer:
             outbox.put_nowait(None)
 
     async def _serve(self) -> ClientError:
-        call, address = self._call, self.address
+        call, outbox, address = self._call, self._outbox, self.address
         try:
             while True:
                 response = await call.read()
@@ -598,7 +598,7 @@ class _PartitionConsumer:
             return ClientError("INTERNAL", f"broker {address} delivered an entry of {self.topic} that does not "
                                            f"decode: {e}", from_broker=True)
         finally:
-            call.cancel()
+            _end(call, outbox)
             self._call = self._outbox = None
 
     def _answer(self, request_id: int, result) -> None:

@@ -118,6 +118,16 @@ class LoopThread:
             self.thread.join(LOOP_STOP_TIMEOUT_S)
 
 
+def end_stream(call, outbox: asyncio.Queue | None) -> None:
+    """End a streaming call whose requests come from `outbox` through an async generator: the generator
+    returns (None is its end marker) so gRPC's task that drains it finishes, then the call is cancelled.
+    (Cancelling alone can leave that task pending on the generator, to be destroyed later.)"""
+    if outbox is not None:
+        outbox.put_nowait(None)
+    if call is not None:
+        call.cancel()
+
+
 class Backoff:
     """Waits between reconnect attempts: initial, doubling up to `max_s`, +-20% jitter; `expired()` after
     `attempts_max` attempts or `deadline_s` since `reset()`."""

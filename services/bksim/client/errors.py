@@ -48,8 +48,10 @@ class ClientError(BksimError):
 
     @property
     def retriable(self) -> bool:
-        """True when reconnecting (after a new lookup) may help."""
-        return self.status in RETRIABLE or (not self.from_broker and self.status == "INTERNAL")
+        """True when reconnecting (after a new lookup) may help. A transport-level INTERNAL counts (a grpc.aio
+        stream can end that way when the broker ends it: grpc/grpc#36066); UNKNOWN (an exception in the
+        broker's handler) does not."""
+        return self.status in RETRIABLE or (not self.from_broker and self.grpc_code == "INTERNAL")
 
 
 def from_rpc_error(e: grpc.RpcError, address: str) -> ClientError:

@@ -39,7 +39,7 @@ from typing import Callable
 
 import grpc
 
-from bksim.client.core import Backoff
+from bksim.client.core import Backoff, end_stream as _end
 from bksim.client.errors import ClientError, from_error_pb, from_rpc_error
 from bksim.client.types import MessageId, RoutingMode
 from bksim.formats.murmur3 import murmur3_32
@@ -472,7 +472,7 @@ class _PartitionProducer:
             pass
         self._task.cancel()
         if self._call is not None:
-            self._call.cancel()
+            _end(self._call, self._outbox)
 
     async def _run(self, ready: asyncio.Future) -> None:
         client = self.producer._client
@@ -548,15 +548,15 @@ class _PartitionProducer:
         try:
             response = await asyncio.wait_for(call.read(), conns.operation_timeout_s)
         except TimeoutError:
-            call.cancel()
+            _end(call, outbox)
             raise ClientError("TIMEOUT", f"broker {address} did not answer ProducerOpen for {self.topic} within "
                                          f"{conns.operation_timeout_s:.1f}s") from None
         except grpc.aio.AioRpcError as e:
-            call.cancel()
+            _end(call, outbox)
             raise from_rpc_error(e, address) from None
         kind = response.WhichOneof("kind") if response is not grpc.aio.EOF else None
         if kind != "ready":
-            call.cancel()
+            _end(call, outbox)
             if kind == "error":
                 raise from_error_pb(response.error, address)
             raise ClientError("SERVICE_UNAVAILABLE", f"broker {address} ended the produce stream of {self.topic} "
@@ -594,7 +594,7 @@ class _PartitionProducer:
             return from_rpc_error(e, address)
         finally:
             writer.cancel()
-            call.cancel()
+            _end(call, outbox)
             self._call = self._outbox = None
 
     async def _pump(self, outbox: asyncio.Queue) -> None:
