@@ -92,14 +92,16 @@ class Consumer:
         self._ack_timeout_s = ack_timeout_ms / 1000.0
         self._nack_delay_s = negative_ack_redelivery_delay_ms / 1000.0
         self._ack_group_s = ack_group_time_ms / 1000.0
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # the same lock; waits for messages
         self._queue: collections.deque[Message] = collections.deque()
         self._waiters = 0
         self._unacked: dict[MessageId, tuple[_PartitionConsumer, int]] = {}   # delivered, not acked: batch size
         self._ack_deadlines: collections.OrderedDict[MessageId, float] = collections.OrderedDict()
         self._nacks: dict[MessageId, float] = {}       # id -> when to ask for its redelivery
         self._ack_group: list[tuple[_PartitionConsumer, MessageId, int]] = []
-        self._ack_flush_armed = False
+        self._ack_flush_armed = False  # a flush is scheduled ack_group_time_ms after the group's first ack
+        self._ack_flush_now = False    # a flush is scheduled at once (the group reached ACK_GROUP_MAX)
         self._error: ClientError | None = None
         self._closed = False
         self.last_ack_error: ClientError | None = None  # the latest refusal of a grouped ack (they are not awaited)
@@ -149,7 +151,7 @@ class Consumer:
         came in time; the consumer's error when it failed; BAD_REQUEST when it is closed."""
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000.0
         flow = None
-        with self._cond:
+        with self._lock:
             while not self._queue:
                 if self._error is not None:
                     raise self._error
@@ -181,7 +183,7 @@ class Consumer:
 
     def _deliver(self, part: "_PartitionConsumer", messages: list[Message], skipped: int) -> None:  # loop thread
         flow = None
-        with self._cond:
+        with self._lock:
             for m in messages:
                 self._unacked[m._id] = (part, m._batch_size)
             self._queue.extend(messages)
@@ -198,7 +200,7 @@ class Consumer:
     def _purge(self, part: "_PartitionConsumer") -> int:  # loop thread, under no lock
         """Drop the messages of `part` not yet received by the application (a new stream or a seek will send
         them again); their tracker entries go too. Returns how many."""
-        with self._cond:
+        with self._lock:
             keep = collections.deque(m for m in self._queue if m._owner is not part)
             dropped = [m for m in self._queue if m._owner is part]
             self._queue = keep
@@ -229,15 +231,20 @@ class Consumer:
         """Acknowledge one message (see the module docstring: grouped when this consumer delivered it)."""
         mid = self._id_of(message)
         self._check_usable()
-        arm = False
-        with self._cond:
+        arm = None
+        with self._lock:
             tracked = self._unacked.pop(mid, None)
             if tracked is not None:
-                self._ack_deadlines.pop(mid, None)
-                self._nacks.pop(mid, None)
-                self._ack_group.append((tracked[0], mid, tracked[1]))
-                if len(self._ack_group) >= ACK_GROUP_MAX or self._ack_group_s == 0:
-                    arm = "now"
+                if self._ack_deadlines:
+                    self._ack_deadlines.pop(mid, None)
+                if self._nacks:
+                    self._nacks.pop(mid, None)
+                group = self._ack_group
+                group.append((tracked[0], mid, tracked[1]))
+                if len(group) >= ACK_GROUP_MAX or self._ack_group_s == 0:
+                    if not self._ack_flush_now:
+                        self._ack_flush_now = True
+                        arm = "now"
                 elif not self._ack_flush_armed:
                     self._ack_flush_armed = True
                     arm = "later"
@@ -257,11 +264,11 @@ class Consumer:
         mid = self._id_of(message)
         self._check_usable()
         part = self._part_of(mid)
-        with self._cond:
+        with self._lock:
             tracked = self._unacked.get(mid)
         batch_size = tracked[1] if tracked else (message._batch_size if isinstance(message, Message) else 0)
         self._run(part.request_ack([_ack_id(mid, batch_size)], cumulative=True))
-        with self._cond:
+        with self._lock:
             for other in [m for m, (p, _) in self._unacked.items() if p is part and m <= mid]:
                 self._unacked.pop(other, None)
                 self._ack_deadlines.pop(other, None)
@@ -271,7 +278,7 @@ class Consumer:
         """Ask for the message to be delivered again after negative_ack_redelivery_delay_ms."""
         mid = self._id_of(message)
         self._check_usable()
-        with self._cond:
+        with self._lock:
             self._ack_deadlines.pop(mid, None)
             self._nacks[mid] = time.monotonic() + self._nack_delay_s
 
@@ -279,12 +286,16 @@ class Consumer:
         self._loop.loop.call_later(self._ack_group_s, self._flush_acks)
 
     def _flush_acks(self) -> None:  # loop thread
-        with self._cond:
+        with self._lock:
             group, self._ack_group = self._ack_group, []
-            self._ack_flush_armed = False
-        by_part: dict[_PartitionConsumer, list[topic_pb2.AckId]] = {}
+            self._ack_flush_armed = self._ack_flush_now = False
+        if len(self._parts) == 1:
+            if group:
+                self._parts[0].send_acks([(mid, batch_size) for _, mid, batch_size in group])
+            return
+        by_part: dict[_PartitionConsumer, list[tuple[MessageId, int]]] = {}
         for part, mid, batch_size in group:
-            by_part.setdefault(part, []).append(_ack_id(mid, batch_size))
+            by_part.setdefault(part, []).append((mid, batch_size))
         for part, ids in by_part.items():
             part.send_acks(ids)
 
@@ -295,7 +306,7 @@ class Consumer:
             await asyncio.sleep(tick)  # a periodic check, not synchronisation
             now = time.monotonic()
             due: dict[_PartitionConsumer, list[topic_pb2.AckId]] = {}
-            with self._cond:
+            with self._lock:
                 for mid in [m for m, when in self._nacks.items() if when <= now]:
                     del self._nacks[mid]
                     tracked = self._unacked.get(mid)
@@ -353,7 +364,7 @@ class Consumer:
             raise ClientError("BAD_REQUEST", f"consumer of {self._subscription} on {self._topic} is closed")
 
     def _fail(self, error: ClientError) -> None:
-        with self._cond:
+        with self._lock:
             if self._error is None and not self._closed:
                 self._error = error
             self._cond.notify_all()
@@ -367,7 +378,7 @@ class Consumer:
         except ClientError:
             pass
         finally:
-            with self._cond:
+            with self._lock:
                 self._closed = True
                 self._cond.notify_all()
             self._client._forget(self)
@@ -403,7 +414,7 @@ class _PartitionConsumer:
         self._stopping = False
         self._request_id = 0
         self._waiting: dict[int, tuple[asyncio.Future | None, str]] = {}  # request id -> (future, kind)
-        self._ack_backlog: list[topic_pb2.AckId] = []  # grouped acks while no stream is up
+        self._ack_backlog: list[tuple[MessageId, int]] = []  # grouped acks while no stream is up
 
     # -- requests (loop thread) --------------------------------------------------------------------------------
     def _put(self, request: topic_pb2.ConsumeRequest) -> bool:
@@ -416,16 +427,24 @@ class _PartitionConsumer:
         if epoch == self.epoch and permits > 0:
             self._put(topic_pb2.ConsumeRequest(flow=topic_pb2.Flow(permits=permits)))
 
-    def send_acks(self, ids: list[topic_pb2.AckId]) -> None:
-        """Grouped acks: not awaited; a refusal is logged and kept as consumer.last_ack_error."""
+    def send_acks(self, ids: list[tuple[MessageId, int]]) -> None:
+        """Grouped acks of (message id, batch size): not awaited; a refusal is logged and kept as
+        consumer.last_ack_error. Kept for the next stream while none is up."""
         if self._outbox is None:
             self._ack_backlog.extend(ids)
             return
         for start in range(0, len(ids), ACK_IDS_PER_REQUEST_MAX):
             self._request_id += 1
             self._waiting[self._request_id] = (None, "ack")
-            self._put(topic_pb2.ConsumeRequest(ack=topic_pb2.Ack(request_id=self._request_id,
-                                                                 ids=ids[start:start + ACK_IDS_PER_REQUEST_MAX])))
+            request = topic_pb2.ConsumeRequest()
+            request.ack.request_id = self._request_id
+            add = request.ack.ids.add
+            for mid, batch_size in ids[start:start + ACK_IDS_PER_REQUEST_MAX]:
+                if mid.batch_index >= 0:
+                    add(ledger_id=mid.ledger, entry_id=mid.entry, batch_index=mid.batch_index, batch_size=batch_size)
+                else:
+                    add(ledger_id=mid.ledger, entry_id=mid.entry, batch_index=-1)
+            self._put(request)
 
     def send_redeliver(self, ids: list[topic_pb2.AckId]) -> None:
         for start in range(0, max(1, len(ids)), ACK_IDS_PER_REQUEST_MAX):
@@ -561,7 +580,7 @@ class _PartitionConsumer:
         self.name = response.subscribed.consumer_name
         self.epoch += 1
         self._call, self._outbox, self.address = call, outbox, address
-        with consumer._cond:
+        with consumer._lock:
             self.refill = 0
         outbox.put_nowait(topic_pb2.ConsumeRequest(flow=topic_pb2.Flow(permits=consumer._queue_size)))
         if self._ack_backlog:

@@ -135,7 +135,8 @@ class Producer:
         self._routing = routing_mode
         self._initial_seq = initial_sequence_id
         self._max_message_bytes = max_message_bytes
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)  # the same lock; waits for room and for receipts
         self._pending = 0       # messages added and not yet receipted or failed
         self._waiters = 0       # threads waiting on _cond
         self._error: ClientError | None = None  # set once: the producer failed
@@ -170,7 +171,7 @@ class Producer:
 
     def last_sequence_id(self) -> int:
         """The highest sequence id assigned so far (of any partition; -1 = none)."""
-        with self._cond:
+        with self._lock:
             return max(p.next_seq for p in self._parts) - 1
 
     @property
@@ -206,7 +207,7 @@ class Producer:
         failed (at most `timeout_s`, default the send timeout, else the operation timeout)."""
         timeout = timeout_s if timeout_s is not None else (self._send_timeout_s + SEND_WAIT_GRACE_S
                                                            if self._send_timeout_s > 0 else self._client._operation_timeout_s)
-        with self._cond:
+        with self._lock:
             for part in self._parts:
                 self._seal(part)
             targets = [b for part in self._parts for b in (*part.inflight, *part.unsent) if not b.done]
@@ -231,7 +232,7 @@ class Producer:
             raise ClientError("MESSAGE_TOO_LARGE", f"message of {size} bytes (payload {len(payload)}) exceeds "
                                                    f"max_message_bytes {self._max_message_bytes} of producer on {self._topic}")
         arm = None
-        with self._cond:
+        with self._lock:
             self._check_usable()
             if self._pending >= self._max_pending:
                 self._wait_for_room()
@@ -264,14 +265,14 @@ class Producer:
             batch.callbacks.append(callback)
             batch.bytes += size
             self._pending += 1
-            if flush or batch.count >= self._batch_max_messages:
+            if flush or len(batch.callbacks) >= self._batch_max_messages:
                 self._seal(part)
                 arm = None
         if arm is not None:
             if self._batch_delay_s > 0:
                 self._loop.call(self._arm_timer, part, arm)
             else:
-                with self._cond:
+                with self._lock:
                     if part.open is arm:
                         self._seal(part)
 
@@ -329,13 +330,13 @@ class Producer:
         self._loop.loop.call_later(self._batch_delay_s, self._on_timer, part, batch)
 
     def _on_timer(self, part: "_PartitionProducer", batch: _Batch) -> None:  # loop thread
-        with self._cond:
+        with self._lock:
             if part.open is batch:
                 self._seal(part)
 
     # -- completion (loop thread) ------------------------------------------------------------------------------
     def _complete(self, batch: _Batch, error: ClientError | None, ids: list[MessageId] | None) -> None:
-        with self._cond:
+        with self._lock:
             if batch.done:
                 return
             batch.done = True
@@ -353,7 +354,7 @@ class Producer:
 
     def _fail(self, error: ClientError) -> None:
         """The producer cannot go on: fail every pending message; later sends raise `error`."""
-        with self._cond:
+        with self._lock:
             if self._error is None and not self._closed:
                 self._error = error
             batches = []
@@ -374,7 +375,7 @@ class Producer:
             await asyncio.sleep(tick)  # a periodic check, not synchronisation
             cutoff = time.monotonic() - self._send_timeout_s
             expired = []
-            with self._cond:
+            with self._lock:
                 for part in self._parts:
                     for b in (*part.inflight, *part.unsent):
                         if b.created > cutoff:
@@ -400,7 +401,7 @@ class Producer:
         except ClientError:
             pass
         finally:
-            with self._cond:
+            with self._lock:
                 self._closed = True
             try:
                 self._loop.run(self._close(), CLOSE_WAIT_S * 2 + 1)
@@ -444,7 +445,7 @@ class _PartitionProducer:
         self.address = ""                                # the broker of the current stream
 
     def wake(self) -> None:  # loop thread
-        with self.producer._cond:
+        with self.producer._lock:
             self.wake_scheduled = False
         self._wake.set()
 
@@ -523,7 +524,7 @@ class _PartitionProducer:
 
     def _requeue(self) -> None:
         """The stream ended: un-receipted batches go again first, in order, with their sequence ids."""
-        with self.producer._cond:
+        with self.producer._lock:
             again = [b for b in self.inflight if not b.done]
             self.inflight.clear()
             self.unsent.extendleft(reversed(again))
@@ -563,7 +564,7 @@ class _PartitionProducer:
                                                      f"before the producer was ready")
         ready = response.ready
         self.name = ready.producer_name
-        with producer._cond:
+        with producer._lock:
             if self.connections == 1 and producer._initial_seq is not None:
                 self.next_seq = max(self.next_seq, producer._initial_seq)
             else:
@@ -598,7 +599,7 @@ class _PartitionProducer:
             self._call = self._outbox = None
 
     async def _pump(self, outbox: asyncio.Queue) -> None:
-        lock = self.producer._cond
+        lock = self.producer._lock
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -624,7 +625,7 @@ class _PartitionProducer:
         if batch.request.send.request_id != receipt.request_id:
             return ClientError("INTERNAL", f"broker {self.address} sent receipt {receipt.request_id} for "
                                            f"{self.topic}, expected {batch.request.send.request_id}")
-        with self.producer._cond:
+        with self.producer._lock:
             self.inflight.popleft()
         if batch.done:
             return None  # timed out meanwhile
