@@ -292,6 +292,7 @@ class Dockerd:
             self.pid = pid
             self.stop()
             return True
+        self.unmount()  # an earlier dockerd's nsfs mount, if any
         return False
 
     def start(self) -> int:
@@ -359,7 +360,26 @@ class Dockerd:
                     os.kill(p, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        self.unmount()
         return stray
+
+    def mounts(self) -> list[str]:
+        """Mount points under our root (dockerd leaves exec/netns/default, an nsfs bind mount, after it exits;
+        it would make the run directory impossible to delete)."""
+        points = []
+        try:
+            with open("/proc/self/mountinfo") as f:
+                for line in f:
+                    point = line.split()[4].replace("\\040", " ")
+                    if point == self.root or point.startswith(self.root + "/"):
+                        points.append(point)
+        except OSError:
+            pass
+        return sorted(points, key=len, reverse=True)  # deepest first
+
+    def unmount(self) -> None:
+        for point in self.mounts():
+            subprocess.run(["umount", point], capture_output=True, timeout=DOCKERD_STOP_TIMEOUT_S)
 
 
 def _alive(pid: int) -> bool:
@@ -615,9 +635,11 @@ class Check:
                 print(f"compose check: down after failure: {e}", file=sys.stderr, flush=True)
             stray = self.engine.stop()
             gone = not self.engine.leftovers()
+            mounted = self.engine.mounts()
             print(f"[{time.monotonic() - s.started:7.1f}s] dockerd stopped"
                   + (f"; also stopped leftover pids {stray}" if stray else "")
-                  + ("" if gone else "; WARNING: processes of ours still alive"), flush=True)
+                  + ("" if gone else "; WARNING: processes of ours still alive")
+                  + (f"; WARNING: still mounted: {mounted}" if mounted else ""), flush=True)
         total = time.monotonic() - s.started
         print("compose check PASSED in %.1fs (%s)" % (total, ", ".join(f"{n} {t:.1f}s" for n, t in s.times)),
               flush=True)
