@@ -114,7 +114,7 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    client = store = transport = service = server = None
+    client = store = transport = service = server = topics = None
     try:
         connected = await _until_stopped(stop, asyncio.to_thread(
             registration.connect, zk_hosts(config), config.zookeeper.session_timeout_ms, ZK_CONNECT_TIMEOUT_S))
@@ -125,6 +125,8 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
 
         async def on_new_session(new_store) -> None:
             log("ZooKeeper session expired and renewed: registering again")
+            if topics is not None:  # the ownership znodes went with the old session
+                await topics.session_lost()
             await _register(new_store, config, log)
 
         store = RenewingZkMetadataStore(client, operation_timeout_ms=config.zookeeper.operation_timeout_ms,
@@ -134,8 +136,10 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
                                         add_window_max=r.add_window_max)
         service = LedgerService(store=store, transport=transport, rng=random.SystemRandom(), clock=SystemClock(),
                                 config=r, log=log)
-        server = BrokerServer(service, r, log)
+        topics = make_topic_service(config, store, service, SystemClock(), log)
+        server = BrokerServer(service, r, log, topics=topics)
         port = await server.start()
+        topics.start()
         log(f"gRPC server listening on {r.host}:{port} (health SERVING, reflection on)")
         if await _until_stopped(stop, _register(store, config, log)) is _STOPPED:
             return 0
@@ -145,16 +149,39 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
         gc.freeze()
         gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
         await stop.wait()
-        log("shutdown requested: closing the ledgers this broker writes")
+        log("shutdown requested: unloading topics, closing the ledgers this broker writes")
         return 0
     finally:
-        await _shutdown(config, log, client, store, transport, service, server)
+        await _shutdown(config, log, client, store, transport, service, server, topics)
 
 
-async def _shutdown(config: Config, log, client, store, transport, service, server) -> None:
+def make_topic_service(config: Config, store, ledgers, clock, log):
+    """The topic layer over this broker's ledger client, with durable cursors (ManagedCursor)."""
+    from bksim.broker.topics.managed_cursor import ManagedCursor
+    from bksim.broker.topics.service import TopicService
+
+    async def open_cursor(ml, topic_name, subscription, initial_position, on_fenced):
+        return await ManagedCursor.open(layout=ml, path=topic_name.cursor_path(subscription), name=subscription,
+                                        store=store, ledgers=ledgers, clock=clock, config=config.topic,
+                                        initial_position=initial_position, log=log, on_fenced=on_fenced)
+
+    r = config.broker
+    return TopicService(store=store, ledgers=ledgers, clock=clock, broker_id=r.broker_id,
+                        address=f"{r.host}:{r.port}", open_cursor_factory=open_cursor, config=config.topic,
+                        broker_config=r, log=log)
+
+
+async def _shutdown(config: Config, log, client, store, transport, service, server, topics=None) -> None:
     r = config.broker
     if server is not None:
         server.servicer.begin_drain()
+        if server.topics_servicer is not None:
+            server.topics_servicer.begin_drain()
+    if topics is not None:
+        try:
+            await asyncio.wait_for(topics.close(), r.shutdown_grace_ms / 1000)
+        except TimeoutError:
+            log("unloading topics took longer than shutdown_grace_ms; the next owner recovers the rest")
     if service is not None:
         try:
             await asyncio.wait_for(service.close(close_ledgers=True), r.shutdown_grace_ms / 1000)

@@ -123,7 +123,8 @@ class TopicConfig:
     pending_adds_max: int = option(50_000, "entries a topic has sent to its ledger and not yet had acknowledged")
     trim_interval_ms: int = option(120_000, "how often retention trimming and TTL expiry run per topic")
     # producers
-    message_bytes_max: int = option(5 * MiB - 128 * KiB, "largest entry (message or batch) a producer may send")
+    message_bytes_max: int = option(5 * MiB - 128 * KiB, "largest entry (message or batch) a producer may send; "
+                                   "capped by broker.payload_bytes_max")
     batch_messages_max: int = option(10_000, "messages in one Send (one entry)")
     producer_pending_max: int = option(1_000, "Sends of one producer in flight; more get TOO_MANY_REQUESTS")
     dedup_snapshot_entries: int = option(1_000, "dedup: persist the producers' highest sequence ids every this many "
@@ -188,7 +189,6 @@ class Config:
             _require(getattr(t, name) > 0, f"topic.{name} must be > 0")
         _require(t.ack_quorum_size <= t.write_quorum_size <= t.ensemble_size,
                  "need topic.ack_quorum_size <= topic.write_quorum_size <= topic.ensemble_size")
-        _require(t.message_bytes_max <= r.payload_bytes_max, "topic.message_bytes_max must be <= broker.payload_bytes_max")
         _require(0 <= t.ledger_age_ms_min <= t.ledger_age_ms_max, "need 0 <= topic.ledger_age_ms_min <= ledger_age_ms_max")
         _require(self.zookeeper.operation_timeout_ms > 0, "zookeeper.operation_timeout_ms must be > 0")
         _require(self.zookeeper.read_tries_max >= 1, "zookeeper.read_tries_max must be >= 1")

@@ -191,6 +191,11 @@ class ManagedLedger:
             self._fence(reason)
 
     # ---- appends -----------------------------------------------------------------------------------------------
+    @property
+    def entry_bytes_max(self) -> int:
+        """The largest entry a topic takes: topic.message_bytes_max capped by the ledger's payload_bytes_max."""
+        return min(self.config.message_bytes_max, self._broker_config.payload_bytes_max)
+
     def append(self, payload: bytes) -> asyncio.Future:
         """Append one entry; the future resolves with its Position once it and every earlier append are durable."""
         if self.state in ("Fenced", "Closed"):

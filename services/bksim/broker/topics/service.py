@@ -19,7 +19,9 @@ from typing import Callable
 
 from bksim.broker.ledgers import LedgerService
 from bksim.broker.topics.errors import TopicError
-from bksim.broker.topics.managed_ledger import ManagedLedger
+from bksim.broker.topics.cursor_codec import CodecError, decode_znode
+from bksim.broker.topics.managed_cursor import CURSOR_PASSWORD
+from bksim.broker.topics.managed_ledger import LEDGER_PASSWORD, ManagedLedger
 from bksim.broker.topics.names import (PARTITIONS_MAX, TENANTS_ROOT, TopicName, check_name, namespace_managed_ledgers,
                                        namespace_partitioned, parse_namespace, policies_path, tenant_path)
 from bksim.broker.topics.topic import Policies, Topic
@@ -41,7 +43,8 @@ class TopicService:
     def __init__(self, *, store: MetadataStore, ledgers: LedgerService, clock: Clock, broker_id: str, address: str,
                  open_cursor_factory, config: TopicConfig = TopicConfig(), broker_config: BrokerConfig = BrokerConfig(),
                  log: Callable[[str], None] = lambda line: None) -> None:
-        """`open_cursor_factory(ml, topic_name, subscription, initial_position, create)` -> ManagedCursor (async)."""
+        """`open_cursor_factory(ml, topic_name, subscription, initial_position, on_fenced)` -> ManagedCursor (async);
+        the cursor calls `on_fenced(TopicError)` when a CAS on its znode shows another broker owns the topic."""
         self.store = store
         self.ledgers = ledgers
         self._clock = clock
@@ -225,10 +228,10 @@ class TopicService:
                 path = f"{name.managed_ledger_path}/{node}"
                 try:
                     cdata, _ = await self.store.get(path)
-                    lid = json.loads(cdata or b"{}").get("cursor_ledger_id", -1)
-                    if isinstance(lid, int) and lid >= 0:
+                    lid = decode_znode(cdata, path).cursor_ledger
+                    if lid >= 0:
                         cursor_ledgers.append(lid)
-                except (ValueError, NoNodeError):
+                except (CodecError, NoNodeError):
                     pass
                 await self.store.delete(path)
             await self.store.delete(name.managed_ledger_path)
@@ -242,10 +245,9 @@ class TopicService:
             await self.store.delete(name.ownership_path)
         except (NoNodeError, MetadataError):
             pass
-        from bksim.broker.topics.managed_ledger import LEDGER_PASSWORD
-        for lid in ledger_ids + cursor_ledgers:
+        for lid, password in [(i, LEDGER_PASSWORD) for i in ledger_ids] + [(i, CURSOR_PASSWORD) for i in cursor_ledgers]:
             try:
-                await self.ledgers.delete_ledger(lid, password=LEDGER_PASSWORD)
+                await self.ledgers.delete_ledger(lid, password=password)
             except Exception as e:  # noqa: BLE001 - a ledger that cannot be deleted leaks; say so, go on
                 self._log(f"topic {name}: ledger {lid} not deleted ({e})")
 
@@ -335,11 +337,18 @@ class TopicService:
         ml = ManagedLedger(name, ledgers=self.ledgers, store=self.store, clock=self._clock, config=self.config,
                            broker_config=self.broker_config, log=self._log)
 
+        holder: list[Topic] = []
+
+        def on_fenced(error: TopicError) -> None:  # a cursor's CAS lost: another broker owns the topic
+            if holder:
+                asyncio.get_running_loop().create_task(self.fence_topic(str(name), error.message))
+
         async def open_cursor(subscription: str, initial_position: str, create: bool):
-            return await self._open_cursor(ml, name, subscription, initial_position, create)
+            return await self._open_cursor(ml, name, subscription, initial_position, on_fenced)
 
         topic = Topic(name, ml=ml, open_cursor=open_cursor, clock=self._clock, policies=policies, config=self.config,
                       log=self._log)
+        holder.append(topic)
         try:
             await topic.load()
         except BaseException:

@@ -131,6 +131,9 @@ class Topic:
         self.ml.abandon(reason)
         for sub in list(self.subscriptions.values()):
             await sub.close(self.fenced)
+            sub.cursor.abort(reason)  # write nothing more: the new owner recovers the cursor ledger
+        if self._dedup_cursor is not None:
+            self._dedup_cursor.abort(reason)
         self.producers.clear()
         self._settled.set()
 
@@ -175,9 +178,10 @@ class Topic:
                                  batch=len(messages) > 1)
         except FormatError as e:
             raise TopicError("BAD_REQUEST", str(e)) from None
-        if len(entry) > self.config.message_bytes_max:
+        if len(entry) > self.ml.entry_bytes_max:
             raise TopicError("MESSAGE_TOO_LARGE", f"the Send encodes to {len(entry)} bytes; at most "
-                                                  f"{self.config.message_bytes_max} (topic.message_bytes_max)")
+                                                  f"{self.ml.entry_bytes_max} (topic.message_bytes_max, capped by "
+                                                  f"broker.payload_bytes_max)")
         if self.policies.dedup:
             if len(self._pushed) >= self.config.dedup_producers_max and producer not in self._pushed:
                 self._forget_one_producer()

@@ -24,6 +24,9 @@ class MemoryCursor(CursorState):
     async def close(self) -> None:
         self.closed = True
 
+    def abort(self, reason: str) -> None:
+        self.closed = True
+
     async def delete(self) -> None:
         self.deleted = True
 

@@ -37,7 +37,7 @@ async def start():
     ledgers = LedgerService(store=session, transport=FakeBookies(["b0", "b1", "b2"]), rng=random.Random(1),
                             clock=clock, config=BrokerConfig())
 
-    async def open_cursor(ml, name, sub, initial, create):
+    async def open_cursor(ml, name, sub, initial, on_fenced):
         return MemoryCursor(ml, sub, initial)
 
     topics = TopicService(store=session, ledgers=ledgers, clock=clock, broker_id="br1", address="127.0.0.1:1",

@@ -37,7 +37,7 @@ async def cluster(brokers=2, config=TopicConfig()):
         ledgers = LedgerService(store=session, transport=fake, rng=random.Random(i), clock=FakeClock(),
                                 config=BrokerConfig(speculative_read_ms=50))
 
-        async def open_cursor(ml, name, sub, initial, create):
+        async def open_cursor(ml, name, sub, initial, on_fenced):
             return MemoryCursor(ml, sub, initial)
 
         services.append(TopicService(store=session, ledgers=ledgers, clock=FakeClock(), broker_id=f"br{i}",
