@@ -54,10 +54,12 @@ class Client:
     def _backoff(self) -> Backoff:
         return Backoff(*self._backoff_args)
 
-    def _call(self, method: str, request):
+    def _call(self, method: str, request, owner: str = ""):
+        """A unary call to any broker (`owner`: to the owner of that topic, found by Lookup)."""
         if self._closed:
             raise ClientError("BAD_REQUEST", "the client is closed")
-        return self._loop.run(self._conns.unary(method, request), self._operation_timeout_s * len(self.addresses) + 1)
+        call = self._conns.unary_owner(method, request, owner) if owner else self._conns.unary(method, request)
+        return self._loop.run(call, self._operation_timeout_s * (len(self.addresses) + 3) + 1)
 
     def __enter__(self) -> "Client":
         return self
@@ -122,7 +124,25 @@ class Client:
         return {"topic": r.topic, "partitions": r.partitions}
 
     def delete_topic(self, topic: str, force: bool = False) -> dict:
-        r = self._call("DeleteTopic", topic_pb2.DeleteTopicRequest(topic=topic, force=force))
+        """Delete a topic (every partition). A broker deletes only what it owns or nobody owns: when it answers
+        NOT_OWNER for a partition, each partition is deleted at its owner, then the partitioned topic."""
+        request = topic_pb2.DeleteTopicRequest(topic=topic, force=force)
+        try:
+            r = self._call("DeleteTopic", request, owner=topic)
+        except ClientError as e:
+            if e.status != "NOT_OWNER":
+                raise
+            partitions = self.get_topic(topic)["partitions"]
+            if not partitions:
+                raise
+            for i in range(partitions):
+                part = f"{topic}-partition-{i}"
+                try:
+                    self._call("DeleteTopic", topic_pb2.DeleteTopicRequest(topic=part, force=force), owner=part)
+                except ClientError as pe:
+                    if pe.status != "TOPIC_NOT_FOUND":
+                        raise
+            r = self._call("DeleteTopic", request)
         return {"topic": r.topic, "partitions": r.partitions}
 
     def list_topics(self, namespace: str) -> list[str]:
@@ -140,7 +160,7 @@ class Client:
         return self._json("TopicStatsInternal", topic)
 
     def _json(self, method: str, topic: str) -> dict:
-        r = self._call(method, topic_pb2.TopicRequest(topic=topic))
+        r = self._call(method, topic_pb2.TopicRequest(topic=topic), owner=topic)
         try:
             return json.loads(r.json)
         except ValueError as e:

@@ -33,6 +33,7 @@ BACKOFF_INITIAL_MS_DEFAULT = 100
 BACKOFF_MAX_MS_DEFAULT = 2_000
 RECONNECT_ATTEMPTS_MAX_DEFAULT = 100
 LOOP_STOP_TIMEOUT_S = 5.0
+REDIRECTS_MAX = 3  # NOT_OWNER redirects one owner-only unary call follows
 
 
 def parse_service_url(service_url: str | Iterable[str]) -> list[str]:
@@ -202,6 +203,28 @@ class Connections:
             raise ClientError(last.status, f"no broker of {', '.join(self.addresses)} answered {method}: "
                                            f"{last.message}", grpc_code=last.grpc_code)
         raise last
+
+    async def unary_owner(self, method: str, request, topic: str, timeout_s: float | None = None):
+        """`method` at the broker that owns `topic` (Lookup first; again on NOT_OWNER, at most REDIRECTS_MAX
+        times): for calls only a topic's owner answers (stats). A topic Lookup refuses (a partitioned topic's
+        base name) goes to any broker."""
+        timeout = timeout_s or self.operation_timeout_s
+        error: ClientError | None = None
+        for _ in range(REDIRECTS_MAX):
+            try:
+                address = await self.lookup(topic)
+            except ClientError as e:
+                if e.status != "BAD_REQUEST":
+                    raise
+                return await self.unary(method, request, timeout_s)
+            try:
+                return await getattr(self.stub(address), method)(request, timeout=timeout)
+            except grpc.aio.AioRpcError as e:
+                error = from_rpc_error(e, address)
+                if error.status != "NOT_OWNER":
+                    raise error from None
+        assert error is not None
+        raise error
 
     async def lookup(self, topic: str) -> str:
         """The address of the broker that owns (or will own) `topic` (a partition or a non-partitioned topic)."""
