@@ -266,6 +266,8 @@ class FakeBroker(topic_pb2_grpc.TopicsServicer):
     async def Lookup(self, request, context):
         c = self.cluster
         c.lookups += 1
+        if request.topic in c.partitioned:
+            await self._refuse(context, Refusal("BAD_REQUEST", f"{request.topic} is partitioned: use its partitions"))
         if request.topic not in c.topics:
             await self._refuse(context, Refusal("TOPIC_NOT_FOUND", f"topic {request.topic} does not exist"))
         owner = c.owner_of(request.topic)
