@@ -129,12 +129,17 @@ class LedgerCluster:
                                                  os.path.join(self.run_dir, f"bookie-{i + 1}.log"), env))
             self.bookie_ids.append(f"127.0.0.1:{port}")
             self.journal_dirs.append(os.path.join(home, "journal"))
+        self._base_env, self._argv = base, argv
+        self.broker, self.broker_address = self.spawn_broker("broker")
+
+    def spawn_broker(self, name: str) -> tuple[Child, str]:
+        """Start one more `bksim broker run` on this cluster (perf failover runs two); (child, address)."""
         port = free_port()
-        env = dict(base)
+        env = dict(self._base_env)
         env.update({"BKSIM_BROKER_HOST": "127.0.0.1", "BKSIM_BROKER_PORT": str(port),
                     "BKSIM_BROKER_BROKER_ID": f"127.0.0.1:{port}"})
-        self.broker = self.group.spawn("broker", argv + ["broker", "run"], os.path.join(self.run_dir, "broker.log"), env)
-        self.broker_address = f"127.0.0.1:{port}"
+        child = self.group.spawn(name, self._argv + ["broker", "run"], os.path.join(self.run_dir, f"{name}.log"), env)
+        return child, f"127.0.0.1:{port}"
 
     def servers(self) -> list[Child]:
         """The broker and the bookies (the processes whose CPU is reported)."""
