@@ -112,12 +112,13 @@ class Plan:
 
 
 def make_plan(args: list[DirArg], source: FileSource, snapshot_instance: str | None = None) -> Plan:
-    listed: dict[str, tuple[str, int, DirArg]] = {}  # path -> (uri, size, the argument that found it)
+    listed: dict[str, tuple[str, int, dict[str, DirArg]]] = {}  # path -> (uri, size, {role: the argument})
     for arg in args:
         for uri, size in source.list(arg.path):
             path = normalize(uri)
-            if path not in listed or (listed[path][2].bookie is None and arg.bookie is not None):
-                listed[path] = (uri, size, arg)
+            uri, size, found = listed.setdefault(path, (uri, size, {}))
+            if arg.role not in found or (found[arg.role].bookie is None and arg.bookie is not None):
+                found[arg.role] = arg
     by_dir: dict[str, dict[str, str]] = {}  # directory -> {file name: path}
     for path in listed:
         by_dir.setdefault(posixpath.dirname(path), {})[posixpath.basename(path)] = path
@@ -152,11 +153,11 @@ def make_plan(args: list[DirArg], source: FileSource, snapshot_instance: str | N
     unknown: list[str] = []
     for directory, names in sorted(by_dir.items()):
         journal_names = {n: p for n, p in names.items() if parse_journal_file_name(n) is not None
-                         and listed[p][2].role == JOURNALS}
+                         and JOURNALS in listed[p][2]}
         log_names = {n: p for n, p in names.items() if parse_entry_log_file_name(n) is not None
-                     and posixpath.basename(directory) == ENTRYLOG_DIR and listed[p][2].role == ENTRYLOGS}
+                     and posixpath.basename(directory) == ENTRYLOG_DIR and ENTRYLOGS in listed[p][2]}
         if journal_names:
-            arg = listed[next(iter(journal_names.values()))][2]
+            arg = listed[next(iter(journal_names.values()))][2][JOURNALS]
             bookie = bookie_of(directory, arg, (directory,))
             if bookie is None:
                 unknown.append(directory)
@@ -166,7 +167,7 @@ def make_plan(args: list[DirArg], source: FileSource, snapshot_instance: str | N
             for name, path in journal_names.items():
                 journals.append((bookie, path, parse_journal_file_name(name), listed[path][1]))
         if log_names:
-            arg = listed[next(iter(log_names.values()))][2]
+            arg = listed[next(iter(log_names.values()))][2][ENTRYLOGS]
             bookie = bookie_of(directory, arg, (posixpath.dirname(directory), directory))
             if bookie is None:
                 unknown.append(directory)
@@ -174,7 +175,7 @@ def make_plan(args: list[DirArg], source: FileSource, snapshot_instance: str | N
             for name, path in log_names.items():
                 logs.append((bookie, path, parse_entry_log_file_name(name), listed[path][1]))
         if LASTMARK_FILE in names:
-            arg = listed[names[LASTMARK_FILE]][2]
+            arg = next(iter(listed[names[LASTMARK_FILE]][2].values()))
             bookie = bookie_of(directory, arg, (directory,))
             if bookie is None:
                 warnings.append(f"ignored {names[LASTMARK_FILE]}: no cookie tells whose checkpoint mark it is")

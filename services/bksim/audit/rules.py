@@ -36,7 +36,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from bksim.audit.findings import Finding, RULES, VIOLATION
-from bksim.audit.parse import ENTRYLOG, JOURNAL, Block
+from bksim.audit.parse import JOURNAL, Block
 from bksim.model.status import FLAG_RECOVERY_ADD
 
 COMPLETE = "complete"
@@ -296,7 +296,7 @@ def _segment_ranges(view: LedgerView, end: int):
 def _replicas(ledger_id: int, view: LedgerView, end: int, held: dict[str, list[int]], all_ids: list[int],
               evidence: dict[str, str], found: _Findings, benign: Counter) -> dict[int, int]:
     histogram: Counter = Counter()
-    qa, qw = view.ack_quorum_size, view.write_quorum_size
+    qw = view.write_quorum_size
     for first, stop, ensemble in _segment_ranges(view, end):
         counts: Counter = Counter()
         members = set(ensemble)
