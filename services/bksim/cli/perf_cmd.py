@@ -1,5 +1,5 @@
 """`bksim perf ...`: the benchmarks (fsync-baseline, journal-append, grpc-baseline, bookie-add, ledger-write,
-recovery, cursor-holes).
+recovery, cursor-holes, produce, consume).
 
 Each prints a header with the machine facts, the CPU idle fraction before every measurement, and a table of
 records/s, MB/s and per-record p50/p99/p99.9 latency; `--json` prints one JSON object instead (the human
@@ -106,6 +106,47 @@ def register(subparsers) -> None:
                    "E/Qw/Qa are topic.* capped at this)")
     _run_options(p)
     p.set_defaults(func=cmd_cursor_holes, seconds=0.0, records=0, record_bytes=1, group=1)
+
+    from bksim.perf import audit as perf_audit
+
+    p = sub.add_parser("audit", help="bksim audit on generated journals: Spark (after the session is up) and --local "
+                       "against a bare parse of the same files")
+    p.add_argument("--size", default="1GB", help="journal bytes to generate (default 1GB; units KB MB GB KiB MiB GiB)")
+    p.add_argument("--entry-size", "--record-bytes", dest="record_bytes", type=int, default=1024,
+                   help="payload bytes per entry (default 1024)")
+    p.add_argument("--master", default=perf_audit.MASTER_DEFAULT,
+                   help=f"Spark master of the Spark run (default {perf_audit.MASTER_DEFAULT})")
+    _run_options(p)
+    p.set_defaults(func=cmd_audit, seconds=0.0, records=0, group=1)
+
+    from bksim.perf import consume as perf_consume, produce as perf_produce
+
+    for name, text in (("produce", "publish MESSAGE_SIZE-byte messages through bksim.client (batching on) to a topic "
+                                   "on a fresh cluster: msgs/s, MB/s, publish latency"),
+                       ("consume", "receive and acknowledge a backlog through bksim.client (msgs/s, MB/s), then "
+                                   "end-to-end latency at --rate msgs/s")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--message-size", "--record-bytes", dest="record_bytes", type=int,
+                       default=perf_produce.MESSAGE_BYTES_DEFAULT,
+                       help=f"payload bytes per message (default {perf_produce.MESSAGE_BYTES_DEFAULT})")
+        p.add_argument("--batch", dest="group", type=int, default=perf_produce.BATCH_DEFAULT,
+                       help=f"the producer's batching_max_messages (default {perf_produce.BATCH_DEFAULT})")
+        p.add_argument("--seconds", dest="seconds", type=float, default=SECONDS_DEFAULT,
+                       help=f"time bound of producing (default {SECONDS_DEFAULT:g}; 0 = only --records)")
+        p.add_argument("--records", type=int, default=0, help="messages to produce (default 0 = bounded by time)")
+        _run_options(p)
+        _shape(p)
+        p.add_argument("--partitions", type=int, default=0, help="partitions of the topic (default 0)")
+        p.add_argument("--max-pending", type=int, default=perf_produce.MAX_PENDING_DEFAULT,
+                       help=f"producer's max_pending_messages (default {perf_produce.MAX_PENDING_DEFAULT})")
+        if name == "consume":
+            p.add_argument("--receiver-queue", type=int, default=perf_consume.RECEIVER_QUEUE_DEFAULT,
+                           help=f"consumer's receiver_queue_size, its permits (default "
+                                f"{perf_consume.RECEIVER_QUEUE_DEFAULT})")
+            p.add_argument("--rate", type=float, default=perf_consume.E2E_RATE_DEFAULT,
+                           help=f"msgs/s offered in the end-to-end measurement (default "
+                                f"{perf_consume.E2E_RATE_DEFAULT:,.0f})")
+        p.set_defaults(func=cmd_produce if name == "produce" else cmd_consume)
 
 
 def _common(p: argparse.ArgumentParser, group_name: str, group_default: int, group_help: str,
@@ -284,6 +325,70 @@ def cmd_cursor_holes(args) -> int:
                       f"{args.bookies} bookies; times: persist = one forced snapshot, recover = ManagedCursor.open")
 
 
+def cmd_produce(args) -> int:
+    return _topic_perf(args, "produce")
+
+
+def cmd_consume(args) -> int:
+    return _topic_perf(args, "consume")
+
+
+def _topic_perf(args, name: str) -> int:
+    from bksim.cli import config as cfgload
+    from bksim.model.errors import ConfigError
+    from bksim.perf import consume as perf_consume, produce as perf_produce
+    from bksim.perf.ledger_write import Shape
+
+    _check_shape(args)
+    if args.partitions < 0 or args.max_pending < 1:
+        raise ConfigError("need --partitions >= 0 and --max-pending >= 1")
+    if name == "consume" and (args.rate <= 0 or args.receiver_queue < 1 or args.record_bytes < 8):
+        raise ConfigError("need --rate > 0, --receiver-queue >= 1 and --message-size >= 8 (the e2e timestamp)")
+    config = cfgload.load(args.config)
+    shape = Shape(args.ensemble, args.write_quorum, args.ack_quorum)
+
+    def measure(workdir: str, idle: Callable[[str], float]):
+        common = dict(config=config, config_path=args.config, keep=args.keep)
+        if name == "produce":
+            results = perf_produce.measure(workdir, shape, args.record_bytes, args.group, args.max_pending,
+                                           args.partitions, args.seconds, args.records, idle, **common)
+        else:
+            results = perf_consume.measure(workdir, shape, args.record_bytes, args.group, args.max_pending,
+                                           args.partitions, args.seconds, args.records, args.receiver_queue,
+                                           args.rate, idle, **common)
+        return results, [], perf_produce.targets(results)
+
+    topic = f"{args.partitions} partitions" if args.partitions else "non-partitioned"
+    what = ("closed loop, latency per message = send_async -> receipt" if name == "produce" else
+            "a backlog drained (latency = the receive() call), then end-to-end at "
+            f"{args.rate:,.0f} msgs/s (latency = due time -> received)")
+    return _run(name, args, measure, shape=f"{shape}, {topic} topic, {args.record_bytes} B messages, batches of "
+                                           f"<= {args.group}, max pending {args.max_pending}; {what}")
+
+
+def cmd_audit(args) -> int:
+    from bksim.model.errors import ConfigError
+    from bksim.perf import audit as perf_audit
+
+    try:
+        size = perf_audit.parse_size(args.size)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if args.record_bytes <= 0:
+        raise ConfigError("--entry-size must be > 0")
+
+    def measure(workdir: str, idle: Callable[[str], float]):
+        log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
+        results, _ = perf_audit.measure(workdir, size, args.record_bytes, args.master, idle, log=log)
+        bare, local, spark = results
+        ratios = [ratio(spark, bare, perf_audit.TARGET_SPARK), ratio(local, bare, perf_audit.TARGET_LOCAL)]
+        return results, ratios, perf_audit.targets(results)
+
+    return _run("audit", args, measure,
+                shape=f"{args.size} of journals ({args.record_bytes} B entries, 3 bookies, E=3 Qw=2 Qa=2): a bare parse "
+                      f"vs bksim audit --local (job time) vs --master {args.master} (after the session is up)")
+
+
 # ---------------------------------------------------------------------------------------------- shared
 def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple], shape: str | None = None) -> int:
     """Make the temp dir, print the header, measure, print the report; clean up whatever happens.
@@ -363,8 +468,8 @@ def _check_shape(args) -> None:
 def _check_bounds(args) -> None:
     from bksim.model.errors import ConfigError
 
-    if args.func in (cmd_recovery, cmd_cursor_holes):
-        pass  # bounded by --entries
+    if args.func in (cmd_recovery, cmd_cursor_holes, cmd_audit):
+        pass  # bounded by --entries (audit: by --size)
     elif args.seconds <= 0 and args.records <= 0:
         raise ConfigError("give a bound: --seconds > 0 and/or --records > 0")
     if args.record_bytes <= 0 or args.group <= 0:

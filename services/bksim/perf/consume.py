@@ -1,0 +1,167 @@
+"""consume: messages received and acknowledged through bksim.client from a topic on a fresh cluster; msgs/s,
+MB/s, and end-to-end latency at a steady rate.
+
+Same cluster and topic set-up as perf/produce.py. Two measurements:
+
+1. `consume` (throughput): a subscription is created at the earliest position, `records` messages (or as
+   many as the producer sends in `seconds`) are published first (batching on), then one Consumer
+   (`receiver_queue_size` permits) receives and acknowledges every one of them as fast as it can. msgs/s =
+   messages over first receive .. last receive; each must be a message of this run, in order per partition,
+   none missing. Its latency columns are the time each receive() call took (the queue was full: this is the
+   client's per-message cost, not an end-to-end figure).
+2. `consume-e2e` (latency): a producer sends at `rate` msgs/s (open loop: message k is due at start + k/rate;
+   the due time travels in the payload) while the consumer receives; a message's end-to-end latency is its
+   receive time minus its due time, so queueing anywhere (producer batch delay, broker, bookies, dispatcher)
+   shows. Both run in this process (one clock); at `rate` they fit in its share of the CPU. Messages not
+   received within the bound count as missing (an error).
+
+Target (issue 4): >= 100,000 msgs/s of 100 bytes (the throughput measurement).
+"""
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from typing import Callable
+
+from bksim.client import Client, InitialPosition, SubscriptionType
+from bksim.model.config import Config
+from bksim.perf.ledger_write import CpuMeter, Shape
+from bksim.perf.produce import (OPERATION_TIMEOUT_MS, SEND_TIMEOUT_MS, drive_produce, fresh_topic, payload_of,
+                                topic_cluster)
+from bksim.perf.stats import LatencyRecorder, Result, make_result
+
+RECEIVER_QUEUE_DEFAULT = 10_000
+E2E_RATE_DEFAULT = 20_000.0   # msgs/s offered in the end-to-end measurement
+E2E_SECONDS_MAX = 10.0        # the end-to-end measurement lasts min(seconds, this) (or its records)
+RECEIVE_TIMEOUT_MS = 30_000   # a receive() waiting longer than this breaks the run
+_STAMP = struct.Struct(">q")  # the due time (perf_counter_ns) at the head of an e2e payload
+
+
+def measure(workdir: str, shape: Shape, message_bytes: int, batch: int, max_pending: int, partitions: int,
+            seconds: float, records_max: int, receiver_queue: int, rate: float, idle_guard: Callable[[str], float],
+            config: Config, config_path: str | None = None, keep: bool = False) -> list[Result]:
+    if message_bytes < _STAMP.size:
+        raise ValueError(f"message size must be >= {_STAMP.size} bytes (the e2e payload carries a timestamp)")
+    results = []
+    with topic_cluster(workdir, shape, config, config_path, keep) as cluster:
+        with Client(cluster.broker_address, operation_timeout_ms=OPERATION_TIMEOUT_MS) as client:
+            common = {"ensemble": shape.ensemble, "write_quorum": shape.write_quorum, "ack_quorum": shape.ack_quorum,
+                      "partitions": partitions, "receiver_queue": receiver_queue}
+            # 1. throughput over a backlog
+            topic = fresh_topic(client, partitions)
+            consumer = client.subscribe(topic, "perf", SubscriptionType.Exclusive,
+                                        initial_position=InitialPosition.Earliest, receiver_queue_size=receiver_queue)
+            producer = client.create_producer(topic, batching_max_messages=batch, max_pending_messages=max_pending,
+                                              block_if_queue_full=True, send_timeout_ms=SEND_TIMEOUT_MS)
+            filled = drive_produce(producer, message_bytes, seconds, records_max)
+            producer.close()
+            if filled.failed or filled.receipted != filled.sent:
+                raise RuntimeError(f"filling the backlog: {filled.failed} of {filled.sent} failed ({filled.first_error})")
+            idle = idle_guard("consume")
+            meter = CpuMeter(cluster)
+            meter.start()
+            latencies, elapsed = _drain(consumer, filled.sent, message_bytes)
+            cpu = meter.stop(elapsed)
+            consumer.close()
+            results.append(make_result("consume", message_bytes, batch, elapsed, latencies, idle,
+                                       {**common, "latency": "receive() call", **cpu,
+                                        "p95_ms": latencies.percentile_s(95.0) * 1000.0}))
+            # 2. end-to-end latency at a steady rate
+            topic = fresh_topic(client, partitions)
+            consumer = client.subscribe(topic, "perf", SubscriptionType.Exclusive,
+                                        initial_position=InitialPosition.Earliest, receiver_queue_size=receiver_queue)
+            producer = client.create_producer(topic, batching_max_messages=batch, max_pending_messages=max_pending,
+                                              block_if_queue_full=True, send_timeout_ms=SEND_TIMEOUT_MS)
+            idle = idle_guard(f"consume-e2e at {rate:,.0f} msgs/s")
+            e2e_seconds = min(seconds, E2E_SECONDS_MAX) if seconds > 0 else 0.0
+            e2e_records = records_max if records_max > 0 else 0
+            meter = CpuMeter(cluster)
+            meter.start()
+            latencies, elapsed, lag_ms = _end_to_end(producer, consumer, message_bytes, rate, e2e_seconds, e2e_records)
+            cpu = meter.stop(elapsed)
+            producer.close()
+            consumer.close()
+            results.append(make_result("consume-e2e", message_bytes, batch, elapsed, latencies, idle,
+                                       {**common, "latency": "due time -> received", "rate_target_per_s": rate,
+                                        "producer_lag_max_ms": lag_ms, **cpu,
+                                        "p95_ms": latencies.percentile_s(95.0) * 1000.0}))
+    for r in results:
+        r.extra["broker_pid"] = cluster.broker.pid
+        r.extra["bookie_pids"] = ",".join(str(b.pid) for b in cluster.bookies)
+        r.extra["zookeeper_pid"] = cluster.zookeeper.pid
+    return results
+
+
+def _drain(consumer, count: int, message_bytes: int) -> tuple[LatencyRecorder, float]:
+    """Receive and acknowledge `count` messages; check them (size, order per partition, no duplicates)."""
+    clock = time.perf_counter
+    samples: list[float] = []
+    last_id: dict[int, tuple] = {}
+    receive, ack = consumer.receive, consumer.acknowledge
+    start = clock()
+    for _ in range(count):
+        t0 = clock()
+        m = receive(RECEIVE_TIMEOUT_MS)
+        samples.append(clock() - t0)
+        mid = m.message_id()
+        previous = last_id.get(mid.partition)
+        if previous is not None and mid <= previous:
+            raise RuntimeError(f"message {mid} came after {previous}: out of order or a duplicate")
+        last_id[mid.partition] = mid
+        if len(m.data()) != message_bytes:
+            raise RuntimeError(f"message {mid} has {len(m.data())} bytes, sent {message_bytes}")
+        ack(m)
+    elapsed = clock() - start
+    recorder = LatencyRecorder()
+    for s in samples:
+        recorder.add(s)
+    return recorder, elapsed
+
+
+def _end_to_end(producer, consumer, message_bytes: int, rate: float, seconds: float,
+                records_max: int) -> tuple[LatencyRecorder, float, float]:
+    """Open-loop producer thread at `rate`; this thread receives. (latencies, elapsed, the latest the producer
+    sent a message after its due time, in ms)."""
+    clock_ns = time.perf_counter_ns
+    filler = payload_of(message_bytes)[_STAMP.size:]
+    total = records_max if records_max > 0 else int(rate * seconds)
+    state = {"sent": 0, "lag_max_ns": 0, "error": None}
+    start_ns = clock_ns() + 50_000_000  # 50 ms to start both sides
+    step_ns = 1e9 / rate
+
+    def produce() -> None:
+        try:
+            k = 0
+            while k < total:
+                now = clock_ns()
+                due = start_ns + int(k * step_ns)
+                if due > now:
+                    time.sleep(min((due - now) / 1e9, 0.005))  # pacing the open loop
+                    continue
+                state["lag_max_ns"] = max(state["lag_max_ns"], now - due)
+                while k < total and start_ns + int(k * step_ns) <= now:  # everything due by now
+                    producer.send_async(_STAMP.pack(start_ns + int(k * step_ns)) + filler, None)
+                    k += 1
+            state["sent"] = k
+        except Exception as e:  # noqa: BLE001 - reported by the receiving side
+            state["error"] = e
+
+    thread = threading.Thread(target=produce, name="perf-e2e-producer", daemon=True)
+    thread.start()
+    samples: list[int] = []
+    receive, ack = consumer.receive, consumer.acknowledge
+    try:
+        for _ in range(total):
+            m = receive(RECEIVE_TIMEOUT_MS)
+            samples.append(clock_ns() - _STAMP.unpack_from(m.data())[0])
+            ack(m)
+    finally:
+        thread.join(RECEIVE_TIMEOUT_MS / 1000)
+    if state["error"] is not None:
+        raise RuntimeError(f"the e2e producer failed: {state['error']}")
+    elapsed = (clock_ns() - start_ns) / 1e9
+    recorder = LatencyRecorder()
+    for s in samples:
+        recorder.add(max(0, s) / 1e9)
+    return recorder, elapsed, state["lag_max_ns"] / 1e6
