@@ -7,8 +7,8 @@ import sys
 from bksim.model.errors import BksimError
 
 # family modules, in help order; each defines register(subparsers) -> None
-FAMILIES = ("audit_cmd", "bookie_cmd", "broker_cmd", "cluster_cmd", "compose_cmd", "dump_cmd", "ledger_cmd",
-            "metadata_cmd", "perf_cmd", "sim_cmd", "topic_cmd")
+FAMILIES = ("audit_cmd", "bookie_cmd", "broker_cmd", "chaos_cmd", "cluster_cmd", "compose_cmd", "dump_cmd",
+            "ledger_cmd", "metadata_cmd", "perf_cmd", "sim_cmd", "topic_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,222 @@
+"""The checks after healing (PROTOCOL.md section 7, Jepsen vocabulary), on what the workload recorded.
+
+Ledgers (`check_ledgers`): every ledger the writers created is read back after the cluster healed.
+- A ledger still OPEN (its writer died, or its hand-over failed) is recovered now through a broker (fence,
+  recover the tail, close): counted in `recovered_at_end`; one that cannot be brought to CLOSED is `not_closed`.
+- Two readers (one per broker) read 0..last_entry_id.
+- lost: an acknowledged entry id above last_entry_id (truncated after ack), missing, or whose bytes are not the
+  bytes acknowledged for it;
+- reordered: an entry read at id i whose payload names another ledger or index j != i, plus every
+  AppendResponse whose ids were not the ones expected (`ack_mismatch`);
+- divergent: the two readers disagree on an id (different bytes, or one could not read it);
+- unconfirmed_present: entries beyond the acknowledged ones that recovery kept (appends whose outcome was
+  unknown: allowed, they must still be the right payload at the right id).
+
+Topic (`check_topic`): two subscriptions (Exclusive, from the earliest message) read the whole topic.
+- lost: a receipted message (seq) that a reader never received;
+- duplicates: a seq at two positions (the namespace has dedup on, so none are documented: any is reported);
+- reordered: along the log's positions, a message whose seq is below one already stored (first occurrences);
+- divergent: the readers disagree on a position, or a receipt names a position that holds another message.
+
+Each check returns a dict of counts plus at most FINDINGS_MAX findings (strings) that say which id/position.
+Every call has a deadline; a read that fails is a finding (`read_errors`), never silently "no entry".
+"""
+from __future__ import annotations
+
+import time
+
+from bksim.adapters.broker_client import BrokerCallError, BrokerClient
+from bksim.chaos.workload import (LEDGER_PASSWORD, TOPIC, LedgerRecord, ledger_payload, parse_ledger_payload,
+                                  parse_topic_payload)
+from bksim.client import Client, ClientError, InitialPosition, SubscriptionType
+
+FINDINGS_MAX = 50
+CALL_DEADLINE_S = 10.0
+RECOVER_DEADLINE_S = 60.0
+RECOVER_ATTEMPTS = 4  # rounds over the brokers to bring one ledger to CLOSED
+TOPIC_READ_TIMEOUT_S = 90.0  # one reader's whole pass over the topic
+RECEIVE_IDLE_MS = 1500  # once every receipted message was seen: stop after this long without a message
+
+
+class Findings(list):
+    def add(self, text: str) -> None:
+        if len(self) < FINDINGS_MAX:
+            self.append(text)
+
+
+async def _read_all(client: BrokerClient, ledger_id: int, last: int) -> dict[int, bytes]:
+    out: dict[int, bytes] = {}
+    if last < 0:
+        return out
+    async for entry_id, payload in client.read_entries(ledger_id, 0, last, password=LEDGER_PASSWORD):
+        out[entry_id] = payload
+    return out
+
+
+async def check_ledgers(records: list[LedgerRecord], brokers: list[str]) -> dict:
+    counts = {"ledgers": len(records), "acknowledged": 0, "lost": 0, "reordered": 0, "divergent": 0,
+              "duplicates": 0, "recovered_at_end": 0, "not_closed": 0, "read_errors": 0, "unconfirmed_present": 0,
+              "recover_s": []}
+    findings = Findings()
+    clients = [BrokerClient(a, deadline_s=CALL_DEADLINE_S, recover_deadline_s=RECOVER_DEADLINE_S) for a in brokers]
+    readers = clients if len(clients) >= 2 else clients * 2
+    try:
+        for record in records:
+            lid = record.ledger_id
+            counts["acknowledged"] += len(record.acked)
+            counts["reordered"] += record.ack_mismatch
+            if record.ack_mismatch:
+                findings.add(f"ledger {lid}: {record.ack_mismatch} append response(s) named other entry ids than sent")
+            info, error = None, ""
+            for attempt in range(RECOVER_ATTEMPTS * len(clients)):
+                client = clients[attempt % len(clients)]
+                try:
+                    info = await client.get_metadata(lid)
+                    if info.state != "CLOSED":
+                        t = time.monotonic()
+                        info, _ = await client.open_ledger(lid, password=LEDGER_PASSWORD, recover=True)
+                        counts["recovered_at_end"] += 1
+                        counts["recover_s"].append(round(time.monotonic() - t, 3))
+                    break
+                except BrokerCallError as e:
+                    error = f"{client.address}: {e.status}: {e}"
+                    info = None
+            if info is None or info.state != "CLOSED":
+                counts["not_closed"] += 1
+                findings.add(f"ledger {lid}: not CLOSED after recovery attempts ({error or info.state})")
+                counts["lost"] += len(record.acked)
+                continue
+            last = info.last_entry_id
+            reads: list[dict[int, bytes] | None] = []
+            for reader in readers[:2]:
+                try:
+                    reads.append(await _read_all(reader, lid, last))
+                except BrokerCallError as e:
+                    counts["read_errors"] += 1
+                    findings.add(f"ledger {lid}: read 0..{last} through {reader.address} failed: {e.status}: {e}")
+                    reads.append(None)
+            first = next((r for r in reads if r is not None), None)
+            if first is None:
+                counts["lost"] += len(record.acked)
+                continue
+            for entry_id, index in sorted(record.acked.items()):
+                if entry_id > last:
+                    counts["lost"] += 1
+                    findings.add(f"ledger {lid}: entry {entry_id} acknowledged but the ledger closed at {last} "
+                                 "(truncated after ack)")
+                elif first.get(entry_id) != ledger_payload(lid, index):
+                    counts["lost"] += 1
+                    findings.add(f"ledger {lid}: entry {entry_id} acknowledged as index {index} but read back as "
+                                 f"{first.get(entry_id, b'<missing>')[:24]!r}")
+            for entry_id, data in first.items():
+                if parse_ledger_payload(data) != (lid, entry_id):
+                    counts["reordered"] += 1
+                    findings.add(f"ledger {lid}: entry {entry_id} holds {data[:24]!r}")
+                elif entry_id not in record.acked:
+                    counts["unconfirmed_present"] += 1
+            if len(reads) == 2 and all(r is not None for r in reads) and reads[0] != reads[1]:
+                a, b = reads
+                for entry_id in sorted(set(a) | set(b)):
+                    if a.get(entry_id) != b.get(entry_id):
+                        counts["divergent"] += 1
+                        findings.add(f"ledger {lid}: entry {entry_id} differs between {readers[0].address} and "
+                                     f"{readers[1].address}")
+    finally:
+        for c in clients:
+            await c.close()
+    counts["findings"] = list(findings)
+    return counts
+
+
+def _read_topic(client: Client, subscription: str, wanted: set[int], count_max: int) -> tuple[dict, str]:
+    """position -> payload as one Exclusive subscription from the earliest message sees the topic."""
+    consumer = client.subscribe(TOPIC, subscription, SubscriptionType.Exclusive,
+                                initial_position=InitialPosition.Earliest)
+    positions: dict[tuple[int, int, int], bytes] = {}
+    seen: set[int] = set()
+    deadline = time.monotonic() + TOPIC_READ_TIMEOUT_S
+    note = ""
+    try:
+        while len(positions) < count_max:
+            if time.monotonic() >= deadline:
+                note = f"{subscription}: stopped after {TOPIC_READ_TIMEOUT_S:.0f} s"
+                break
+            done = wanted <= seen
+            try:
+                m = consumer.receive(RECEIVE_IDLE_MS if done else 5_000)
+            except ClientError as e:
+                if e.status == "TIMEOUT":
+                    if done:
+                        break
+                    continue
+                note = f"{subscription}: {e.status}: {e}"
+                break
+            mid = m.message_id()
+            positions[(mid.ledger, mid.entry, mid.batch_index)] = m.data()
+            seq = parse_topic_payload(m.data())
+            if seq is not None:
+                seen.add(seq)
+            consumer.acknowledge(m)
+    finally:
+        try:
+            consumer.close()
+        except ClientError:
+            pass
+    return positions, note
+
+
+def check_topic(brokers: list[str], receipts: dict[int, tuple[int, int, int]], duplicate_receipts: set[int],
+                sent: int, reader_suffix: str = "") -> dict:
+    counts = {"acknowledged": len(receipts) + len(duplicate_receipts), "sent": sent, "lost": 0, "duplicates": 0,
+              "reordered": 0, "divergent": 0, "read_errors": 0, "unconfirmed_present": 0}
+    findings = Findings()
+    wanted = set(receipts) | duplicate_receipts
+    with Client(brokers, operation_timeout_ms=30_000) as client:
+        reads = []
+        for name in ("reader-a", "reader-b"):
+            positions, note = _read_topic(client, name + reader_suffix, wanted, 3 * sent + 100)
+            if note:
+                counts["read_errors"] += 1
+                findings.add(note)
+            reads.append(positions)
+    for name, positions in zip(("reader-a", "reader-b"), reads):
+        seqs = {parse_topic_payload(p) for p in positions.values()}
+        missing = sorted(wanted - seqs)
+        if len(missing) > counts["lost"]:
+            counts["lost"] = len(missing)
+        if missing:
+            findings.add(f"{name}: {len(missing)} receipted message(s) never read, first seqs {missing[:5]}")
+    a, b = reads
+    by_seq: dict[int, list] = {}
+    highest = -1
+    for position in sorted(a):
+        seq = parse_topic_payload(a[position])
+        if seq is None:
+            counts["reordered"] += 1
+            findings.add(f"position {position} holds {a[position][:20]!r}")
+            continue
+        first_time = seq not in by_seq
+        by_seq.setdefault(seq, []).append(position)
+        if first_time:
+            if seq < highest:
+                counts["reordered"] += 1
+                findings.add(f"seq {seq} stored at {position} after seq {highest}")
+            highest = max(highest, seq)
+            if seq not in wanted:
+                counts["unconfirmed_present"] += 1
+    for seq, where in by_seq.items():
+        if len(where) > 1:
+            counts["duplicates"] += 1
+            findings.add(f"seq {seq} stored at {len(where)} positions {where[:3]}")
+    for position in sorted(set(a) | set(b)):
+        if a.get(position) != b.get(position):
+            counts["divergent"] += 1
+            findings.add(f"position {position}: readers disagree ({a.get(position, b'<none>')[:16]!r} vs "
+                         f"{b.get(position, b'<none>')[:16]!r})")
+    for seq, position in receipts.items():
+        stored = a.get(position)
+        if stored is not None and parse_topic_payload(stored) != seq:
+            counts["divergent"] += 1
+            findings.add(f"receipt of seq {seq} named {position}, which holds {stored[:16]!r}")
+    counts["findings"] = list(findings)
+    return counts

@@ -1,0 +1,116 @@
+"""The chaos runner's pure parts: seeded schedules, recovery-time and throughput figures, the verdict rules and
+the campaign table (no processes)."""
+from __future__ import annotations
+
+import pytest
+
+from bksim.chaos import runner
+from bksim.chaos.scenarios import SCENARIOS, plan
+from bksim.chaos.workload import (Recorder, ledger_payload, parse_ledger_payload, parse_topic_payload,
+                                  topic_payload)
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_every_scenario_has_a_reproducible_schedule_that_heals_what_it_breaks(name):
+    for seed in range(1, 30):
+        steps = plan(name, seed, 15.0)
+        assert steps == plan(name, seed, 15.0)  # the seed decides everything
+        assert [s.at for s in steps] == sorted(s.at for s in steps)
+        assert steps[0].fault and steps[0].at > 0
+        if name != "zookeeper-restart":  # a stop-start heals itself
+            assert not steps[-1].fault, f"{name} seed {seed} ends with an unhealed fault: {steps[-1]}"
+    assert plan(name, 1, 15.0) != plan(name, 2, 15.0)
+
+
+def test_unknown_scenario_is_refused_by_name():
+    with pytest.raises(KeyError, match="unknown scenario 'nope'"):
+        plan("nope", 1, 10.0)
+    with pytest.raises(runner.ChaosError, match="unknown scenario"):
+        runner.run("nope", 1, 10.0, "/nonexistent")
+
+
+def test_payloads_name_their_position():
+    assert parse_ledger_payload(ledger_payload(17, 42)) == (17, 42)
+    assert parse_ledger_payload(b"garbage") is None
+    assert parse_topic_payload(topic_payload(12345)) == 12345
+    assert parse_topic_payload(ledger_payload(1, 1)) is None
+
+
+def _recorder(ledger_times, topic_times):
+    rec = Recorder(0.0)
+    rec.acks = {"ledger": list(ledger_times), "topic": list(topic_times)}
+    return rec
+
+
+def test_recovery_time_is_the_end_of_the_last_gap_after_the_fault():
+    steady = [i * 0.1 for i in range(0, 100)]  # acks every 0.1 s for 10 s
+    topic = [t for t in steady if not 3.0 < t < 5.0]  # a 2 s stall after the fault at 3.0
+    faults = [{"t": 3.0, "action": "kill9", "victims": "broker-1"}]
+    out = runner.recovery_times(_recorder(steady, topic), faults, tail_from=8.0)
+    (f,) = out["per_fault"]
+    assert f["ledger_s"] == 0.0
+    assert f["topic_s"] == pytest.approx(2.0, abs=0.11)
+    assert out["max_s"] == f["recovery_s"] == f["topic_s"]
+    assert out["tail_acks"] == {"ledger": 20, "topic": 20}
+
+
+def test_a_gap_starting_just_before_the_next_fault_belongs_to_that_fault():
+    times = [i * 0.1 for i in range(0, 30)] + [i * 0.1 for i in range(60, 100)]  # stall 2.9 .. 6.0
+    faults = [{"t": 1.0, "action": "kill9", "victims": "b"}, {"t": 3.0, "action": "kill9", "victims": "b"}]
+    first, second = runner.recovery_times(_recorder(times, times), faults, 8.0)["per_fault"]
+    assert first["recovery_s"] == 0.0
+    assert second["recovery_s"] == pytest.approx(3.0, abs=0.11)
+
+
+def test_throughput_baseline_and_dip():
+    rec = Recorder(0.0)
+    for second, n in enumerate([100, 100, 100, 100, 20, 0, 100]):
+        rec.counts["topic"][second] = n
+    out = runner.throughput(rec, [{"t": 4.2}])
+    assert out["topic"]["baseline_per_s"] == 100
+    assert out["topic"]["min_per_s_after_first_fault"] == 0
+    assert out["topic"]["dip_fraction"] == 1.0
+
+
+def _clean_report(**over):
+    report = {"ledgers": {"lost": 0, "reordered": 0, "divergent": 0, "read_errors": 0, "not_closed": 0},
+              "topic": {"lost": 0, "reordered": 0, "divergent": 0, "read_errors": 0, "duplicates": 0},
+              "recovery": {"tail_acks": {"ledger": 5, "topic": 5}}, "audit": {"verdict": "clean"}, "problems": []}
+    for key, value in over.items():
+        part, field = key.split("__")
+        report[part][field] = value
+    return report
+
+
+@pytest.mark.parametrize("key, needle", [
+    ("ledgers__lost", "ledgers: lost = 1"), ("topic__reordered", "topic: reordered = 1"),
+    ("topic__divergent", "topic: divergent = 1"), ("topic__duplicates", "duplicates = 1"),
+    ("ledgers__not_closed", "not CLOSED"), ("ledgers__read_errors", "read_errors = 1"),
+])
+def test_each_violation_fails_the_run(key, needle):
+    assert runner.violations(_clean_report()) == []
+    found = runner.violations(_clean_report(**{key: 1}))
+    assert len(found) == 1 and needle in found[0]
+
+
+def test_no_acks_in_the_tail_and_an_unclean_audit_fail_the_run():
+    report = _clean_report()
+    report["recovery"]["tail_acks"]["topic"] = 0
+    report["audit"] = {"verdict": "violations", "exit_status": 1}
+    found = runner.violations(report)
+    assert any("liveness: no topic" in v for v in found)
+    assert any("audit: violations" in v for v in found)
+
+
+def test_campaign_table_sums_per_scenario():
+    rows = [{"scenario": "broker-kill", "verdict": "PASS", "acknowledged": 1000, "lost": 0, "duplicates": 0,
+             "reordered": 0, "divergent": 0, "audit": "clean", "recovery_s": 2.0},
+            {"scenario": "broker-kill", "verdict": "FAIL", "acknowledged": 500, "lost": 3, "duplicates": 1,
+             "reordered": 0, "divergent": 0, "audit": "clean", "recovery_s": 4.0},
+            {"scenario": "bookie-kill", "verdict": "PASS", "acknowledged": 10, "lost": 0, "duplicates": 0,
+             "reordered": 0, "divergent": 0, "audit": "clean", "recovery_s": None}]
+    table = runner.summary_table(rows).splitlines()
+    assert table[0].startswith("| scenario | runs | acknowledged ops | lost | duplicates | reordered | divergent")
+    assert "| broker-kill | 2 | 1,500 | 3 | 1 | 0 | 0 | clean 2 | 3.00 | 1 |" in table
+    assert "| bookie-kill | 1 | 10 | 0 | 0 | 0 | 0 | clean 1 | - | 0 |" in table
+    assert table[-1].startswith("| **all** | 3 | 1,510 | 3 |")
