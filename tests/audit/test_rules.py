@@ -279,3 +279,27 @@ def test_inputs_bookie_of_a_directory(synth, tmp_path):
         audit([empty], synth.snapshot_path, tmp_path / "o6")
     with pytest.raises(AuditInputError, match="not a bksim metadata snapshot"):
         audit([synth.root], {"ledgers": []}, tmp_path / "o7")
+
+
+def test_an_entry_log_copy_that_differs_from_the_journal_copy_diverges(synth, tmp_path):
+    synth.ledger(1, 3, 3, 2, 6)
+    synth.log_entry(B1, 1, 2)  # the same bytes as B1's journal copy: not divergence
+    synth.log_entry(B2, 1, 4, variant=1)  # other bytes than B2's journal copy of entry 4
+    synth.save()
+    report, status = audit([synth.root], synth.snapshot_path, tmp_path / "out",
+                           entrylogs=[os.path.join(synth.root, synth.name(b), "ledgers") for b in (B1, B2)])
+    assert status == 1
+    assert findings(report, "violations") == [("divergence", 1, 4, 4)]
+    assert "entrylogs" in report["violations"][0]["detail"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 101])
+def test_header_columns_read_what_struct_reads(n):
+    from bksim.audit.parse import header_columns
+    from bksim.formats.entry import HEADER
+
+    bodies = [encode_entry(7, (-1) ** i * i * 1_000_003, i - 2 ** 40, 2 ** 62 - i, bytes(i % 5)) for i in range(n)]
+    ids, lacs, lengths, stored = header_columns(bodies)
+    unpacked = [HEADER.unpack_from(b) for b in bodies]
+    assert list(ids) == [u[1] for u in unpacked] and list(lacs) == [u[2] for u in unpacked]
+    assert list(lengths) == [u[3] for u in unpacked] and list(stored) == [u[4] for u in unpacked]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 import struct
+import sys
 from array import array
 from dataclasses import dataclass, field
 
@@ -74,14 +75,14 @@ class FileTask:
 class Block:
     """Records of one ledger in one file, columnar and in file order."""
 
-    __slots__ = ("ids", "lacs", "ledger_lengths", "sizes", "digests", "stored", "flags", "offsets",
+    __slots__ = ("ids", "lacs", "ledger_lengths", "entry_bytes", "digests", "stored", "flags", "offsets",
                  "fences", "explicit_lacs", "master_keys")
 
     def __init__(self) -> None:
         self.ids = array("q")
         self.lacs = array("q")
         self.ledger_lengths = array("q")
-        self.sizes = array("q")
+        self.entry_bytes = array("q")  # header and payload
         self.digests = array("I")  # crc32c over the entry's 32 header bytes then its payload
         self.stored = array("I")  # the digest field as stored
         self.flags = b""
@@ -98,22 +99,55 @@ class Block:
             setattr(self, name, value)
 
     @classmethod
-    def from_rows(cls, rows: list[tuple]) -> "Block":
+    def of_entries(cls, bodies: list[bytes], flags: bytes, offsets: list[int]) -> "Block":
+        """The columns of well-formed entries (each at least the header long) of one ledger. Each header field
+        is cut out of every entry and converted in one go (no Python object per field)."""
         block = cls()
-        if rows:
-            ids, lacs, lengths, sizes, digests, stored, flags, offsets = zip(*rows)
-            block.ids = array("q", ids)
-            block.lacs = array("q", lacs)
-            block.ledger_lengths = array("q", lengths)
-            block.sizes = array("q", sizes)
-            block.digests = array("I", digests)
-            block.stored = array("I", stored)
-            block.flags = bytes(flags)
-            block.offsets = array("q", offsets)
+        block.ids, block.lacs, block.ledger_lengths, block.stored = header_columns(bodies)
+        block.entry_bytes = array("q", map(len, bodies))
+        block.digests = array("I", [crc32c(b[entry_fmt.HEADER_BYTES:], crc32c(b[:32])) for b in bodies])
+        block.flags = flags
+        block.offsets = array("q", offsets)
         return block
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(self.entry_bytes) - entry_fmt.HEADER_BYTES * len(self.entry_bytes)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+
+assert array("q").itemsize == 8 and array("I").itemsize == 4
+_SWAP = sys.byteorder == "little"  # entries are big-endian
+
+
+def header_columns(bodies: list[bytes]) -> tuple[array, array, array, array]:
+    """(entry ids, LACs, ledger lengths, stored digests) of entries (each at least HEADER_BYTES long), read
+    with array conversions over their joined 36-byte headers instead of one struct tuple per entry.
+
+    Header k starts at byte 36k of the joined buffer, so its int64 fields are 8-aligned when k is even; for odd
+    k they are, in the buffer shifted by 4 bytes. Over pairs of headers (72 bytes = 9 int64), field f (entry id
+    1, LAC 2, ledger length 3) of the even header is int64 9p + f, of the odd one 9p + 4 + f in the shifted
+    buffer; the digest is uint32 9k + 8."""
+    n = len(bodies)
+    header_bytes = entry_fmt.HEADER_BYTES
+    joined = b"".join([b[:header_bytes] for b in bodies])
+    words = array("I")
+    words.frombytes(joined)
+    even, odd = array("q"), array("q")
+    even.frombytes(joined[:len(joined) // 8 * 8])
+    odd.frombytes(joined[4:4 + (len(joined) - 4) // 8 * 8])
+    if _SWAP:
+        for column in (words, even, odd):
+            column.byteswap()
+    fields = []
+    for index in (1, 2, 3):
+        column = array("q", bytes(8 * n))
+        column[0::2] = even[index::9][:(n + 1) // 2]
+        column[1::2] = odd[index + 4::9][:n // 2]
+        fields.append(column)
+    return fields[0], fields[1], fields[2], words[8::9]
 
 
 @dataclass(slots=True)
@@ -290,39 +324,17 @@ def _resync(data: bytes, start: int) -> int | None:
 
 
 def _collect(result: FileResult, records: list[jfmt.JournalRecord]) -> None:
-    """Sort the valid records into per-ledger rows, then blocks."""
+    """Sort the valid records into per-ledger blocks."""
     task = result.task
     entry_type, fence_type = jfmt.RecordType.ENTRY, jfmt.RecordType.FENCE
-    header, header_bytes = entry_fmt.HEADER, entry_fmt.HEADER_BYTES
-    rows_by_ledger: dict[int, list[tuple]] = {}
-    others: list[jfmt.JournalRecord] = []
-    payload_bytes = 0
-    malformed = 0
-    for rec in records:
-        if rec.type is not entry_type:
-            others.append(rec)
-            continue
-        body = rec.body
-        if len(body) < header_bytes:
-            result.findings.append(_at(task, "entry_malformed", rec.offset, f"ENTRY body of {len(body)} bytes is "
-                                                                            f"shorter than the entry header"))
-            malformed += 1
-            continue
-        ledger_id, entry_id, lac, ledger_length, stored = header.unpack_from(body)
-        if ledger_id < 0 or entry_id < 0:
-            result.findings.append(_at(task, "entry_malformed", rec.offset, f"entry names ledger {ledger_id} "
-                                                                            f"entry {entry_id}"))
-            malformed += 1
-            continue
-        rows = rows_by_ledger.get(ledger_id)
-        if rows is None:
-            rows = rows_by_ledger[ledger_id] = []
-        size = len(body) - header_bytes
-        payload_bytes += size
-        rows.append((entry_id, lac, ledger_length, size, crc32c(body[header_bytes:], crc32c(body[:32])), stored,
-                     rec.flags, rec.offset))
-    blocks = {ledger_id: Block.from_rows(rows) for ledger_id, rows in rows_by_ledger.items()}
-    counts = {"ENTRY": len(records) - len(others) - malformed} if len(records) > len(others) else {}
+    entries = [r for r in records if r.type is entry_type]
+    others = [r for r in records if r.type is not entry_type] if len(entries) < len(records) else []
+    blocks = {}
+    for ledger_id, (members, bodies) in _group(result, entries, [r.body for r in entries]).items():
+        block = _make_block(result, members, bodies, bytes([r.flags for r in members]))
+        if block is not None:
+            blocks[ledger_id] = block
+    counts = {"ENTRY": sum(len(b) for b in blocks.values())} if blocks else {}
     for rec in others:
         name = rec.type.name
         counts[name] = counts.get(name, 0) + 1
@@ -350,8 +362,57 @@ def _collect(result: FileResult, records: list[jfmt.JournalRecord]) -> None:
             block.master_keys.append(rec.offset)
     result.records = len(records)
     result.counts = counts
-    result.payload_bytes = payload_bytes
+    result.payload_bytes = sum(b.payload_bytes for b in blocks.values())
     result.blocks = blocks
+
+
+def _group(result: FileResult, items: list, bodies: list[bytes]) -> dict[int, tuple[list, list[bytes]]]:
+    """(items, their entry bytes) per ledger id, in file order; malformed entries reported and left out."""
+    header_bytes = entry_fmt.HEADER_BYTES
+    if bodies and min(map(len, bodies)) < header_bytes:
+        keep = []
+        for item, body in zip(items, bodies):
+            if len(body) < header_bytes:
+                result.findings.append(_at(result.task, "entry_malformed", item.offset, f"entry of {len(body)} "
+                                           f"bytes is shorter than the {header_bytes}-byte entry header"))
+            else:
+                keep.append((item, body))
+        items, bodies = [i for i, _ in keep], [b for _, b in keep]
+    by_key: dict[bytes, tuple[list, list[bytes]]] = {}
+    for item, body in zip(items, bodies):
+        key = body[:8]
+        group = by_key.get(key)
+        if group is None:
+            group = by_key[key] = ([], [])
+        group[0].append(item)
+        group[1].append(body)
+    groups = {}
+    for key, group in by_key.items():
+        ledger_id = int.from_bytes(key, "big", signed=True)
+        if ledger_id < 0:
+            for member in group[0]:
+                result.findings.append(_at(result.task, "entry_malformed", member.offset,
+                                           f"entry names ledger {ledger_id}"))
+            continue
+        groups[ledger_id] = group
+    return groups
+
+
+def _make_block(result: FileResult, members: list, bodies: list[bytes], flags: bytes) -> Block | None:
+    """The block of one ledger's well-framed entries; entries with a negative id are reported and left out."""
+    block = Block.of_entries(bodies, flags, [m.offset for m in members])
+    if min(block.ids) >= 0:
+        return block
+    keep = []
+    for i, entry_id in enumerate(block.ids):
+        if entry_id < 0:
+            result.findings.append(_at(result.task, "entry_malformed", members[i].offset,
+                                       f"entry names entry {entry_id}"))
+        else:
+            keep.append(i)
+    if not keep:
+        return None
+    return _make_block(result, [members[i] for i in keep], [bodies[i] for i in keep], bytes(flags[i] for i in keep))
 
 
 # -- entry logs --------------------------------------------------------------------------------------------
@@ -375,33 +436,15 @@ def parse_entry_log(task: FileTask, data: bytes) -> FileResult:
                                                                        f"when the bookie stopped)"))
         else:
             result.findings.append(_at(task, "entrylog_damaged", at, why))
-    header_fmt, header_bytes = entry_fmt.HEADER, entry_fmt.HEADER_BYTES
-    rows_by_ledger: dict[int, list[tuple]] = {}
-    n = 0
-    for rec in records:
-        body = rec.entry
-        if body is None:
-            continue  # the ledger map
-        if len(body) < header_bytes:
-            result.findings.append(_at(task, "entry_malformed", rec.offset, f"entry log record of {len(body)} "
-                                                                            f"bytes is shorter than the entry header"))
-            continue
-        ledger_id, entry_id, lac, ledger_length, stored = header_fmt.unpack_from(body)
-        if ledger_id < 0 or entry_id < 0:
-            result.findings.append(_at(task, "entry_malformed", rec.offset, f"entry names ledger {ledger_id} "
-                                                                            f"entry {entry_id}"))
-            continue
-        rows = rows_by_ledger.get(ledger_id)
-        if rows is None:
-            rows = rows_by_ledger[ledger_id] = []
-        size = len(body) - header_bytes
-        result.payload_bytes += size
-        rows.append((entry_id, lac, ledger_length, size, crc32c(body[header_bytes:], crc32c(body[:32])), stored,
-                     0, rec.offset))
-        n += 1
-    result.blocks = {ledger_id: Block.from_rows(rows) for ledger_id, rows in rows_by_ledger.items()}
-    result.records = n
-    result.counts = {"ENTRY": n} if n else {}
+    entries = [r for r in records if r.entry is not None]  # not the ledger map
+    result.blocks = {}
+    for ledger_id, (members, bodies) in _group(result, entries, [r.entry for r in entries]).items():
+        block = _make_block(result, members, bodies, bytes(len(members)))
+        if block is not None:
+            result.blocks[ledger_id] = block
+    result.records = sum(len(b) for b in result.blocks.values())
+    result.counts = {"ENTRY": result.records} if result.records else {}
+    result.payload_bytes = sum(b.payload_bytes for b in result.blocks.values())
     return result
 
 
@@ -418,14 +461,39 @@ def record_rows(result: FileResult):
     task = result.task
     bookie, path, source = task.bookie, task.path, task.kind
     for ledger_id, block in result.blocks.items():
+        header_bytes = entry_fmt.HEADER_BYTES
         for entry_id, lac, ledger_length, size, digest, stored, flags, offset in zip(
-                block.ids, block.lacs, block.ledger_lengths, block.sizes, block.digests, block.stored, block.flags,
-                block.offsets):
-            yield (bookie, path, source, offset, "ENTRY", flags, ledger_id, entry_id, lac, size, ledger_length,
-                   digest, stored)
+                block.ids, block.lacs, block.ledger_lengths, block.entry_bytes, block.digests, block.stored,
+                block.flags, block.offsets):
+            yield (bookie, path, source, offset, "ENTRY", flags, ledger_id, entry_id, lac, size - header_bytes,
+                   ledger_length, digest, stored)
+    yield from other_rows(result)
+
+
+def other_rows(result: FileResult):
+    """The RECORD_COLUMNS tuples of the records that are not entries (FENCE, EXPLICIT_LAC, MASTER_KEY)."""
+    task = result.task
+    bookie, path, source = task.bookie, task.path, task.kind
+    for ledger_id, block in result.blocks.items():
         for offset in block.fences:
             yield (bookie, path, source, offset, "FENCE", 0, ledger_id, None, None, None, None, None, None)
         for offset, lac in block.explicit_lacs:
             yield (bookie, path, source, offset, "EXPLICIT_LAC", 0, ledger_id, None, lac, None, None, None, None)
         for offset in block.master_keys:
             yield (bookie, path, source, offset, "MASTER_KEY", 0, ledger_id, None, None, None, None, None, None)
+
+
+# the columns of a block as arrays, in the order block_rows gives them (the Spark driver zips them into rows;
+# "entry_bytes" becomes the payload "length")
+BLOCK_ARRAYS = ("offset", "flags", "entry", "lac", "entry_bytes", "ledger_length", "digest", "digest_stored")
+
+
+def block_rows(result: FileResult):
+    """One tuple per (file, ledger) with entries: bookie, file, source, ledger, then the BLOCK_ARRAYS as lists.
+    Moving a block's columns as lists costs the JVM far less than one row per entry."""
+    task = result.task
+    for ledger_id, block in result.blocks.items():
+        if len(block):
+            yield (task.bookie, task.path, task.kind, ledger_id, block.offsets.tolist(), list(block.flags),
+                   block.ids.tolist(), block.lacs.tolist(), block.entry_bytes.tolist(), block.ledger_lengths.tolist(),
+                   block.digests.tolist(), block.stored.tolist())

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from bksim.audit.findings import Finding, RULES, VIOLATION
 from bksim.audit.parse import JOURNAL, Block
+from bksim.formats.entry import HEADER_BYTES
 from bksim.model.status import FLAG_RECOVERY_ADD
 
 COMPLETE = "complete"
@@ -210,9 +211,9 @@ def check_ledger(ledger_id: int, view: LedgerView | None, pieces: list[Piece], e
                                       offset=block.offsets[i], detail=f"stored digest {block.stored[i]:#010x}, "
                                       f"the bytes give {block.digests[i]:#010x} ({digest_type or 'unknown'} "
                                       f"digest type)"))
-            payload_bytes += sum(block.sizes[i] for i in keep)
+            payload_bytes += sum(block.entry_bytes[i] - HEADER_BYTES for i in keep)
         else:
-            payload_bytes += sum(block.sizes)
+            payload_bytes += block.payload_bytes
         target = journals if piece.kind == JOURNAL else logs
         copies = target.get(piece.bookie)
         if copies is None:
@@ -221,38 +222,43 @@ def check_ledger(ledger_id: int, view: LedgerView | None, pieces: list[Piece], e
 
     bookies = sorted(set(journals) | set(logs))
     held: dict[str, list[int]] = {}  # bookie -> sorted distinct ids it holds a valid copy of
-    pairs: set[tuple[int, int]] = set()
+    merged: dict[int, int] = {}  # entry id -> a digest seen for it (any bookie)
+    copies_by_bookie: list[dict[int, int]] = []
+    same_bookie_versions = False  # some bookie holds two different copies of one id
     copies_per_bookie: dict[str, int] = {}
     benign: Counter = Counter()
     max_lac = -1
     for bookie in bookies:
         j = journals.get(bookie)
         log = logs.get(bookie)
-        ids: set[int] = set()
         n = 0
-        if j is not None:
-            ids = set(j.ids)
-            n += len(j.ids)
-            j_pairs = set(zip(j.ids, j.digests))
-            benign["duplicates"] += len(j.ids) - len(j_pairs)
-            pairs |= j_pairs
-            if j.lacs:
-                max_lac = max(max_lac, max(j.lacs))
-            if j.explicit_lacs:
-                max_lac = max(max_lac, max(lac for _, _, lac, _ in j.explicit_lacs))
-        if log is not None:
-            ids.update(log.ids)
-            n += len(log.ids)
-            pairs.update(zip(log.ids, log.digests))
-            if log.lacs:
-                max_lac = max(max_lac, max(log.lacs))
-        held[bookie] = sorted(ids)
+        digests: dict[int, int] = {}
+        for copies in (j, log):
+            if copies is None:
+                continue
+            n += len(copies.ids)
+            part = dict(zip(copies.ids, copies.digests))
+            if len(part) != len(copies.ids):  # an id twice in this source: identical copies, or two versions
+                versions = len(set(zip(copies.ids, copies.digests)))
+                if copies is j:
+                    benign["duplicates"] += len(copies.ids) - versions
+                same_bookie_versions |= versions != len(part)
+            if digests and not digests.items() <= (digests | part).items():
+                same_bookie_versions = True  # the entry log holds another version than the journal
+            digests.update(part)
+            if copies.lacs:
+                max_lac = max(max_lac, max(copies.lacs))
+        if j is not None and j.explicit_lacs:
+            max_lac = max(max_lac, max(lac for _, _, lac, _ in j.explicit_lacs))
+        held[bookie] = sorted(digests)
+        copies_by_bookie.append(digests)
+        merged.update(digests)
         copies_per_bookie[bookie] = n
-    all_ids = sorted(set().union(*held.values())) if held else []
+    diverged = same_bookie_versions or not all(d.items() <= merged.items() for d in copies_by_bookie)
 
     result = LedgerResult(ledger_id, view.state if view else "UNKNOWN", view.last_entry_id if view else None,
                           None, (view.ensemble_size, view.write_quorum_size, view.ack_quorum_size) if view else None)
-    result.entries = len(all_ids)
+    result.entries = len(merged)
     result.copies = sum(copies_per_bookie.values())
     result.payload_bytes = payload_bytes
     result.copies_per_bookie = copies_per_bookie
@@ -272,9 +278,9 @@ def check_ledger(ledger_id: int, view: LedgerView | None, pieces: list[Piece], e
         if tail:
             benign["above_last_entry" if view.closed else "open_ledger_tail"] += tail
         if end >= 0:
-            result.histogram = _replicas(ledger_id, view, end, held, all_ids, evidence, found, benign)
-            if len(pairs) != len(all_ids):
-                _divergence(ledger_id, end, pairs, journals, logs, found)
+            result.histogram = _replicas(ledger_id, view, end, held, evidence, found, benign)
+            if diverged:
+                _divergence(ledger_id, end, journals, logs, found)
     result.benign = {k: v for k, v in benign.items() if v}
     result.rule_counts = found.counts
     result.findings = found.result()
@@ -293,9 +299,10 @@ def _segment_ranges(view: LedgerView, end: int):
             yield first, stop, ensemble
 
 
-def _replicas(ledger_id: int, view: LedgerView, end: int, held: dict[str, list[int]], all_ids: list[int],
-              evidence: dict[str, str], found: _Findings, benign: Counter) -> dict[int, int]:
+def _replicas(ledger_id: int, view: LedgerView, end: int, held: dict[str, list[int]], evidence: dict[str, str],
+              found: _Findings, benign: Counter) -> dict[int, int]:
     histogram: Counter = Counter()
+    all_ids: list[int] | None = None  # every id held anywhere, sorted: only when something is missing
     qw = view.write_quorum_size
     for first, stop, ensemble in _segment_ranges(view, end):
         counts: Counter = Counter()
@@ -310,7 +317,9 @@ def _replicas(ledger_id: int, view: LedgerView, end: int, held: dict[str, list[i
         absent = (stop - first) - len(counts)
         if absent:
             histogram[0] += absent
-        if absent or any(n < qw for n in counts.values()):
+        if absent or (counts and min(counts.values()) < qw):
+            if all_ids is None:
+                all_ids = sorted(set().union(*held.values()))
             _classify(ledger_id, view, first, stop, ensemble, held, counts, all_ids, evidence, found)
     return dict(histogram)
 
@@ -393,12 +402,14 @@ def _replica_detail(rule: str, holders: tuple[str, ...], elsewhere: bool, ensemb
 
 # -- divergence ------------------------------------------------------------------------------------------------
 
-def _divergence(ledger_id: int, end: int, pairs: set[tuple[int, int]], journals: dict[str, _Copies],
-                logs: dict[str, _Copies], found: _Findings) -> None:
+def _divergence(ledger_id: int, end: int, journals: dict[str, _Copies], logs: dict[str, _Copies],
+                found: _Findings) -> None:
     digests: dict[int, set[int]] = defaultdict(set)
-    for entry_id, digest in pairs:
-        if entry_id <= end:
-            digests[entry_id].add(digest)
+    for source in (journals, logs):
+        for copies in source.values():
+            for entry_id, digest in zip(copies.ids, copies.digests):
+                if entry_id <= end:
+                    digests[entry_id].add(digest)
     divergent = {e for e, ds in digests.items() if len(ds) > 1}
     if not divergent:
         return

@@ -24,9 +24,10 @@ import zipfile
 
 from bksim.audit.inputs import Plan, normalize
 from bksim.audit.job import AuditOptions, Progress, file_output, missing_ledgers, pieces_of
-from bksim.audit.parse import RECORD_COLUMNS, parse_file, record_rows
+from bksim.audit.parse import BLOCK_ARRAYS, RECORD_COLUMNS, block_rows, other_rows, parse_file
 from bksim.audit.rules import check_ledger
 from bksim.audit.snapshot import AuditInputError, Snapshot
+from bksim.formats.entry import HEADER_BYTES
 
 DRIVER_MEMORY_DEFAULT = "1g"
 PROGRESS_INTERVAL_S = 2.0
@@ -69,10 +70,17 @@ def build_session(master: str, work_dir: str, driver_memory: str = DRIVER_MEMORY
     if local:
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    sc = spark.sparkContext
+    sc.setLogLevel("ERROR")
     if not local:
         _ship_package(spark, local_dir)
+    # bring the executors' Python workers up (they are reused by every job after): part of starting the session
+    sc.parallelize(range(sc.defaultParallelism), sc.defaultParallelism).map(_noop).count()
     return spark
+
+
+def _noop(x):
+    return x
 
 
 def _ship_package(spark, work_dir: str) -> None:
@@ -109,8 +117,18 @@ class SparkFiles:
         return out
 
     def read(self, uris: list[str]) -> dict[str, bytes]:
-        _check_uris(uris)
-        return dict(self._sc.binaryFiles(",".join(uris)).collect()) if uris else {}
+        """Small files (cookies, checkpoint marks), through the FileSystem API on the driver: no Spark job."""
+        jvm = self._sc._jvm
+        conf = self._sc._jsc.hadoopConfiguration()
+        out = {}
+        for uri in uris:
+            path = jvm.org.apache.hadoop.fs.Path(uri)
+            stream = path.getFileSystem(conf).open(path)
+            try:
+                out[uri] = bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
+            finally:
+                stream.close()
+        return out
 
 
 def _check_uris(uris: list[str]) -> None:
@@ -154,6 +172,26 @@ class _StageProgress:
                 last = line
 
 
+def records_frame(spark, parsed):
+    """The records DataFrame (parse.RECORD_COLUMNS) of an RDD of FileResults: entries travel as one row of
+    column lists per (file, ledger), zipped back into rows inside the JVM; the few other records as rows."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, StructType
+
+    types = {"string": StringType(), "long": LongType(), "int": IntegerType()}
+    kinds = dict(RECORD_COLUMNS, entry_bytes="long")
+    block_schema = StructType([StructField("bookie", StringType()), StructField("file", StringType()),
+                               StructField("source", StringType()), StructField("ledger", LongType())]
+                              + [StructField(c, ArrayType(types[kinds[c]], False)) for c in BLOCK_ARRAYS])
+    blocks = spark.createDataFrame(parsed.flatMap(block_rows), block_schema, verifySchema=False)
+    entries = blocks.select("bookie", "file", "source", "ledger", F.inline(F.arrays_zip(*BLOCK_ARRAYS))) \
+        .withColumn("type", F.lit("ENTRY")).withColumn("length", F.col("entry_bytes") - HEADER_BYTES)
+    others = spark.createDataFrame(parsed.flatMap(other_rows), StructType(
+        [StructField(name, types[kind], True) for name, kind in RECORD_COLUMNS]), verifySchema=False)
+    columns = [name for name, _ in RECORD_COLUMNS]
+    return entries.select(*columns).unionByName(others.select(*columns))
+
+
 def run_spark(spark, plan: Plan, snapshot: Snapshot, options: AuditOptions, progress: Progress) -> tuple[list, list, dict]:
     sc = spark.sparkContext
     from pyspark import StorageLevel
@@ -170,14 +208,24 @@ def run_spark(spark, plan: Plan, snapshot: Snapshot, options: AuditOptions, prog
         for uri, data in items:
             yield parse_file(tasks[normalize(uri)], data)
 
+    def read_and_parse(items):  # local files: each executor reads its own, nothing passes through the JVM
+        for task in items:
+            with open(task.path, "rb") as f:
+                data = f.read()
+            yield parse_file(task, data)
+
     def check(item):
         ledger_id, pieces = item
         return check_ledger(ledger_id, views.value.get(ledger_id), list(pieces), evidence, per_ledger_max)
 
     partitions = max(1, min(len(uris), PARTITIONS_MAX))
     progress(f"parsing {len(uris)} files ({plan.total_bytes / 1e6:,.1f} MB) on {sc.master}")
-    parsed = sc.binaryFiles(",".join(uris), minPartitions=partitions).mapPartitions(parse_partition) \
-        .persist(StorageLevel.MEMORY_AND_DISK)
+    if all(uri.startswith("file:") for uri in uris):
+        ordered = sorted(plan.tasks, key=lambda t: -t.size)  # the largest first: fewer stragglers
+        source = sc.parallelize(ordered, partitions).mapPartitions(read_and_parse)
+    else:
+        source = sc.binaryFiles(",".join(uris), minPartitions=partitions).mapPartitions(parse_partition)
+    parsed = source.persist(StorageLevel.MEMORY_AND_DISK)
     try:
         with _StageProgress(sc, progress):
             files = parsed.map(file_output).collect()
@@ -188,14 +236,9 @@ def run_spark(spark, plan: Plan, snapshot: Snapshot, options: AuditOptions, prog
             check_done = time.perf_counter()
             outputs: dict = {"records_parquet": None}
             if options.parquet:
-                from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
-
-                types = {"string": StringType(), "long": LongType(), "int": IntegerType()}
-                schema = StructType([StructField(name, types[kind], True) for name, kind in RECORD_COLUMNS])
                 path = os.path.abspath(os.path.join(options.out_dir, "records.parquet"))
                 progress(f"writing the records as Parquet to {path}")
-                spark.createDataFrame(parsed.flatMap(record_rows), schema, verifySchema=False) \
-                    .write.mode("overwrite").parquet(path)
+                records_frame(spark, parsed).write.mode("overwrite").parquet(path)
                 outputs["records_parquet"] = path
             else:
                 outputs["records_parquet_skipped"] = "--no-parquet"
