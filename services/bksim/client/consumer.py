@@ -149,6 +149,9 @@ class Consumer:
     def receive(self, timeout_ms: int | None = None) -> Message:
         """The next message (waits at most `timeout_ms`; None = until one comes). ClientError TIMEOUT when none
         came in time; the consumer's error when it failed; BAD_REQUEST when it is closed."""
+        if self._loop.in_loop:
+            raise ClientError("BAD_REQUEST", "receive() was called from a client callback (it would block the "
+                                             "client's thread)")
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000.0
         flow = None
         with self._lock:

@@ -284,10 +284,11 @@ class Producer:
 
     def _wait_for_room(self) -> None:
         """Under the lock: wait for pending room (block_if_queue_full) or raise TOO_MANY_REQUESTS."""
-        if not self._block:
+        if not self._block or self._loop.in_loop:  # a send callback must not block the thread that runs it
             raise ClientError("TOO_MANY_REQUESTS", f"producer {self.producer_name()} on {self._topic} has "
                                                    f"max_pending_messages={self._max_pending} messages waiting for "
-                                                   f"receipts (block_if_queue_full=False)")
+                                                   f"receipts (block_if_queue_full={self._block}"
+                                                   f"{', in a client callback' if self._block else ''})")
         # the oldest pending message fails within the send timeout (plus a tick), which makes room
         timeout = (self._send_timeout_s + SEND_WAIT_GRACE_S if self._send_timeout_s > 0
                    else self._client._operation_timeout_s)

@@ -232,3 +232,22 @@ def test_partitioned_routing_by_key_round_robin_and_single(fake, client):
 def _batches(fake, topic):
     from bksim.formats.message import decode_entry
     return [decode_entry(e)[1] for e in fake.entries(topic)]
+
+
+def test_a_send_callback_never_blocks_the_clients_thread(fake, client):
+    fake.add_topic(TOPIC)
+    producer = client.create_producer(TOPIC, max_pending_messages=1, block_if_queue_full=True)
+    seen = []
+
+    def callback(error, mid):
+        producer.send_async(b"from-callback-1", None)  # room: the receipt released it
+        try:
+            producer.send_async(b"from-callback-2", None)  # full: waiting here would stop the receipts
+        except ClientError as e:
+            seen.append(e)
+
+    producer.send_async(b"first", callback)
+    wait_until(lambda: seen, 5, message="the callback's second send refused")
+    assert seen[0].status == "TOO_MANY_REQUESTS" and "in a client callback" in seen[0].message
+    producer.flush()
+    assert [m.payload for m in fake.published(TOPIC)] == [b"first", b"from-callback-1"]
