@@ -107,6 +107,18 @@ def register(subparsers) -> None:
     _run_options(p)
     p.set_defaults(func=cmd_cursor_holes, seconds=0.0, records=0, record_bytes=1, group=1)
 
+    from bksim.perf import audit as perf_audit
+
+    p = sub.add_parser("audit", help="bksim audit on generated journals: Spark (after the session is up) and --local "
+                       "against a bare parse of the same files")
+    p.add_argument("--size", default="1GB", help="journal bytes to generate (default 1GB; units KB MB GB KiB MiB GiB)")
+    p.add_argument("--entry-size", "--record-bytes", dest="record_bytes", type=int, default=1024,
+                   help="payload bytes per entry (default 1024)")
+    p.add_argument("--master", default=perf_audit.MASTER_DEFAULT,
+                   help=f"Spark master of the Spark run (default {perf_audit.MASTER_DEFAULT})")
+    _run_options(p)
+    p.set_defaults(func=cmd_audit, seconds=0.0, records=0, group=1)
+
     from bksim.perf import consume as perf_consume, produce as perf_produce
 
     for name, text in (("produce", "publish MESSAGE_SIZE-byte messages through bksim.client (batching on) to a topic "
@@ -354,6 +366,29 @@ def _topic_perf(args, name: str) -> int:
                                            f"<= {args.group}, max pending {args.max_pending}; {what}")
 
 
+def cmd_audit(args) -> int:
+    from bksim.model.errors import ConfigError
+    from bksim.perf import audit as perf_audit
+
+    try:
+        size = perf_audit.parse_size(args.size)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if args.record_bytes <= 0:
+        raise ConfigError("--entry-size must be > 0")
+
+    def measure(workdir: str, idle: Callable[[str], float]):
+        log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
+        results, _ = perf_audit.measure(workdir, size, args.record_bytes, args.master, idle, log=log)
+        bare, local, spark = results
+        ratios = [ratio(spark, bare, perf_audit.TARGET_SPARK), ratio(local, bare, perf_audit.TARGET_LOCAL)]
+        return results, ratios, perf_audit.targets(results)
+
+    return _run("audit", args, measure,
+                shape=f"{args.size} of journals ({args.record_bytes} B entries, 3 bookies, E=3 Qw=2 Qa=2): a bare parse "
+                      f"vs bksim audit --local (job time) vs --master {args.master} (after the session is up)")
+
+
 # ---------------------------------------------------------------------------------------------- shared
 def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple], shape: str | None = None) -> int:
     """Make the temp dir, print the header, measure, print the report; clean up whatever happens.
@@ -433,8 +468,8 @@ def _check_shape(args) -> None:
 def _check_bounds(args) -> None:
     from bksim.model.errors import ConfigError
 
-    if args.func in (cmd_recovery, cmd_cursor_holes):
-        pass  # bounded by --entries
+    if args.func in (cmd_recovery, cmd_cursor_holes, cmd_audit):
+        pass  # bounded by --entries (audit: by --size)
     elif args.seconds <= 0 and args.records <= 0:
         raise ConfigError("give a bound: --seconds > 0 and/or --records > 0")
     if args.record_bytes <= 0 or args.group <= 0:
