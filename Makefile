@@ -85,6 +85,24 @@ perf: deps  ## every benchmark with its same-run ratio (prints figures; not a pa
 	$(BKSIM) perf ledger-write --both --entry-size 1024 --batch 100 --duration $(PERF_SECONDS) --repeat $(PERF_REPEAT)
 	$(BKSIM) perf recovery --entries 10000 --entry-size 1024
 	$(BKSIM) perf cursor-holes --entries 10000000
+	$(BKSIM) perf audit --size $(AUDIT_SIZE)
+
+# `make perf-audit` (AUDIT_SIZE=1GB): the journal audit alone: Spark local[2] and --local against a bare parse.
+AUDIT_SIZE ?= 1GB
+.PHONY: perf-audit
+perf-audit: deps
+	$(BKSIM) perf audit --size $(AUDIT_SIZE)
+
+# ---- journal audit (see the README section "Audit") --------------------------------------------------------
+# `make audit`: the local cluster of `make up` (every bookie's journals and entry logs under $(RUN_DIR)) against
+# a metadata snapshot taken now; report in $(AUDIT_OUT). AUDIT_ARGS passes more flags (AUDIT_ARGS=--local).
+AUDIT_OUT ?= $(RUN_DIR)/audit
+AUDIT_ARGS ?=
+.PHONY: audit
+audit: deps
+	$(BKSIM) metadata export --out $(AUDIT_OUT)/snapshot.json
+	$(BKSIM) audit --journals $(wildcard $(RUN_DIR)/bookie-*) --entrylogs $(wildcard $(RUN_DIR)/bookie-*) \
+	  --metadata $(AUDIT_OUT)/snapshot.json --out $(AUDIT_OUT) $(AUDIT_ARGS)
 
 # ---- deterministic simulation (see the README section "Deterministic simulation") -----------------------
 # `make sim SEED=N` runs one seed of the ledger world (prints its plan, PASS or the violated invariant with the
