@@ -157,6 +157,7 @@ def load_snapshot(doc: object, source: str = "metadata snapshot") -> Snapshot:
                               f"{SNAPSHOT_VERSION}")
     ledgers: dict[int, LedgerView] = {}
     problems: list[str] = []
+    seen: set[int] = set()
     raw = doc.get("ledgers")
     if not isinstance(raw, list):
         raise AuditInputError(f"{source}: \"ledgers\" is not a list")
@@ -164,8 +165,9 @@ def load_snapshot(doc: object, source: str = "metadata snapshot") -> Snapshot:
         if not isinstance(entry, dict) or not isinstance(entry.get("ledger_id"), int):
             raise AuditInputError(f"{source}: ledger entry {str(entry)[:80]} has no integer ledger_id")
         ledger_id = entry["ledger_id"]
-        if ledger_id in ledgers:
+        if ledger_id in seen:
             raise AuditInputError(f"{source}: ledger {ledger_id} appears twice")
+        seen.add(ledger_id)
         if "metadata" not in entry:
             problems.append(f"ledger {ledger_id}: {entry.get('error', 'no metadata')}")
             continue
