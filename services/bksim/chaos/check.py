@@ -36,6 +36,7 @@ RECOVER_DEADLINE_S = 60.0
 RECOVER_ATTEMPTS = 4  # rounds over the brokers to bring one ledger to CLOSED
 TOPIC_READ_TIMEOUT_S = 90.0  # one reader's whole pass over the topic
 RECEIVE_IDLE_MS = 1500  # once every receipted message was seen: stop after this long without a message
+MISSING_IDLE_S = 10.0  # some receipted message not seen yet: give up after this long without any message
 
 
 class Findings(list):
@@ -128,7 +129,8 @@ async def check_ledgers(records: list[LedgerRecord], brokers: list[str]) -> dict
     return counts
 
 
-def _read_topic(client: Client, subscription: str, wanted: set[int], count_max: int) -> tuple[dict, str]:
+def _read_topic(client: Client, subscription: str, wanted: set[int], count_max: int,
+                missing_idle_s: float) -> tuple[dict, str]:
     """position -> payload as one Exclusive subscription from the earliest message sees the topic."""
     consumer = client.subscribe(TOPIC, subscription, SubscriptionType.Exclusive,
                                 initial_position=InitialPosition.Earliest)
@@ -136,6 +138,7 @@ def _read_topic(client: Client, subscription: str, wanted: set[int], count_max: 
     seen: set[int] = set()
     deadline = time.monotonic() + TOPIC_READ_TIMEOUT_S
     note = ""
+    last_message = time.monotonic()
     try:
         while len(positions) < count_max:
             if time.monotonic() >= deadline:
@@ -143,14 +146,15 @@ def _read_topic(client: Client, subscription: str, wanted: set[int], count_max: 
                 break
             done = wanted <= seen
             try:
-                m = consumer.receive(RECEIVE_IDLE_MS if done else 5_000)
+                m = consumer.receive(RECEIVE_IDLE_MS if done else 1_000)
             except ClientError as e:
                 if e.status == "TIMEOUT":
-                    if done:
-                        break
+                    if done or time.monotonic() - last_message >= missing_idle_s:
+                        break  # all seen and drained; or nothing more is coming (the rest is lost)
                     continue
                 note = f"{subscription}: {e.status}: {e}"
                 break
+            last_message = time.monotonic()
             mid = m.message_id()
             positions[(mid.ledger, mid.entry, mid.batch_index)] = m.data()
             seq = parse_topic_payload(m.data())
@@ -166,7 +170,7 @@ def _read_topic(client: Client, subscription: str, wanted: set[int], count_max: 
 
 
 def check_topic(brokers: list[str], receipts: dict[int, tuple[int, int, int]], duplicate_receipts: set[int],
-                sent: int, reader_suffix: str = "") -> dict:
+                sent: int, reader_suffix: str = "", missing_idle_s: float = MISSING_IDLE_S) -> dict:
     counts = {"acknowledged": len(receipts) + len(duplicate_receipts), "sent": sent, "lost": 0, "duplicates": 0,
               "reordered": 0, "divergent": 0, "read_errors": 0, "unconfirmed_present": 0}
     findings = Findings()
@@ -174,7 +178,7 @@ def check_topic(brokers: list[str], receipts: dict[int, tuple[int, int, int]], d
     with Client(brokers, operation_timeout_ms=30_000) as client:
         reads = []
         for name in ("reader-a", "reader-b"):
-            positions, note = _read_topic(client, name + reader_suffix, wanted, 3 * sent + 100)
+            positions, note = _read_topic(client, name + reader_suffix, wanted, 3 * sent + 100, missing_idle_s)
             if note:
                 counts["read_errors"] += 1
                 findings.add(note)

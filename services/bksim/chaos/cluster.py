@@ -73,7 +73,9 @@ class Node:
         return BOOKIE_MARKER if self.kind == "bookie" else BROKER_MARKER
 
     def alive(self) -> bool:
-        return processes.is_alive(self.pid, self.marker)
+        # our own child (not reaped until we wait for it, so the pid cannot be reused): no command-line check,
+        # which would fail between fork and exec, when the child still shows this process's command line
+        return processes.is_alive(self.pid)
 
 
 @dataclass
@@ -159,7 +161,7 @@ class ChaosCluster:
             if node.paused:
                 self.resume(node)
         for node in self.brokers + self.bookies:
-            if node.pid is not None and not processes.stop(node.pid, STOP_GRACE_S, node.marker):
+            if node.pid is not None and not processes.stop(node.pid, STOP_GRACE_S):
                 self.log(f"# {node.name} (pid {node.pid}) did not stop")
             node.pid = None
         self.stop_zookeeper_only()
@@ -190,7 +192,7 @@ class ChaosCluster:
     def kill9(self, node: Node) -> None:
         if node.paused:  # a stopped process dies of SIGKILL too; it just is no longer paused
             node.paused = False
-        if not processes.kill9(node.pid, 10.0, node.marker):
+        if not processes.kill9(node.pid, 10.0):
             raise ClusterError(f"{node.name} (pid {node.pid}) survived SIGKILL for 10 s")
         node.pid = None  # down on purpose: check_processes() does not report it
 

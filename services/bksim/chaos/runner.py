@@ -271,7 +271,7 @@ class _Run:
             report["topic"] = topic_counts
             # the audit reads quiescent journals: stop brokers and bookies (SIGTERM), keep ZooKeeper for metadata
             for node in cluster.brokers + cluster.bookies:
-                processes.stop(node.pid, 15.0, node.marker)
+                processes.stop(node.pid, 15.0)
                 node.pid = None
             report["audit"] = run_audit(cluster, os.path.join(self.run_dir, "audit"))
         report["timeline"] = self.recorder.events
