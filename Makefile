@@ -134,3 +134,14 @@ compose-tools:
 COMPOSE_CHECK_ARGS ?= --audit
 compose-check: deps compose-tools
 	$(BKSIM) compose check $(COMPOSE_CHECK_ARGS)
+
+# ---- chaos (see the README section "Chaos") -------------------------------------------------------------
+# `make chaos` runs a campaign: CHAOS_RUNS runs of random scenarios and seeds, each on a fresh cluster under
+# .run/chaos/, with a progress line and a summary table (also written to .run/chaos/campaign-<time>.md).
+# CHAOS_ARGS passes more flags (e.g. CHAOS_ARGS='--scenarios broker-kill,bookie-kill --seed 7').
+CHAOS_RUNS ?= 20
+CHAOS_DURATION ?= 15
+CHAOS_ARGS ?=
+.PHONY: chaos
+chaos: deps
+	$(BKSIM) chaos campaign --runs $(CHAOS_RUNS) --duration $(CHAOS_DURATION) $(CHAOS_ARGS)
