@@ -59,6 +59,7 @@ class Node:
     paused: bool = False
     home: str = ""
     incarnations: int = 0
+    torn_pending: bool = False  # its journal tail was torn while it was down: replay must report it
 
     @property
     def node_id(self) -> str:

@@ -41,6 +41,9 @@ from bksim.chaos import check
 from bksim.chaos.cluster import ChaosCluster, ClusterSpec, Node
 from bksim.chaos.scenarios import SCENARIOS, Step, plan as make_plan
 from bksim.chaos.workload import TOPIC, LedgerWriter, Recorder, TopicWorkload, run_writers
+from bksim.formats.journal import encode_file_header, parse_journal_file_name, scan_records
+
+FILE_HEADER_BYTES = len(encode_file_header("00000000-0000-0000-0000-000000000000"))
 
 # Options of every bookie and broker of a chaos cluster (short timeouts so faults show within seconds).
 CHILD_ENV = {
@@ -86,6 +89,7 @@ class _Run:
         self.victims: list[Node] = []
         self.faults: list[dict] = []  # {"step", "t", "victims", "healed_t", "heal_s"}
         self.problems: list[str] = []  # things that went wrong in the run itself
+        self.log_marks: dict[str, int] = {}  # node name -> its log's size when its journal was torn
 
     # -- targets ------------------------------------------------------------------------------------------
     def _owner(self) -> Node:
@@ -125,6 +129,16 @@ class _Run:
                 pid = v.pid
                 cluster.kill9(v)
                 rec.event("fault", f"kill -9 {v.name} (pid {pid})")
+        elif step.action == "kill9-tear":
+            for v in victims:
+                pid = v.pid
+                cluster.kill9(v)
+                rec.event("fault", f"kill -9 {v.name} (pid {pid})")
+                what = tear_journal(os.path.join(v.home, "journal"), self.rng)
+                rec.event("fault", f"{v.name}: {what}")
+                if what.startswith("tore "):
+                    v.torn_pending = True
+                    self.log_marks[v.name] = os.path.getsize(v.log_path)
         elif step.action == "pause":
             for v in victims:
                 cluster.pause(v)
@@ -136,6 +150,15 @@ class _Run:
             for v in victims:
                 waited = cluster.wait_registered(v)
                 rec.event("recovered", f"{v.name} registered again", seconds=round(waited, 3))
+                if v.torn_pending:
+                    v.torn_pending = False
+                    with open(v.log_path, "rb") as f:
+                        f.seek(self.log_marks.get(v.name, 0))
+                        replay_log = f.read().decode(errors="replace")
+                    if "torn" in replay_log:
+                        rec.event("recovered", f"{v.name}: journal replay truncated the torn tail")
+                    else:
+                        self.problems.append(f"{v.name}: no torn tail reported by journal replay after the tear")
         elif step.action == "resume":
             for v in victims:
                 cluster.resume(v)
@@ -285,6 +308,25 @@ class _Run:
         return report
 
 
+def tear_journal(journal_dir: str, rng: random.Random) -> str:
+    """Append a prefix of a copy of the newest journal's last record (a group write cut short by the crash)."""
+    names = sorted(n for n in os.listdir(journal_dir) if parse_journal_file_name(n) is not None) \
+        if os.path.isdir(journal_dir) else []
+    if not names:
+        return f"no journal file in {journal_dir} to tear"
+    path = os.path.join(journal_dir, names[-1])
+    with open(path, "rb") as f:
+        data = f.read()
+    scan = scan_records(data, FILE_HEADER_BYTES, newest=True)
+    if not scan.records:
+        return f"{path}: no record to copy (left as it is)"
+    last = scan.records[-1]
+    cut = rng.randint(1, last.end - last.offset - 1)
+    with open(path, "ab") as f:
+        f.write(data[last.offset:last.offset + cut])
+    return f"tore {names[-1]}: appended {cut} of a {last.end - last.offset}-byte record at offset {len(data)}"
+
+
 def _count(items) -> dict:
     out: dict = {}
     for i in items:
@@ -376,7 +418,7 @@ def violations(report: dict) -> list[str]:
     audit = report.get("audit", {})
     if audit.get("verdict") != "clean":
         out.append(f"audit: {audit.get('verdict')} (exit {audit.get('exit_status')})")
-    out.extend(p for p in report.get("problems", []) if p.startswith("unexpected exit"))
+    out.extend(p for p in report.get("problems", []) if p.startswith("unexpected exit") or "torn tail" in p)
     return out
 
 

@@ -20,6 +20,10 @@ Scenarios:
 - zookeeper-restart: stop ZooKeeper (SIGTERM), keep it down 1-3 s, start it on the same data; twice.
 - broker-zk-partition: cut the topic owner's connection to ZooKeeper for 4-6 s while it runs (its session
   expires), then reconnect it.
+- journal-torn-tail: kill -9 a bookie and append to its newest journal a prefix of a copy of its last record
+  (the next group's write, torn by the crash: never acknowledged, so nothing acknowledged is removed), restart
+  it (replay must truncate the torn tail and say so); twice. A truncation *into* synced records would remove
+  acknowledged replicas: that is injected data loss, which the audit reports, so it is not done here.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from dataclasses import asdict, dataclass
 @dataclass(frozen=True)
 class Step:
     at: float  # seconds after the workload started (not before)
-    action: str  # kill9 | restart | pause | resume | zk-stop-start | zk-cut | zk-heal
+    action: str  # kill9 | kill9-tear | restart | pause | resume | zk-stop-start | zk-cut | zk-heal
     target: str  # random-bookie | two-bookies | topic-owner | same | zookeeper
     fault: bool  # True: injects a fault; False: heals one
     down_s: float = 0.0  # zk-stop-start: how long ZooKeeper stays down
@@ -92,6 +96,15 @@ def _broker_zk_partition(rng: random.Random, d: float) -> list[Step]:
     return [Step(t1, "zk-cut", "topic-owner", True), Step(t2, "zk-heal", "same", False)]
 
 
+def _journal_torn_tail(rng: random.Random, d: float) -> list[Step]:
+    t1 = d * rng.uniform(0.15, 0.25)
+    t2 = t1 + rng.uniform(1.0, 2.0)
+    t3 = max(t2 + 1.0, d * rng.uniform(0.5, 0.6))
+    t4 = t3 + rng.uniform(1.0, 2.0)
+    return [Step(t1, "kill9-tear", "random-bookie", True), Step(t2, "restart", "same", False),
+            Step(t3, "kill9-tear", "random-bookie", True), Step(t4, "restart", "same", False)]
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("bookie-kill", "kill -9 a bookie and restart it; then Qw-Qa+1 = 2 bookies at once, restart both",
              _bookie_kill),
@@ -105,6 +118,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              _zookeeper_restart),
     Scenario("broker-zk-partition", "cut the topic owner off from ZooKeeper for 4-6 s (TCP proxy) while it runs: "
              "its session expires, the other broker takes over", _broker_zk_partition),
+    Scenario("journal-torn-tail", "kill -9 a bookie, tear its journal's tail (a partial copy of the last record "
+             "appended, as a group write cut short), restart: replay must truncate it and serve everything; twice",
+             _journal_torn_tail),
 )}
 
 
