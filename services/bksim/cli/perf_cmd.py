@@ -379,7 +379,7 @@ def cmd_audit(args) -> int:
 
     def measure(workdir: str, idle: Callable[[str], float]):
         log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
-        results, _ = perf_audit.measure(workdir, size, args.record_bytes, args.master, idle, log=log)
+        results, _ = perf_audit.measure(workdir, size, args.record_bytes, args.master, idle, log=log, keep=args.keep)
         bare, local, spark = results
         ratios = [ratio(spark, bare, perf_audit.TARGET_SPARK), ratio(local, bare, perf_audit.TARGET_LOCAL)]
         return results, ratios, perf_audit.targets(results)

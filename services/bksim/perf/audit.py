@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import uuid
 
@@ -188,8 +190,19 @@ def _result(name: str, facts: dict, seconds: float, idle: float, extra: dict) ->
                        {"bytes": facts["bytes"], "mb_per_s_exact": facts["bytes"] / seconds / 1e6, **extra})
 
 
-def measure(workdir: str, size_bytes: int, payload_bytes: int, master: str, idle, log=print) -> tuple[list[Result], dict]:
-    """Generate, then bare parse, --local and Spark on the same files. Returns the results and the facts."""
+def measure(workdir: str, size_bytes: int, payload_bytes: int, master: str, idle, log=print,
+            keep: bool = False) -> tuple[list[Result], dict]:
+    """Generate, then bare parse, --local and Spark on the same files. Returns the results and the facts. Each
+    call works in a fresh directory under `workdir`, removed at the end unless `keep`."""
+    run_dir = tempfile.mkdtemp(prefix="run-", dir=workdir)
+    try:
+        return _measure(run_dir, size_bytes, payload_bytes, master, idle, log)
+    finally:
+        if not keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _measure(workdir: str, size_bytes: int, payload_bytes: int, master: str, idle, log) -> tuple[list[Result], dict]:
     started = time.perf_counter()
     facts = generate(os.path.join(workdir, "journals"), size_bytes, payload_bytes)
     log(f"# generated {facts['bytes'] / 1e6:,.1f} MB: {facts['records']:,} records in {len(facts['files'])} journals "
