@@ -32,7 +32,7 @@ from bksim.perf.produce import (OPERATION_TIMEOUT_MS, SEND_TIMEOUT_MS, drive_pro
 from bksim.perf.stats import LatencyRecorder, Result, make_result
 
 RECEIVER_QUEUE_DEFAULT = 10_000
-E2E_RATE_DEFAULT = 20_000.0   # msgs/s offered in the end-to-end measurement
+E2E_RATE_DEFAULT = 10_000.0   # msgs/s offered in the end-to-end measurement
 E2E_SECONDS_MAX = 10.0        # the end-to-end measurement lasts min(seconds, this) (or its records)
 RECEIVE_TIMEOUT_MS = 30_000   # a receive() waiting longer than this breaks the run
 PACE_MIN_S, PACE_MAX_S = 0.001, 0.005  # the e2e producer's sleeps (not one wake-up per message)
