@@ -207,3 +207,23 @@ def test_bad_input_is_refused_clearly(client, ns):
     assert e.value.status == "MESSAGE_TOO_LARGE" and e.value.from_broker
     assert producer.send(b"small").entry >= 0  # the producer goes on
     assert consumer.receive(RECEIVE_MS).data() == b"small"
+
+
+def test_too_many_pending_is_refused_and_nothing_accepted_is_lost(client, ns):
+    topic = f"persistent://{ns}/pending"
+    client.create_topic(topic)
+    consumer = client.subscribe(topic, "s", initial_position=InitialPosition.Earliest)
+    producer = client.create_producer(topic, max_pending_messages=5, batching_max_publish_delay_ms=50)
+    accepted, refused = [], []
+    for i in range(200):  # far faster than receipts come back: the bound is reached
+        try:
+            producer.send_async(str(i).encode(), None)
+            accepted.append(str(i).encode())
+        except ClientError as e:
+            refused.append(e)
+    producer.flush()
+    assert refused and all(e.status == "TOO_MANY_REQUESTS" and "max_pending_messages=5" in e.message
+                           for e in refused)
+    assert [m.data() for m in _drain(consumer, len(accepted))] == accepted
+    with pytest.raises(ClientError):
+        consumer.receive(300)
