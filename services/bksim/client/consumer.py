@@ -200,17 +200,19 @@ class Consumer:
         if flow is not None:
             part.send_flow(flow, part.epoch)
 
-    def _purge(self, part: "_PartitionConsumer") -> int:  # loop thread, under no lock
+    def _purge(self, part: "_PartitionConsumer") -> int:  # loop thread
         """Drop the messages of `part` not yet received by the application (a new stream or a seek will send
-        them again); their tracker entries go too. Returns how many."""
+        them again); their tracker entries go too. Returns the permits to grant again on the same stream: the
+        dropped messages plus those received since the last Flow."""
         with self._lock:
             keep = collections.deque(m for m in self._queue if m._owner is not part)
             dropped = [m for m in self._queue if m._owner is part]
             self._queue = keep
             for m in dropped:
                 self._unacked.pop(m._id, None)
+            permits = len(dropped) + part.refill
             part.refill = 0
-        return len(dropped)
+        return permits
 
     # -- acknowledgements --------------------------------------------------------------------------------------
     def _id_of(self, message: Message | MessageId) -> MessageId:
@@ -607,8 +609,8 @@ class _PartitionConsumer:
                     self._answer(response.ack_result.request_id, response.ack_result)
                 elif kind == "seek_result":
                     if not response.seek_result.HasField("error"):
-                        dropped = self.consumer._purge(self)  # what came before the seek is stale
-                        self.send_flow(dropped, self.epoch)
+                        permits = self.consumer._purge(self)  # what came before the seek is stale
+                        self.send_flow(permits, self.epoch)
                     self._answer(response.seek_result.request_id, response.seek_result)
                 elif kind == "active_change":
                     self.active = response.active_change.active

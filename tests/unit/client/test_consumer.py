@@ -198,3 +198,18 @@ def test_end_to_end_with_the_producer(fake, client):
         got.append(m.data())
         consumer.acknowledge(m)
     assert got == [str(i).encode() for i in range(50)]
+
+
+def test_seek_grants_again_the_dropped_and_the_received_permits(fake, client):
+    fake.add_topic(TOPIC)
+    for i in range(20):
+        fake.publish(TOPIC, [Stored(str(i).encode())])
+    consumer = _sub(client, receiver_queue_size=10)
+    got = [consumer.receive(2000).data() for _ in range(3)]  # 3 received: below the refill threshold (5)
+    wait_until(lambda: consumer.queued() == 7, 5, message="the rest of the permits queued")
+    consumer.seek(MessageId(LEDGER, 0, -1, -1))
+    # 7 dropped + 3 received: the whole queue granted again (sent before the seek returned; the fake records it
+    # when it reads it)
+    wait_until(lambda: fake.flows == [10, 10], 5, message=f"Flow(10) after the seek, flows {fake.flows}")
+    got = [consumer.receive(2000).data() for _ in range(20)]
+    assert got == [str(i).encode() for i in range(20)]
