@@ -114,3 +114,14 @@ def test_campaign_table_sums_per_scenario():
     assert "| broker-kill | 2 | 1,500 | 3 | 1 | 0 | 0 | clean 2 | 3.00 | 1 |" in table
     assert "| bookie-kill | 1 | 10 | 0 | 0 | 0 | 0 | clean 1 | - | 0 |" in table
     assert table[-1].startswith("| **all** | 3 | 1,510 | 3 |")
+
+
+def test_a_stream_that_never_acknowledges_again_is_not_recovered():
+    ledger = [i * 0.1 for i in range(100)]
+    topic = [i * 0.1 for i in range(40)]  # nothing after 3.9 s; the workload ran until 10 s
+    faults = [{"t": 4.0, "action": "kill9", "victims": "bookie-2, bookie-3"}]
+    out = runner.recovery_times(_recorder(ledger, topic), faults, tail_from=7.0, end_t=10.0)
+    (f,) = out["per_fault"]
+    assert f["not_recovered"] == ["topic"] and f["topic_s"] == pytest.approx(6.0)
+    assert f["ledger_s"] == 0.0
+    assert out["tail_acks"]["topic"] == 0

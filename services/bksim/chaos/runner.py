@@ -300,7 +300,8 @@ class _Run:
         report["timeline"] = self.recorder.events
         report["faults"] = self.faults
         report["throughput"] = throughput(self.recorder, self.faults)
-        report["recovery"] = recovery_times(self.recorder, self.faults, report.get("tail", {}).get("from_s"))
+        report["recovery"] = recovery_times(self.recorder, self.faults, report.get("tail", {}).get("from_s"),
+                                            report.get("tail", {}).get("to_s"))
         report["problems"] = self.problems
         report["violations"] = violations(report)
         report["verdict"] = "PASS" if not report["violations"] else "FAIL"
@@ -381,18 +382,28 @@ def _gaps(times: list[float]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in zip(times, times[1:]) if b - a >= GAP_S]
 
 
-def recovery_times(rec: Recorder, faults: list[dict], tail_from: float | None) -> dict:
+def recovery_times(rec: Recorder, faults: list[dict], tail_from: float | None, end_t: float | None = None) -> dict:
     """Per fault: from its injection to the end of the last acknowledgement gap (>= GAP_S) that began before
-    the next fault, per stream (0 when acks never paused). Also: acknowledgements during the final tail."""
+    the next fault, per stream (0 when acks never paused). A stream whose acknowledgements never came back
+    before `end_t` (the end of the workload) gets end_t - fault time and is listed in `not_recovered`.
+    Also: acknowledgements during the final tail."""
     per_fault = []
     for i, f in enumerate(faults):
         start = f["t"]
         # a gap that begins within GAP_S before the next fault belongs to that fault
         limit = faults[i + 1]["t"] - GAP_S if i + 1 < len(faults) else float("inf")
-        entry = {"t": start, "action": f["action"], "victims": f["victims"]}
+        entry = {"t": start, "action": f["action"], "victims": f["victims"], "not_recovered": []}
         for stream, times in rec.acks.items():
-            ends = [b for a, b in _gaps(sorted(times)) if start - GAP_S <= a < limit and b > start]
+            ordered = sorted(times)
+            if end_t is not None and (not ordered or end_t - ordered[-1] >= GAP_S):
+                ordered.append(end_t)  # a gap still open at the end of the workload
+                open_gap = True
+            else:
+                open_gap = False
+            ends = [b for a, b in _gaps(ordered) if start - GAP_S <= a < limit and b > start]
             entry[f"{stream}_s"] = round(max(ends) - start, 3) if ends else 0.0
+            if open_gap and ends and max(ends) == end_t:
+                entry["not_recovered"].append(stream)
         entry["recovery_s"] = max(entry["ledger_s"], entry["topic_s"])
         per_fault.append(entry)
     tail_acks = {s: sum(1 for t in times if tail_from is not None and t >= tail_from) for s, times in rec.acks.items()}
@@ -436,7 +447,8 @@ def render_text(report: dict) -> str:
     lines.append("recovery (fault -> acknowledgements flowing again):")
     for f in report.get("recovery", {}).get("per_fault", []):
         lines.append(f"  {f['t']:7.2f}s {f['action']:<14} {f['victims']:<20} ledger {f['ledger_s']:.2f} s  "
-                     f"topic {f['topic_s']:.2f} s")
+                     f"topic {f['topic_s']:.2f} s"
+                     + (f"  (not recovered: {', '.join(f['not_recovered'])})" if f.get("not_recovered") else ""))
     led, top = report.get("ledgers", {}), report.get("topic", {})
     lines.append(f"ledgers: {led.get('ledgers')} ledgers, {led.get('acknowledged')} entries acknowledged; lost "
                  f"{led.get('lost')}, reordered {led.get('reordered')}, divergent {led.get('divergent')}, "
