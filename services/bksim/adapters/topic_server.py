@@ -28,6 +28,7 @@ from bksim.gen import topic_pb2, topic_pb2_grpc
 
 SERVICE_NAME = topic_pb2.DESCRIPTOR.services_by_name["Topics"].full_name
 STATUS_KEY = "bksim-status"
+OWNER_KEY = "bksim-owner"  # with NOT_OWNER: the owner's address (host:port), when known
 TOPIC_GRPC_CODE_NAME = {
     "BAD_REQUEST": "INVALID_ARGUMENT", "MESSAGE_TOO_LARGE": "INVALID_ARGUMENT", "INVALID_ACK": "INVALID_ARGUMENT",
     "TENANT_NOT_FOUND": "NOT_FOUND", "NAMESPACE_NOT_FOUND": "NOT_FOUND", "TOPIC_NOT_FOUND": "NOT_FOUND",
@@ -48,7 +49,8 @@ def _error_message(e: TopicError) -> topic_pb2.Error:
 
 
 async def _abort(context, e: TopicError):
-    context.set_trailing_metadata(((STATUS_KEY, e.status),))
+    trailer = ((STATUS_KEY, e.status),) + (((OWNER_KEY, e.owner_address),) if e.owner_address else ())
+    context.set_trailing_metadata(trailer)
     await context.abort(getattr(grpc.StatusCode, TOPIC_GRPC_CODE_NAME.get(e.status, "UNKNOWN")), e.message)
 
 

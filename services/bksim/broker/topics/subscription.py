@@ -187,17 +187,16 @@ class Subscription:
             chosen = ordered[0]
         previous = self._active
         self._active = chosen
-        if previous is not chosen:
-            if previous is not None and previous in self.consumers:
-                # the old active consumer's unacknowledged messages go to the new one, after a delay so its
-                # in-flight acks can land first
-                self._return_pending(previous, list(previous.pending))
-                self._switch_not_before = self._clock.monotonic_ms() + self.config.failover_switch_delay_ms
-            for c in self.consumers:
-                active = c is chosen
-                if c.active is not active:
-                    c.active = active
-                    c.sink.active_changed(active)
+        if previous is not chosen and previous is not None and previous in self.consumers:
+            # the old active consumer's unacknowledged messages go to the new one, after a delay so its
+            # in-flight acks can land first
+            self._return_pending(previous, list(previous.pending))
+            self._switch_not_before = self._clock.monotonic_ms() + self.config.failover_switch_delay_ms
+        for c in self.consumers:  # every consumer learns whether it is active (a joining one too)
+            active = c is chosen
+            if c.active is not active:
+                c.active = active
+                c.sink.active_changed(active)
 
     def flow(self, consumer: Consumer, permits: int) -> None:
         if permits <= 0 or permits > 1_000_000:

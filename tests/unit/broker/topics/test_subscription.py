@@ -171,3 +171,14 @@ def test_ack_of_an_unknown_message_is_invalid_and_nothing_changes():
         assert sub.cursor.backlog() == 3
         await sub.close()
     run(main())
+
+
+def test_failover_tells_a_joining_inactive_consumer_that_it_is_inactive():
+    async def main():
+        ml, sub = await setup("Failover", 0)
+        x, y = Sink(), Sink()
+        sub.add_consumer("a-first", 0, x, "Failover")
+        sub.add_consumer("b-second", 0, y, "Failover")
+        assert x.active == [True] and y.active == [False]
+        await sub.close()
+    run(main())
