@@ -377,12 +377,16 @@ def cmd_audit(args) -> int:
     if args.record_bytes <= 0:
         raise ConfigError("--entry-size must be > 0")
 
+    repeat, args.repeat = args.repeat, 1  # the runs repeat inside one measurement: two kinds of ratio per run
+
     def measure(workdir: str, idle: Callable[[str], float]):
         log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
-        results, _ = perf_audit.measure(workdir, size, args.record_bytes, args.master, idle, log=log, keep=args.keep)
-        bare, local, spark = results
-        ratios = [ratio(spark, bare, perf_audit.TARGET_SPARK), ratio(local, bare, perf_audit.TARGET_LOCAL)]
-        return results, ratios, perf_audit.targets(results)
+        results = []
+        for _ in range(repeat):
+            results += perf_audit.measure(workdir, size, args.record_bytes, args.master, idle, log=log,
+                                          keep=args.keep)[0]
+        ratios = perf_audit.ratios(results)
+        return results, ratios, perf_audit.targets(ratios)
 
     return _run("audit", args, measure,
                 shape=f"{args.size} of journals ({args.record_bytes} B entries, 3 bookies, E=3 Qw=2 Qa=2): a bare parse "
