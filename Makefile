@@ -85,6 +85,9 @@ perf: deps  ## every benchmark with its same-run ratio (prints figures; not a pa
 	$(BKSIM) perf ledger-write --both --entry-size 1024 --batch 100 --duration $(PERF_SECONDS) --repeat $(PERF_REPEAT)
 	$(BKSIM) perf recovery --entries 10000 --entry-size 1024
 	$(BKSIM) perf cursor-holes --entries 10000000
+	$(BKSIM) perf produce --repeat $(PERF_REPEAT)
+	$(BKSIM) perf consume --repeat $(PERF_REPEAT)
+	$(BKSIM) perf failover --session-timeout-ms 4000
 	$(BKSIM) perf audit --size $(AUDIT_SIZE)
 
 # `make perf-audit` (AUDIT_SIZE=1GB): the journal audit alone: Spark local[2] and --local against a bare parse.

@@ -107,6 +107,17 @@ def register(subparsers) -> None:
     _run_options(p)
     p.set_defaults(func=cmd_cursor_holes, seconds=0.0, records=0, record_bytes=1, group=1)
 
+    p = sub.add_parser("failover", help="the producer's gap when the broker owning its topic is killed -9 (real "
+                       "ZooKeeper, bookies and two brokers; every receipted message consumed back)")
+    p.add_argument("--session-timeout-ms", type=int, default=4_000,
+                   help="the brokers' ZooKeeper session timeout (bounds the takeover from below; default 4000)")
+    p.add_argument("--rate", type=int, default=2_000, help="messages/s the producer offers (default 2000)")
+    p.add_argument("--message-size", type=int, default=100, help="payload bytes (default 100)")
+    p.add_argument("--bookies", type=int, default=3, help="bookie processes (default 3)")
+    p.add_argument("--config", default=None, help="bksim configuration file (default: the usual lookup)")
+    p.add_argument("--dir", default=tempfile.gettempdir(), help="where the run's cluster lives (removed after)")
+    p.set_defaults(func=cmd_failover)
+
     from bksim.perf import audit as perf_audit
 
     p = sub.add_parser("audit", help="bksim audit on generated journals: Spark (after the session is up) and --local "
@@ -323,6 +334,26 @@ def cmd_cursor_holes(args) -> int:
     return _run("cursor-holes", args, measure,
                 shape=f"{args.entries:,} entries in ledgers of {args.ledger_entries:,}, {args.pattern} acks, "
                       f"{args.bookies} bookies; times: persist = one forced snapshot, recover = ManagedCursor.open")
+
+
+def cmd_failover(args) -> int:
+    from bksim.cli import config as cfgload
+    from bksim.model.errors import ConfigError
+    from bksim.perf import failover
+
+    if args.session_timeout_ms < 4_000 or args.rate < 1 or args.message_size < 8 or args.bookies < 2:
+        raise ConfigError("need --session-timeout-ms >= 4000 (2 ZooKeeper ticks), --rate >= 1, --message-size >= 8 "
+                          "and --bookies >= 2")
+    config = cfgload.load(args.config)
+    os.makedirs(args.dir, exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix="failover-", dir=args.dir)
+    try:
+        result = failover.measure(workdir, config, bookies=args.bookies, session_timeout_ms=args.session_timeout_ms,
+                                  rate=args.rate, message_bytes=args.message_size, config_path=args.config)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(result)
+    return 0 if result.lost == 0 and result.stored_twice == 0 else 1
 
 
 def cmd_produce(args) -> int:
