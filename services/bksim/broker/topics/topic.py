@@ -294,6 +294,7 @@ class Topic:
         last_trim = self._clock.monotonic_ms()
         while self.fenced is None:
             await self._clock.sleep_ms(interval)
+            self._sample_rates()
             try:
                 self.ml.check_rollover()
                 if self._clock.monotonic_ms() - last_trim >= self.config.trim_interval_ms:
@@ -321,6 +322,18 @@ class Topic:
         return await self.ml.trim(slowest, retention_ms=self.policies.retention_ms,
                                   retention_bytes=self.policies.retention_bytes)
 
+    def _sample_rates(self) -> None:
+        """Rates over the last maintenance interval (about a second), as Pulsar's stats report them."""
+        now = self._clock.monotonic_ms()
+        counters = {"in": self.messages_in, "bin": self.bytes_in,
+                    **{f"out:{n}": s.messages_out for n, s in self.subscriptions.items()},
+                    **{f"bout:{n}": s.bytes_out for n, s in self.subscriptions.items()}}
+        last = getattr(self, "_rate_sample", None)
+        if last is not None and now > last[0]:
+            dt = (now - last[0]) / 1000
+            self.rates = {k: (v - last[1].get(k, 0)) / dt for k, v in counters.items()}
+        self._rate_sample = (now, counters)
+
     def _check_serving(self) -> None:
         if self.fenced is not None:
             raise self.fenced
@@ -331,9 +344,17 @@ class Topic:
 
     # ---- stats ---------------------------------------------------------------------------------------------------
     def stats(self) -> dict:
-        subs = {name: sub.stats() for name, sub in sorted(self.subscriptions.items())}
+        rates = getattr(self, "rates", {})
+        subs = {}
+        for name, sub in sorted(self.subscriptions.items()):
+            subs[name] = sub.stats() | {"msgRateOut": round(rates.get(f"out:{name}", 0.0), 1),
+                                        "msgThroughputOut": round(rates.get(f"bout:{name}", 0.0), 1)}
         return {
             "topic": str(self.name),
+            "msgRateIn": round(rates.get("in", 0.0), 1),
+            "msgThroughputIn": round(rates.get("bin", 0.0), 1),
+            "msgRateOut": round(sum(v for k, v in rates.items() if k.startswith("out:")), 1),
+            "msgThroughputOut": round(sum(v for k, v in rates.items() if k.startswith("bout:")), 1),
             "msgInCounter": self.messages_in,
             "bytesInCounter": self.bytes_in,
             "msgOutCounter": sum(s.messages_out for s in self.subscriptions.values()),

@@ -163,3 +163,23 @@ def test_session_expiry_fences_every_topic_of_the_broker():
         assert e.value.status == "TOPIC_FENCED"
         assert tb.ml.last_confirmed.entry == 0 and len(await tb.ml.read(tb.ml.first_position(), 10)) == 1
     run(main())
+
+
+def test_stats_report_rates_over_the_last_interval():
+    async def main():
+        _, [a, _] = await cluster()
+        await a.create_tenant("acme")
+        await a.create_namespace("acme/orders", Policies())
+        await a.create_topic(TOPIC, 0)
+        t = await a.acquire(TOPIC)
+        name, _ = t.add_producer("p", "br0")
+        t._maintenance.cancel()  # sample by hand, on the test's own clock steps
+        t._sample_rates()
+        for i in range(10):
+            await t.publish(name, msgs(i, 3))
+        t._clock.now_ms += 2_000  # two seconds of (virtual) time
+        t._sample_rates()
+        stats = t.stats()
+        assert stats["msgRateIn"] == 15.0 and stats["msgInCounter"] == 30
+        assert stats["msgThroughputIn"] > 0
+    run(main())
