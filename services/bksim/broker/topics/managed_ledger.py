@@ -38,6 +38,7 @@ from bksim.ports.metadata import MetadataStore
 LEDGER_PASSWORD = b"bksim-managed-ledger"  # topic ledgers are written and read only by brokers
 RECOVERY_RETRY_MS = 500
 ROLL_ATTEMPTS_MAX = 20
+RECOVERY_ATTEMPT_TIMEOUTS = 6  # one recovery attempt may take this many broker.bookie_timeout_ms
 
 
 @dataclass(slots=True)
@@ -142,7 +143,7 @@ class ManagedLedger:
         for info in self.info.ledgers:
             if not info.closed_ms:
                 try:
-                    metadata = await self._ledgers.open_ledger(info.ledger_id, password=LEDGER_PASSWORD, recover=True)
+                    metadata = await self._recover_once(info.ledger_id)
                 except LedgerError as e:
                     if e.status == "NO_SUCH_LEDGER":
                         self._log(f"topic {self.name}: ledger {info.ledger_id} is gone; dropped from the list")
@@ -332,7 +333,7 @@ class ManagedLedger:
         gives up only when the topic is fenced or closed meanwhile."""
         while True:
             try:
-                return await self._ledgers.recover_ledger(ledger_id, password=LEDGER_PASSWORD)
+                return await self._recover_once(ledger_id)
             except LedgerError as e:
                 if e.status in ("UNAUTHORIZED", "NO_SUCH_LEDGER"):
                     raise TopicError("INTERNAL", f"topic {self.name}: ledger {ledger_id} cannot be recovered: {e}")
@@ -340,6 +341,17 @@ class ManagedLedger:
             if self.state in ("Fenced", "Closed"):
                 raise TopicError("TOPIC_FENCED", f"topic {self.name}: stopped while recovering ledger {ledger_id}")
             await self._clock.sleep_ms(RECOVERY_RETRY_MS)
+
+    async def _recover_once(self, ledger_id: int) -> LedgerMetadata:
+        """One recovery attempt, bounded: an attempt that neither ends nor fails within RECOVERY_ATTEMPT_TIMEOUTS
+        bookie timeouts is abandoned (LedgerError RECOVERY_FAILED) so the caller tries again (a chaos run saw an
+        attempt hang after two bookies of the ensemble came back)."""
+        limit_s = RECOVERY_ATTEMPT_TIMEOUTS * self._broker_config.bookie_timeout_ms / 1000
+        try:
+            return await asyncio.wait_for(self._ledgers.recover_ledger(ledger_id, password=LEDGER_PASSWORD), limit_s)
+        except asyncio.TimeoutError:
+            raise LedgerError("RECOVERY_FAILED", f"recovery of ledger {ledger_id} took more than {limit_s:.0f}s; "
+                                                 f"abandoned") from None
 
     def _settle_after_close(self, info: LedgerInfo, metadata: LedgerMetadata) -> None:
         """The ledger is CLOSED at metadata.last_entry_id: pending appends at or below it are durable there
