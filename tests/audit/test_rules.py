@@ -303,3 +303,14 @@ def test_header_columns_read_what_struct_reads(n):
     unpacked = [HEADER.unpack_from(b) for b in bodies]
     assert list(ids) == [u[1] for u in unpacked] and list(lacs) == [u[2] for u in unpacked]
     assert list(lengths) == [u[3] for u in unpacked] and list(stored) == [u[4] for u in unpacked]
+
+
+def test_an_entrylogs_directory_given_on_its_own_belongs_to_the_bookie_of_the_ledger_directory_above(synth, tmp_path):
+    synth.ledger(1, 3, 2, 2, 3)
+    synth.log_entry(B1, 1, 0)
+    synth.save()
+    entrylogs = os.path.join(synth.root, synth.name(B1), "ledgers", "entrylogs")
+    report, status = audit([os.path.join(synth.root, synth.name(b), "journal") for b in synth.bookies],
+                           synth.snapshot_path, tmp_path / "out", entrylogs=[entrylogs])
+    assert status == 0
+    assert next(b for b in report["inputs"]["bookies"] if b["bookie"] == B1)["entry_logs"] == 1

@@ -168,7 +168,12 @@ def make_plan(args: list[DirArg], source: FileSource, snapshot_instance: str | N
                 journals.append((bookie, path, parse_journal_file_name(name), listed[path][1]))
         if log_names:
             arg = listed[next(iter(log_names.values()))][2][ENTRYLOGS]
-            bookie = bookie_of(directory, arg, (posixpath.dirname(directory), directory))
+            ledger_dir = posixpath.dirname(directory)
+            if ledger_dir not in cookies and ledger_dir not in by_dir:  # an entrylogs/ directory given on its own
+                cookie = _read_cookie(source, posixpath.dirname(listed[next(iter(log_names.values()))][0]))
+                if cookie is not None:
+                    cookies[ledger_dir] = cookie
+            bookie = bookie_of(directory, arg, (ledger_dir, directory))
             if bookie is None:
                 unknown.append(directory)
                 continue
@@ -247,6 +252,15 @@ def make_plan(args: list[DirArg], source: FileSource, snapshot_instance: str | N
     tasks = [t for t in tasks if t.bookie in bookies]
     tasks.sort(key=lambda t: t.path)
     return Plan(tasks, dict(sorted(bookies.items())), warnings)
+
+
+def _read_cookie(source: FileSource, directory_uri: str):
+    """The cookie in the directory above `directory_uri` (a ledger directory), or None."""
+    uri = f"{posixpath.dirname(directory_uri)}/{COOKIE_FILE}"
+    try:
+        return decode_cookie(source.read([uri])[uri], source=uri)
+    except Exception:  # noqa: BLE001 - maybe: no cookie there (or unreadable): the caller says what is missing
+        return None
 
 
 def _ranges(ids: list[int]) -> str:
