@@ -9,8 +9,10 @@ acknowledged with a batch-index ack (AckId batch_index / batch_size); a single m
 
 Flow control (as Pulsar): at subscribe time each partition consumer grants `receiver_queue_size` permits
 (messages); a message counts against the permits when the broker sends it, and the consumer grants them again
-once the application has received half a queue's worth (skipped, already-acknowledged batch messages count as
-received at once). The receive queue therefore holds at most about `receiver_queue_size` messages per
+once the application has received half a queue's worth, or its receive queue is empty (skipped,
+already-acknowledged batch messages count as received at once). The broker never sends beyond the permits, so
+a consumer that waited for half a queue while the broker waited for permits would stall: granting back on an
+empty queue prevents that. The receive queue therefore holds at most about `receiver_queue_size` messages per
 partition (plus the rest of one batch: the broker may finish an entry).
 
 Acknowledgements. `acknowledge()` of a message this consumer delivered is grouped: acks are sent at most
@@ -153,7 +155,6 @@ class Consumer:
             raise ClientError("BAD_REQUEST", "receive() was called from a client callback (it would block the "
                                              "client's thread)")
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000.0
-        flow = None
         with self._lock:
             while not self._queue:
                 if self._error is not None:
@@ -172,15 +173,23 @@ class Consumer:
                     self._waiters -= 1
             msg = self._queue.popleft()
             part = msg._owner
+            flows = []
             if msg._epoch == part.epoch:
                 part.refill += 1
                 if part.refill >= self._refill_at:
-                    flow = (part, part.refill, part.epoch)
+                    flows.append((part, part.refill, part.epoch))
                     part.refill = 0
+            if not self._queue:
+                # the queue is empty: grant back everything received, or a broker holding an entry bigger than the
+                # permits it has left would wait for permits that only come after more messages (a stall)
+                for other in self._parts:
+                    if other.refill > 0:
+                        flows.append((other, other.refill, other.epoch))
+                        other.refill = 0
             if self._ack_timeout_s > 0:
                 self._ack_deadlines[msg._id] = time.monotonic() + self._ack_timeout_s
                 self._ack_deadlines.move_to_end(msg._id)
-        if flow is not None:
+        for flow in flows:
             self._loop.call(flow[0].send_flow, flow[1], flow[2])
         return msg
 
