@@ -18,6 +18,7 @@ from integration.bookie_harness import SESSION_TIMEOUT_MS
 BOOKIES = 3
 BROKER_ENV = {"BKSIM_TOPIC_MESSAGE_BYTES_MAX": "60000"}
 MAX_PENDING = 1000  # the producer's max_pending_messages: at most this many can lose their receipt in the kill
+WINDOW = 200  # messages the sender keeps without an outcome (the stream's pace: about WINDOW per round trip)
 FAILOVER_BOUND_S = SESSION_TIMEOUT_MS / 1000 + 15  # session expiry + lookup, takeover (ledger recovery), back-off
 
 
@@ -29,7 +30,7 @@ def brokers(broker_cluster):
 
 
 class Sender(threading.Thread):
-    """Sends numbered messages with send_async as fast as the producer's pending bound lets it; records each
+    """Sends numbered messages with send_async, at most WINDOW of them without a receipt or failure; records each
     receipt (payload -> message id, and when) and each failure."""
 
     def __init__(self, producer) -> None:
@@ -37,6 +38,7 @@ class Sender(threading.Thread):
         self.producer = producer
         self.stop = threading.Event()
         self.lock = threading.Lock()
+        self.settled = threading.Condition(self.lock)  # notified on every receipt or failure
         self.acked: dict[bytes, object] = {}
         self.receipt_times: list[float] = []
         self.failed: list = []
@@ -44,19 +46,29 @@ class Sender(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
+            with self.settled:  # a steady stream, not a flood: at most WINDOW messages without an outcome
+                if not self.settled.wait_for(self._room, timeout=FAILOVER_BOUND_S + 30):
+                    raise AssertionError(f"no receipt or failure for {WINDOW} messages in {FAILOVER_BOUND_S + 30}s")
             payload = f"m{self.sent:07d}".encode()
             self.producer.send_async(payload, lambda e, mid, p=payload: self._done(p, e, mid))
             self.sent += 1
-            if self.sent % 50 == 0:
-                time.sleep(0.005)  # a steady stream (~10k/s at most), not a flood
+
+    def finish(self) -> None:
+        with self.settled:
+            self.stop.set()
+            self.settled.notify()
+
+    def _room(self) -> bool:
+        return self.stop.is_set() or self.sent - len(self.acked) - len(self.failed) < WINDOW
 
     def _done(self, payload, error, mid) -> None:
-        with self.lock:
+        with self.settled:
             if error is not None:
                 self.failed.append((payload, error))
             else:
                 self.acked[payload] = mid
                 self.receipt_times.append(time.monotonic())
+            self.settled.notify()
 
 
 @pytest.mark.parametrize("dedup", [False, True], ids=["at-least-once", "dedup"])
@@ -102,7 +114,7 @@ def test_kill_the_owner_while_producing_and_consuming(brokers, dedup):
                 return any(t > killed_at for t in sender.receipt_times) and len(sender.acked) >= 4_000
         wait_until(resumed, FAILOVER_BOUND_S + 10, interval_s=0.01,
                    message="receipts again from the new owner after the kill")
-        sender.stop.set()
+        sender.finish()
         sender.join(10)
         producer.flush(timeout_s=FAILOVER_BOUND_S)
         new_owner = client.lookup(topic)["address"]
