@@ -20,7 +20,7 @@ from kazoo.client import KazooClient
 from bksim.adapters.zk_metadata import ZkMetadataStore
 from bksim.model.errors import ConnectionLossError, SessionExpiredError
 from helpers import wait_until_async
-from integration.tcp_proxy import TcpProxy
+from bksim.chaos.proxy import TcpProxy
 from metadata_contract import CONTRACT
 
 SHORT_SESSION_S = 1.0
@@ -91,7 +91,7 @@ class ZkHarness:
             client.stop()
             client.close()
         for proxy in self._proxies:
-            proxy.close()
+            assert proxy.close(), "a proxy thread did not stop"
 
 
 @pytest.fixture
@@ -166,7 +166,7 @@ def test_short_partition_is_connection_loss_and_the_session_survives(zookeeper, 
         for c in (client, main):
             c.stop()
             c.close()
-        proxy.close()
+        assert proxy.close(), "a proxy thread did not stop"
 
 
 async def _get_or_none(store: ZkMetadataStore, path: str):
@@ -234,7 +234,7 @@ def test_renewing_store_binds_the_new_session_and_registers_again(zookeeper, zk_
             client.close()
             observer_client.stop()
             observer_client.close()
-            proxy.close()
+            assert proxy.close(), "a proxy thread did not stop"
     asyncio.run(scenario())
 
 

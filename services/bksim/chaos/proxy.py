@@ -55,12 +55,14 @@ class TcpProxy:
         with self._lock:
             self._blocked = False
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Stop forwarding and join the threads; False if one of them did not stop within JOIN_TIMEOUT_S."""
         self._stop.set()
         self.block()
         self._listener.close()
         for t in self._threads:
             t.join(JOIN_TIMEOUT_S)
+        return not any(t.is_alive() for t in self._threads)
 
     def _start(self, target, *args) -> None:
         t = threading.Thread(target=target, args=args, daemon=True, name=f"chaos-proxy-{self.port}")
