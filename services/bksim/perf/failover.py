@@ -64,7 +64,7 @@ def measure(workdir: str, config: Config, *, bookies: int = 3, session_timeout_m
     try:
         return _run(cluster, [cluster.broker_address, second_address], {cluster.broker_address: cluster.broker,
                                                                          second_address: second},
-                    session_timeout_ms, rate, message_bytes, before_s, after_s, bookies)
+                    session_timeout_ms, rate, message_bytes, before_s, after_s)
     finally:
         cluster.__exit__(None, None, None)
 
@@ -77,8 +77,7 @@ def _wait(predicate, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def _run(cluster, addresses, children, session_timeout_ms, rate, message_bytes, before_s, after_s, bookies):
-    del bookies  # the topic is created only once the brokers answer; bookies register before that
+def _run(cluster, addresses, children, session_timeout_ms, rate, message_bytes, before_s, after_s):
     client = None
     for _ in range(200):  # the brokers come up: bounded retries of the first admin call
         try:

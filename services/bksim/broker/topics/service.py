@@ -200,7 +200,7 @@ class TopicService:
             loaded = self.topics.get(str(part))
             if loaded is not None and (loaded.producers or any(s.consumers for s in loaded.subscriptions.values())):
                 raise TopicError("NOT_ALLOWED", f"topic {part} has connected producers or consumers")
-            subs = [s for s in await self._children(part.managed_ledger_path)]
+            subs = await self._children(part.managed_ledger_path)
             if subs and not force:
                 raise TopicError("NOT_ALLOWED", f"topic {part} has subscriptions {subs}; use --force")
         for part in parts:

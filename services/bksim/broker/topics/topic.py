@@ -81,6 +81,8 @@ class Topic:
         self.loaded_ms = clock.wall_ms()
         self._maintenance: asyncio.Task | None = None
         self._sub_lock = asyncio.Lock()
+        self.rates: dict[str, float] = {}  # per second over the last maintenance interval (see _sample_rates)
+        self._rate_sample: tuple[float, dict[str, int]] | None = None
 
     # ---- load / close ----------------------------------------------------------------------------------------
     async def load(self) -> None:
@@ -220,25 +222,26 @@ class Topic:
         cursor = await self._open_cursor(DEDUP_CURSOR, "earliest", True)
         self._dedup_cursor = cursor
         self._persisted = {k: int(v) for k, v in cursor.properties.items()}
-        pos = self.ml.next_position(cursor.mark_delete)
+        md = cursor.mark_delete
         replayed = 0
-        while pos <= self.ml.last_confirmed:
-            got = await self.ml.read(pos, 500) if self.ml.contains(pos) else []
-            if not got:
-                nxt = self.ml.next_position(pos)
-                if nxt == pos or nxt > self.ml.last_confirmed and not self.ml.contains(nxt):
-                    break
-                pos = nxt
+        for ledger_id in self.ml.ledger_ids():  # the entries after the snapshot, headers only
+            if ledger_id < md.ledger:
                 continue
-            for p, entry in got:
-                try:
-                    h = read_header(entry)
-                except FormatError:
-                    continue
-                if h.highest_sequence_id > self._persisted.get(h.producer_name, -1):
-                    self._persisted[h.producer_name] = h.highest_sequence_id
-                replayed += 1
-            pos = self.ml.next_position(got[-1][0])
+            entry_id = md.entry + 1 if ledger_id == md.ledger else 0
+            count = self.ml.entries_in(ledger_id) or 0
+            while entry_id < count:
+                got = await self.ml.read(Position(ledger_id, entry_id), 500)
+                if not got:
+                    break
+                for _, entry in got:
+                    try:
+                        h = read_header(entry)
+                    except FormatError:
+                        continue
+                    if h.highest_sequence_id > self._persisted.get(h.producer_name, -1):
+                        self._persisted[h.producer_name] = h.highest_sequence_id
+                    replayed += 1
+                entry_id = got[-1][0].entry + 1
         self._pushed = dict(self._persisted)
         self._log(f"topic {self.name}: dedup state of {len(self._persisted)} producers (replayed {replayed} entries)")
 
@@ -328,7 +331,7 @@ class Topic:
         counters = {"in": self.messages_in, "bin": self.bytes_in,
                     **{f"out:{n}": s.messages_out for n, s in self.subscriptions.items()},
                     **{f"bout:{n}": s.bytes_out for n, s in self.subscriptions.items()}}
-        last = getattr(self, "_rate_sample", None)
+        last = self._rate_sample
         if last is not None and now > last[0]:
             dt = (now - last[0]) / 1000
             self.rates = {k: (v - last[1].get(k, 0)) / dt for k, v in counters.items()}
@@ -344,7 +347,7 @@ class Topic:
 
     # ---- stats ---------------------------------------------------------------------------------------------------
     def stats(self) -> dict:
-        rates = getattr(self, "rates", {})
+        rates = self.rates
         subs = {}
         for name, sub in sorted(self.subscriptions.items()):
             subs[name] = sub.stats() | {"msgRateOut": round(rates.get(f"out:{name}", 0.0), 1),

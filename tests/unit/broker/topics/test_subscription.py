@@ -182,3 +182,24 @@ def test_failover_tells_a_joining_inactive_consumer_that_it_is_inactive():
         assert x.active == [True] and y.active == [False]
         await sub.close()
     run(main())
+
+
+def test_a_batch_bigger_than_the_permits_waits_unless_it_exceeds_the_whole_queue():
+    async def main():
+        _, _, [ml] = await world()
+        await ml.open()
+        for n in (3, 8):  # a batch of 3 messages, then one of 8
+            await ml.append(encode_entry([Message(b"x", sequence_id=i) for i in range(n)], producer_name="p",
+                                         publish_time_ms=0, batch=True))
+        sub = Subscription(topic="persistent://t/ns/orders", name="sub", sub_type="Exclusive",
+                           cursor=MemoryCursor(ml, "sub"), ml=ml, clock=FakeClock(), config=CONFIG)
+        a = Sink()
+        ca = sub.add_consumer("a", 0, a, "Exclusive")
+        sub.flow(ca, 5)  # a queue of 5: the 3-message batch fits, then 2 permits are left for the 8-message one
+        await wait_until_async(lambda: len(a.got) == 1 and sub.idle, 5)
+        assert ca.permits == 2  # the 8-message batch waits: never beyond the permits...
+        sub.flow(ca, 3)  # ...until the consumer's whole queue (5) is free again; it can never hold 8
+        await wait_until_async(lambda: len(a.got) == 2, 5)
+        assert ca.permits == -3
+        await sub.close()
+    run(main())

@@ -17,6 +17,7 @@ from bksim.formats.message import Message, decode_entry
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig, TopicConfig
+from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies, FakeClock
 from tests.unit.broker.topics.memory_cursor import MemoryCursor
 
@@ -104,6 +105,9 @@ def test_one_owner_redirects_and_a_takeover_fences_the_old_owner():
         # a's ownership node vanishes while a still believes it owns the topic; b takes over
         await store.session("admin").delete(ta.name.ownership_path)
         tb = await b.acquire(TOPIC)
+        a.start()  # a's ownership watchdog notices the znode now names b, and fences the topic here
+        await wait_until_async(lambda: TOPIC not in a.topics and ta.fenced is not None, 5,
+                               message="the watchdog fencing the topic on the old owner")
         # the old owner's next write is fenced (its ledger was fenced by b's recovery; its CAS then fails)
         with pytest.raises(TopicError) as e:
             await ta.publish(a_name, msgs(10))
