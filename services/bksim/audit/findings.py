@@ -6,7 +6,9 @@ Classes:
 - "benign": normal after crashes, retries and recoveries (PROTOCOL.md §7, "Benign, not violations").
 
 A Finding names one fact with where it is: a ledger and an entry range, a bookie, a file and an offset (what
-is not known is None). Findings sort by `sort_key`, a total order, so reports are byte-identical whichever
+is not known is None); a replica finding (gap, below_ack_quorum, under_replicated, unverifiable) also names
+`missing`, the bookies of the entries' write sets that hold no valid copy in the inputs (each entry of the
+range lacks exactly those; for a run of entries no bookie holds, the union of their write sets). Findings sort by `sort_key`, a total order, so reports are byte-identical whichever
 driver (local or Spark) found them and in whatever order.
 """
 from __future__ import annotations
@@ -79,6 +81,7 @@ class Finding:
     file: str | None = None
     offset: int | None = None
     detail: str = ""
+    missing: tuple[str, ...] = ()  # replica rules: the write set's bookies with no valid copy (sorted)
 
     def __post_init__(self) -> None:
         assert self.rule in RULES, f"unknown audit rule {self.rule!r}"
@@ -97,7 +100,7 @@ class Finding:
         def n(v, missing):
             return missing if v is None else v
         return (n(self.ledger, -1), n(self.first_entry, -1), RULE_ORDER[self.rule], n(self.bookie, ""),
-                n(self.file, ""), n(self.offset, -1), self.detail)
+                n(self.file, ""), n(self.offset, -1), self.detail, self.missing)
 
     def to_json(self) -> dict:
         out: dict = {"rule": self.rule, "class": self.kind}
@@ -110,6 +113,8 @@ class Finding:
                 out[name] = value
         if self.first_entry is not None:
             out["entries"] = self.entries
+        if self.missing:
+            out["missing"] = list(self.missing)
         out["detail"] = self.detail
         return out
 

@@ -12,6 +12,15 @@ bookie whose cookie lies in a sibling directory (`bookie-1/journal` next to `boo
 Otherwise the input is unusable (AuditInputError naming the directory). A `lastmark` file found in a
 listed directory gives that bookie's checkpoint mark.
 
+Re-initialised bookies. A cookie carries the bookie's incarnation (bookie/cookie.py: 1, then one more per
+`bksim bookie format`). A bookie whose cookie says incarnation > 1 was emptied and started again as a new
+bookie with the same id: its journal ids restart at 1, and its evidence is judged on them like any other's
+("complete" from 1), which is right: it does not hold what its earlier incarnations held, so entries whose
+write sets name it and that it lacks are its missing copies (under_replicated, below_ack_quorum), not
+unverifiable. Its inputs carry `incarnation` and a note saying so. Journals of an earlier incarnation must not
+be among the inputs (they would count copies the bookie no longer has): `bksim bookie format --force` empties
+the journal archive directory too, and journal ids found twice for one bookie are warned about.
+
 Per bookie: journals in journal-id order (live and archived together); the newest is the highest id (its
 tail may be torn); a journal entirely below the checkpoint mark has been replayed past. Evidence is
 "complete" when the journal ids run 1, 2, ... without a hole, or when entry logs were supplied for the bookie
@@ -78,6 +87,7 @@ class FileSource(Protocol):
 class BookieInputs:
     bookie: str
     instance_id: str | None = None
+    incarnation: int | None = None  # from its cookies (the highest, when they disagree)
     journal_dirs: list[str] = field(default_factory=list)
     journal_ids: list[int] = field(default_factory=list)
     journal_bytes: int = 0
@@ -89,7 +99,8 @@ class BookieInputs:
 
     def to_json(self) -> dict:
         ids = self.journal_ids
-        return {"bookie": self.bookie, "instance_id": self.instance_id, "journal_dirs": sorted(self.journal_dirs),
+        return {"bookie": self.bookie, "instance_id": self.instance_id, "incarnation": self.incarnation,
+                "journal_dirs": sorted(self.journal_dirs),
                 "journals": len(ids), "journal_ids": [ids[0], ids[-1]] if ids else None,
                 "journal_bytes": self.journal_bytes, "entry_logs": self.entry_logs,
                 "entry_log_bytes": self.entry_log_bytes,
@@ -202,9 +213,21 @@ def make_plan(args: list[DirArg], source: FileSource, snapshot_instance: str | N
     if not journals:
         raise AuditInputError(f"no journal files (<16 hex digits>.txn) under {', '.join(a.path for a in args if a.role == JOURNALS)}")
 
+    incarnations: dict[str, set[int]] = {}
     for directory, cookie in cookies.items():
         if cookie.bookie_id in bookies:
             bookies[cookie.bookie_id].instance_id = cookie.instance_id
+            incarnations.setdefault(cookie.bookie_id, set()).add(cookie.incarnation)
+    for bookie, seen in sorted(incarnations.items()):
+        inputs = bookies[bookie]
+        inputs.incarnation = max(seen)
+        if len(seen) > 1:
+            warnings.append(f"bookie {bookie}: its cookies name incarnations {sorted(seen)}: directories of an earlier "
+                            f"incarnation are among the inputs; using {inputs.incarnation}")
+        if inputs.incarnation > 1:
+            inputs.notes.append(f"re-initialised (cookie incarnation {inputs.incarnation}, bksim bookie format): it "
+                                f"holds nothing its earlier incarnation held; entries that lack that copy are "
+                                f"reported as missing copies of this bookie")
     tasks: list[FileTask] = []
     for bookie, inputs in bookies.items():
         ids = sorted(i for b, _, i, _ in journals if b == bookie)

@@ -5,6 +5,10 @@ both drivers give byte-identical documents once `strip_timing` has removed it. L
 Finding.sort_key, ledgers by id, files by path) and bounded: at most `findings_max` findings per class are
 listed, while the counts ("rule_counts", "totals") stay exact.
 
+"replicas_per_bookie": per bookie named by a write set, the entry ids at or below a confirmed end its write
+sets name (`write_set_entries`), those it lacks (`missing_entries`, exact: rules.py) and its cookie
+incarnation (None when its journals are not in the inputs; > 1: re-initialised, inputs.py).
+
 Exit status: 0 clean, 1 at least one violation, 2 unusable input (raised before a report exists).
 """
 from __future__ import annotations
@@ -81,8 +85,16 @@ def build_report(plan: Plan, snapshot: Snapshot, files: list[tuple[dict, list[Fi
         if summary["kind"] == "journal":
             records_by_type.update(summary["counts"])
     copies_per_bookie: Counter = Counter()
+    write_set_entries: Counter = Counter()
+    missing_entries: Counter = Counter()
     for result in ledgers:
         copies_per_bookie.update(result.copies_per_bookie)
+        write_set_entries.update(result.write_set_entries)
+        missing_entries.update(result.missing_entries)
+    incarnations = {b: inputs.incarnation for b, inputs in plan.bookies.items()}
+    replicas_per_bookie = [{"bookie": b, "write_set_entries": write_set_entries.get(b, 0),
+                            "missing_entries": missing_entries.get(b, 0), "incarnation": incarnations.get(b)}
+                           for b in sorted(set(write_set_entries) | set(missing_entries))]
     for bookie, row in per_bookie.items():
         row["copies"] = copies_per_bookie.get(bookie, 0)
 
@@ -129,6 +141,7 @@ def build_report(plan: Plan, snapshot: Snapshot, files: list[tuple[dict, list[Fi
         "inputs": {"bookies": [inputs.to_json() for inputs in plan.bookies.values()],
                    "metadata": snapshot.summary()},
         "per_bookie": [per_bookie[b] for b in sorted(per_bookie)],
+        "replicas_per_bookie": replicas_per_bookie,
         "ledgers": [r.to_json() for r in ledgers],
         "files": [summary for summary, _ in files],
         "run": run,

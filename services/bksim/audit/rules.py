@@ -11,7 +11,12 @@ copy carries (those entries were acknowledged, so they too must be on Qa bookies
 - holders(e) = distinct bookies of e's segment ensemble holding a valid copy (journal record with a good
   CRC, entry digest matching when the digest type is crc32c; or an entry log record). No holder anywhere:
   `gap`; fewer than Qa: `below_ack_quorum`; when a non-holder of the segment lacks complete evidence either
-  is `unverifiable` instead (unknown is never no); at least Qa but fewer than Qw: `under_replicated`;
+  is `unverifiable` instead (unknown is never no); at least Qa but fewer than Qw: `under_replicated`. Each
+  such finding names `missing`: the bookies of e's write set (ensemble indexes (e + i) mod E, i < Qw) without
+  a valid copy. Per bookie the result counts `write_set_entries` (ids 0..end whose write set names it) and
+  `missing_entries` (those of them it lacks, in gap / below_ack_quorum / under_replicated findings: not in
+  unverifiable ones, which are unknown). A bookie re-initialised by `bksim bookie format` (audit/inputs.py)
+  holds none of what its earlier incarnation held: those entries show here as its missing copies;
 - `divergence`: two valid copies of one id with different bytes (any bookies, journal or entry log);
 - `lac_above_last_entry` (CLOSED): a piggybacked or explicit LAC above last_entry_id.
 
@@ -39,6 +44,8 @@ from bksim.audit.findings import Finding, RULES, VIOLATION
 from bksim.audit.parse import JOURNAL, Block
 from bksim.formats.entry import HEADER_BYTES
 from bksim.model.status import FLAG_RECOVERY_ADD
+
+MISSING_COPY_RULES = ("gap", "below_ack_quorum", "under_replicated")  # findings that count missing_entries
 
 COMPLETE = "complete"
 PARTIAL = "partial"
@@ -97,6 +104,8 @@ class LedgerResult:
     rule_counts: dict[str, list[int]] = field(default_factory=dict)  # rule -> [findings, entries]
     findings: list[Finding] = field(default_factory=list)  # the first FINDINGS_PER_LEDGER_MAX in sort order
     copies_per_bookie: dict[str, int] = field(default_factory=dict)
+    write_set_entries: dict[str, int] = field(default_factory=dict)  # bookie -> ids 0..confirmed end it should hold
+    missing_entries: dict[str, int] = field(default_factory=dict)  # bookie -> of those, ids it lacks (exact)
 
     @property
     def violations(self) -> int:
@@ -112,6 +121,7 @@ class LedgerResult:
             "rule_counts": {k: {"findings": v[0], "entries": v[1]} for k, v in sorted(self.rule_counts.items())},
             "violations": self.violations,
             "copies_per_bookie": dict(sorted(self.copies_per_bookie.items())),
+            **({"missing_entries": dict(sorted(self.missing_entries.items()))} if self.missing_entries else {}),
         }
 
 
@@ -122,6 +132,7 @@ class _Findings:
         self.limit = limit
         self.kept: list[Finding] = []
         self.counts: dict[str, list[int]] = {}
+        self.missing: Counter = Counter()  # bookie -> entries it lacks (MISSING_COPY_RULES findings)
 
     def add(self, finding: Finding) -> None:
         count = self.counts.setdefault(finding.rule, [0, 0])
@@ -279,11 +290,13 @@ def check_ledger(ledger_id: int, view: LedgerView | None, pieces: list[Piece], e
             benign["above_last_entry" if view.closed else "open_ledger_tail"] += tail
         if end >= 0:
             result.histogram = _replicas(ledger_id, view, end, held, evidence, found, benign)
+            result.write_set_entries = _write_set_entries(view, end)
             if diverged:
                 _divergence(ledger_id, end, journals, logs, found)
     result.benign = {k: v for k, v in benign.items() if v}
     result.rule_counts = found.counts
     result.findings = found.result()
+    result.missing_entries = {b: n for b, n in sorted(found.missing.items()) if n}
     return result
 
 
@@ -324,6 +337,27 @@ def _replicas(ledger_id: int, view: LedgerView, end: int, held: dict[str, list[i
     return dict(histogram)
 
 
+def _in_write_sets(index: int, lo: int, hi: int, ensemble_size: int, write_quorum_size: int) -> int:
+    """How many ids lo..hi have ensemble index `index` in their write set ((e + i) mod E, i < Qw)."""
+    n = 0
+    for i in range(write_quorum_size):
+        r = (index - i) % ensemble_size  # e = r (mod E) puts `index` at position i of e's write set
+        n += (hi - r) // ensemble_size - (lo - 1 - r) // ensemble_size
+    return n
+
+
+def _write_set(entry_id: int, ensemble: tuple[str, ...], write_quorum_size: int) -> tuple[str, ...]:
+    return tuple(ensemble[(entry_id + i) % len(ensemble)] for i in range(write_quorum_size))
+
+
+def _write_set_entries(view: LedgerView, end: int) -> dict[str, int]:
+    out: Counter = Counter()
+    for first, stop, ensemble in _segment_ranges(view, end):
+        for index, bookie in enumerate(ensemble):
+            out[bookie] += _in_write_sets(index, first, stop - 1, len(ensemble), view.write_quorum_size)
+    return {b: n for b, n in sorted(out.items()) if n}
+
+
 def _chunks(first: int, stop: int, counts: Counter, all_ids: list[int]):
     """(first, last, count, held elsewhere) for ids first..stop-1 in order: present ids one by one, absent
     ids in runs (split where a bookie outside the segment holds one)."""
@@ -356,13 +390,18 @@ def _classify(ledger_id: int, view: LedgerView, first: int, stop: int, ensemble:
     for bookie in ensemble:
         ids = held.get(bookie, [])
         sets[bookie] = set(ids[bisect.bisect_left(ids, first):bisect.bisect_left(ids, stop)])
-    run = None  # [rule, holders, elsewhere, first, last]
+    size = len(ensemble)
+    run = None  # [rule, holders, elsewhere, missing, first, last]
 
     def flush():
         if run is not None:
-            rule, holders, elsewhere, lo, hi = run
-            found.add(Finding(rule, ledger=ledger_id, first_entry=lo, last_entry=hi,
+            rule, holders, elsewhere, missing, lo, hi = run
+            found.add(Finding(rule, ledger=ledger_id, first_entry=lo, last_entry=hi, missing=missing,
                               detail=_replica_detail(rule, holders, elsewhere, ensemble, first, qa, qw, evidence)))
+            if rule in MISSING_COPY_RULES:
+                for index, bookie in enumerate(ensemble):
+                    if bookie in missing:  # every id of the run whose write set names it lacks it
+                        found.missing[bookie] += _in_write_sets(index, lo, hi, size, qw)
 
     for lo, hi, count, elsewhere in _chunks(first, stop, counts, all_ids):
         if count >= qw:
@@ -377,11 +416,15 @@ def _classify(ledger_id: int, view: LedgerView, first: int, stop: int, ensemble:
         if rule != "under_replicated" and any(evidence.get(b, ABSENT) != COMPLETE for b in ensemble
                                               if b not in holders):
             rule = "unverifiable"
-        if run is not None and run[0] == rule and run[1] == holders and run[2] == elsewhere and run[4] + 1 == lo:
-            run[4] = hi
+        if lo == hi:
+            missing = tuple(sorted(set(_write_set(lo, ensemble, qw)) - set(holders)))
+        else:  # a run of ids nobody holds: the union of their write sets
+            missing = tuple(sorted(b for i, b in enumerate(ensemble) if _in_write_sets(i, lo, hi, size, qw)))
+        if run is not None and run[:4] == [rule, holders, elsewhere, missing] and run[5] + 1 == lo:
+            run[5] = hi
             continue
         flush()
-        run = [rule, holders, elsewhere, lo, hi]
+        run = [rule, holders, elsewhere, missing, lo, hi]
     flush()
 
 

@@ -10,6 +10,16 @@ Pure: this module decides; the CLI reads the files and ZooKeeper and writes new 
 for a new bookie (the CLI's job): directory cookies first (atomically), then ZooKeeper. A crash between
 the two leaves directories holding only the expected cookie and no data; `verify` treats that as an
 unfinished first start ("new"), which is safe because a bookie serves nothing before both are written.
+
+Incarnation. A cookie also carries `incarnation` (1 for a bookie's first start; a cookie written before the
+field existed reads as 1). `bksim bookie format` (the operator's re-initialisation: directories emptied,
+ZooKeeper's cookie deleted) writes a cookie with the next incarnation into the emptied directories, so the
+bookie that starts on them is a new bookie with the same id and records that incarnation in ZooKeeper
+(`cookie_to_write`). All copies must agree on it: a directory of an earlier incarnation (restored from a
+backup) or a re-initialised directory facing the old incarnation's ZooKeeper cookie is refused like a swapped
+one. The audit reads it from the directory cookies: a bookie of incarnation > 1 lost what its earlier
+incarnations held (audit/inputs.py). The count covers re-initialisations done through `bksim bookie format`;
+a bookie whose cookie was deleted by hand starts again at 1.
 """
 from __future__ import annotations
 
@@ -22,6 +32,7 @@ from bksim.model.errors import CookieError
 
 COOKIE_FILE = "COOKIE"
 COOKIE_VERSION = 1
+FIRST_INCARNATION = 1
 
 Verdict = Literal["new", "ok"]
 
@@ -33,6 +44,7 @@ class Cookie:
     journal_dir: str
     ledger_dir: str
     version: int = COOKIE_VERSION
+    incarnation: int = FIRST_INCARNATION  # 1, then one more per `bksim bookie format` (module docstring)
 
     def __post_init__(self) -> None:
         if not self.bookie_id:
@@ -41,6 +53,9 @@ class Cookie:
             raise CookieError(f"cookie of bookie {self.bookie_id}: empty instance id")
         if not self.journal_dir or not self.ledger_dir:
             raise CookieError(f"cookie of bookie {self.bookie_id}: empty directory name")
+        if type(self.incarnation) is not int or self.incarnation < FIRST_INCARNATION:
+            raise CookieError(f"cookie of bookie {self.bookie_id}: incarnation {self.incarnation!r} is not an "
+                              f"integer >= {FIRST_INCARNATION}")
 
 
 def encode(cookie: Cookie) -> bytes:
@@ -60,9 +75,12 @@ def decode(data: bytes, source: str = "cookie") -> Cookie:
         raise CookieError(f"{source} has cookie version {version!r}; this bksim understands version {COOKIE_VERSION}")
     try:
         return Cookie(bookie_id=str(raw["bookie_id"]), instance_id=str(raw["instance_id"]),
-                      journal_dir=str(raw["journal_dir"]), ledger_dir=str(raw["ledger_dir"]), version=version)
+                      journal_dir=str(raw["journal_dir"]), ledger_dir=str(raw["ledger_dir"]), version=version,
+                      incarnation=raw.get("incarnation", FIRST_INCARNATION))
     except KeyError as e:
         raise CookieError(f"{source} is not a valid cookie (field {e.args[0]!r} missing)") from None
+    except CookieError as e:
+        raise CookieError(f"{source} is not a valid cookie: {e}") from None
 
 
 def cookie_path(directory: str) -> str:
@@ -92,6 +110,8 @@ def verify(bookie_id: str, instance_id: str, dirs: tuple[str, str], zk_cookie: C
             if found is not None:
                 check(expected, found, d, role[d])
 
+    _check_dir_incarnations(dir_cookies, unique_dirs, role, bookie_id)
+
     if zk_cookie is None:
         with_cookie = [d for d in unique_dirs if dir_cookies.get(d) is not None]
         with_data = [d for d in unique_dirs if dir_has_data.get(d, False)]
@@ -114,12 +134,56 @@ def verify(bookie_id: str, instance_id: str, dirs: tuple[str, str], zk_cookie: C
                 f"{role[d]} {d} has no cookie but ZooKeeper has one for bookie {bookie_id}: the directory was "
                 f"wiped or replaced; refusing to start because this bookie would answer NO_ENTRY for entries "
                 f"it acknowledged")
+    for d in unique_dirs:
+        _check_incarnation_against_zk(dir_cookies[d], zk_cookie, d, role[d])
     if (zk_cookie.journal_dir, zk_cookie.ledger_dir) != (journal_dir, ledger_dir):
         raise CookieError(
             f"ZooKeeper's cookie for bookie {bookie_id} records journal_dir={zk_cookie.journal_dir} "
             f"ledger_dir={zk_cookie.ledger_dir}, but the configuration says journal_dir={journal_dir} "
             f"ledger_dir={ledger_dir}: the directories were moved or reconfigured; refusing to start")
     return "ok"
+
+
+def cookie_to_write(bookie_id: str, instance_id: str, dirs: tuple[str, str],
+                    dir_cookies: Mapping[str, Cookie | None]) -> Cookie:
+    """The cookie a bookie writes when `verify` said "new": the one its directories already hold (written by
+    `bksim bookie format` with the next incarnation, or by a first start that crashed before ZooKeeper), else
+    a first-incarnation cookie. Call only after `verify`, which checked that the directory cookies agree."""
+    found = [c for c in (dir_cookies.get(d) for d in dirs) if c is not None]
+    if found:
+        return found[0]
+    return Cookie(bookie_id, instance_id, dirs[0], dirs[1])
+
+
+def next_incarnation(known: list[Cookie | None]) -> int:
+    """The incarnation a re-initialised bookie gets: one above every cookie still known of it (1 if none)."""
+    return max((c.incarnation for c in known if c is not None), default=FIRST_INCARNATION - 1) + 1
+
+
+def _check_dir_incarnations(dir_cookies: Mapping[str, Cookie | None], dirs: list[str], role: dict[str, str],
+                            bookie_id: str) -> None:
+    found = [(d, dir_cookies[d]) for d in dirs if dir_cookies.get(d) is not None]
+    if len({c.incarnation for _, c in found}) > 1:
+        (d1, c1), (d2, c2) = found[0], found[1]
+        raise CookieError(
+            f"{role[d1]} {d1} holds the cookie of incarnation {c1.incarnation} of bookie {bookie_id}, but "
+            f"{role[d2]} {d2} that of incarnation {c2.incarnation}: one directory was re-initialised (or "
+            f"restored) and the other not; refusing to start on a mix of two bookies' data")
+
+
+def _check_incarnation_against_zk(found: Cookie, zk_cookie: Cookie, d: str, role: str) -> None:
+    if found.incarnation > zk_cookie.incarnation:
+        raise CookieError(
+            f"{role} {d} was re-initialised as incarnation {found.incarnation} of bookie {zk_cookie.bookie_id}, "
+            f"but ZooKeeper still holds the cookie of incarnation {zk_cookie.incarnation}: the cluster still "
+            f"counts on what the old incarnation stored; refusing to start. Delete /ledgers/cookies/"
+            f"{zk_cookie.bookie_id} (bksim bookie format --delete-cookie) to start it as a new bookie")
+    if found.incarnation < zk_cookie.incarnation:
+        raise CookieError(
+            f"{role} {d} holds the cookie of incarnation {found.incarnation} of bookie {zk_cookie.bookie_id}, but "
+            f"ZooKeeper's cookie is of incarnation {zk_cookie.incarnation}: the directory belongs to an earlier "
+            f"incarnation of this bookie (restored from a backup?); refusing to start because this bookie would "
+            f"answer NO_ENTRY for entries its current incarnation acknowledged")
 
 
 def _check_zk_cookie(zk_cookie: Cookie, bookie_id: str, instance_id: str) -> None:
