@@ -43,6 +43,8 @@ def run_chaos(tmp_path, repo_root, scenario: str, seed: int) -> tuple[int, dict,
     ("bookie-kill", 7, ["kill -9 bookie"]),
     ("broker-kill", 7, ["kill -9 broker"]),
     ("broker-zk-partition", 7, ["cut broker"]),
+    ("bookie-link-blackhole", 7, ["blackhole"]),
+    ("entrylog-flip", 7, ["stop bookie", "flipped byte"]),
 ])
 def test_a_short_scenario_passes_every_check(tmp_path, repo_root, scenario, seed, fault_words):
     status, report, stderr = run_chaos(tmp_path, repo_root, scenario, seed)
@@ -58,6 +60,9 @@ def test_a_short_scenario_passes_every_check(tmp_path, repo_root, scenario, seed
     assert (led["lost"], led["reordered"], led["divergent"], led["not_closed"]) == (0, 0, 0, 0)
     assert (top["lost"], top["duplicates"], top["reordered"], top["divergent"]) == (0, 0, 0, 0)
     assert report["audit"]["verdict"] == "clean" and report["audit"]["exit_status"] == 0
+    if scenario == "entrylog-flip":  # the damaged copy was served and every broker read the acknowledged bytes
+        assert [f["problems"] for f in report["entrylog_flips"]] == [[]]
+        assert any("failed over" in e["what"] for e in report["timeline"] if e["kind"] == "check")
     assert all(n > 0 for n in report["recovery"]["tail_acks"].values())
     run_dir = report["run_dir"]
     assert os.path.exists(os.path.join(run_dir, "report.txt")) and os.path.exists(os.path.join(run_dir, "report.json"))

@@ -22,6 +22,11 @@ Invariants:
   made here use their own pool (`grpc.use_local_subchannel_pool`): bookie_client.BookieClient, which uses
   the shared one, would hand the new channel the old back-off and keep a restarted bookie unreachable
   for seconds after it serves.
+- Closing a channel (retiring it, or close()) cancels the calls still in flight on it, and gRPC reports such
+  a call to its awaiter as asyncio.CancelledError, not as an AioRpcError. Every call here turns that into
+  BookieUnreachable ("cancelled with its channel"): another call's connection failure never makes an answer
+  vanish. Only a cancellation of the caller's own task propagates as CancelledError. (A ledger recovery once
+  waited forever for a fencing read-forward call cancelled so: chaos bookie-kill seed 616843657.)
 - read_entries is one ReadEntries call, plus one more for the rest each time the bookie's answer was full
   (the entries it left unread come back TOO_MANY_REQUESTS), all within the one `timeout_ms`.
 - After `close()` every call raises BookieUnreachable; close itself is bounded by `timeout_ms`.
@@ -35,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, Mapping, Sequence
 
 import grpc
 
@@ -91,17 +96,23 @@ class RegistrationResolver:
     An id with no registration node that has the form "host:port" resolves to itself (not cached): a dead
     bookie's node is gone, and the caller still gets a connection attempt that fails fast; so does such an id
     when the store cannot be read (ZooKeeper unreachable, session expired). Anything else raises
-    BookieUnreachable naming the paths looked at.
+    BookieUnreachable naming the paths looked at. A bookie named in `overrides` is dialled at the address given
+    there, registered or not (broker.bookie_address_overrides: links routed through a proxy).
     """
 
-    def __init__(self, store: MetadataStore, cache_max: int = RESOLVER_CACHE_MAX) -> None:
+    def __init__(self, store: MetadataStore, cache_max: int = RESOLVER_CACHE_MAX,
+                 overrides: Mapping[str, str] | None = None) -> None:
         assert cache_max > 0
         self._store = store
+        self._overrides = dict(overrides or {})  # bookie id -> address dialled instead of the registered one
         self._cache: dict[str, str] = {}
         self._cache_max = cache_max
         self.lookups = 0  # registration reads (tests and diagnostics)
 
     async def __call__(self, bookie_id: str) -> str:
+        override = self._overrides.get(bookie_id)
+        if override is not None:
+            return override
         cached = self._cache.get(bookie_id)
         if cached is not None:
             return cached
@@ -150,9 +161,11 @@ class RegistrationResolver:
         return _address(host, port)
 
 
-def registration_resolver(store: MetadataStore, cache_max: int = RESOLVER_CACHE_MAX) -> RegistrationResolver:
-    """The resolver GrpcBookieTransport needs in production: addresses from ZooKeeper registrations."""
-    return RegistrationResolver(store, cache_max)
+def registration_resolver(store: MetadataStore, cache_max: int = RESOLVER_CACHE_MAX,
+                          overrides: Mapping[str, str] | None = None) -> RegistrationResolver:
+    """The resolver GrpcBookieTransport needs in production: addresses from ZooKeeper registrations, except
+    for the bookies in `overrides` (broker.bookie_address_overrides), which are dialled where it says."""
+    return RegistrationResolver(store, cache_max, overrides)
 
 
 # -- the transport ----------------------------------------------------------------------------------------
@@ -291,6 +304,11 @@ class GrpcBookieTransport:
             self._failed(bookie, code, None, channel)
             raise BookieUnreachable(bookie, f"ReadEntry {ledger_id}:{entry_id}{' FENCE' if fence else ''}: "
                                             f"{code}: {e.details()}") from None
+        except asyncio.CancelledError:
+            if _own_cancellation():
+                raise
+            raise _cancelled_with_channel(bookie, f"ReadEntry {ledger_id}:{entry_id}{' FENCE' if fence else ''}",
+                                          channel) from None
         return _status(r.status), r.entry
 
     async def read_entries(self, bookie: str, ledger_id: int, entry_ids: Sequence[int], *, fence: bool = False,
@@ -315,6 +333,11 @@ class GrpcBookieTransport:
                 self._failed(bookie, code, None, channel)
                 raise BookieUnreachable(bookie, f"ReadEntries {ledger_id}:{ids[0]}..(x{len(ids)})"
                                                 f"{' FENCE' if fence else ''}: {code}: {e.details()}") from None
+            except asyncio.CancelledError:
+                if _own_cancellation():
+                    raise
+                raise _cancelled_with_channel(bookie, f"ReadEntries {ledger_id}:{ids[0]}..(x{len(ids)})"
+                                                      f"{' FENCE' if fence else ''}", channel) from None
             results = r.results
             if len(results) != len(ids):
                 raise BookieUnreachable(bookie, f"ReadEntries {ledger_id}: {len(results)} results for "
@@ -342,6 +365,10 @@ class GrpcBookieTransport:
             code = e.code().name
             self._failed(bookie, code, None, channel)
             raise BookieUnreachable(bookie, f"ReadLac {ledger_id}: {code}: {e.details()}") from None
+        except asyncio.CancelledError:
+            if _own_cancellation():
+                raise
+            raise _cancelled_with_channel(bookie, f"ReadLac {ledger_id}", channel) from None
         return _status(r.status), r.last_add_confirmed
 
     def unanswered(self, bookie: str) -> int:
@@ -485,6 +512,20 @@ class GrpcBookieTransport:
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_retrieve)
         return task
+
+
+def _own_cancellation() -> bool:
+    """Whether the current task is being cancelled (by its owner, a timeout, ...), as opposed to a call it
+    awaited having been cancelled underneath it (gRPC cancels the calls of a channel that is closed)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+def _cancelled_with_channel(bookie: str, what: str, channel: _Channel) -> BookieUnreachable:
+    """A unary call that gRPC cancelled itself because its channel was closed (retired after a concurrent call
+    found the connection broken, or the transport closed): no answer will come."""
+    return BookieUnreachable(bookie, f"{what}: cancelled with its channel to {channel.address} (retired after a "
+                                     f"connection failure, or the transport closed)")
 
 
 def _retrieve(task: asyncio.Task) -> None:

@@ -115,6 +115,19 @@ def wait_exit(pid: int, timeout_s: float) -> bool:
         time.sleep(POLL_INTERVAL_S)
 
 
+def wait_status(pid: int, timeout_s: float) -> int | None:
+    """Wait up to `timeout_s` for `pid`, a child spawned here; its exit status, or None if it still runs."""
+    proc = _children.get(pid)
+    if proc is None:
+        raise ValueError(f"pid {pid} is not a running child spawned by this process")
+    try:
+        status = proc.wait(timeout=max(0.0, timeout_s))
+    except subprocess.TimeoutExpired:
+        return None
+    _children.pop(pid, None)
+    return status
+
+
 def terminate(pid: int, expect_in_cmdline: str | None = None) -> bool:
     """Send SIGTERM to `pid` if it is alive (and matches); True if a signal was sent."""
     if not is_alive(pid, expect_in_cmdline):

@@ -4,12 +4,17 @@ seeded schedule, healing, then the checks of PROTOCOL.md section 7 and the journ
 - cluster.py   ChaosCluster: ZooKeeper, bookies and brokers as child processes of this run (own run
                directory, free loopback ports, stable identities so a killed process restarts as itself);
                kill -9, SIGSTOP/SIGCONT, restart, all by pid.
-- proxy.py     a loopback TCP proxy that can cut a broker off from ZooKeeper.
+- proxy.py     a loopback TCP proxy with link faults (block, hold one or both directions, delay): between
+               each broker and ZooKeeper, and on every broker->bookie link for the network scenarios.
+- disk.py      disk faults on a bookie's files: torn or truncated journal tails, a flipped entry-log byte, a
+               balloon that fills a (private tmpfs) ledger disk.
+- wipe.py      a wiped bookie: empty its directories; judge the audit after its re-initialisation.
 - workload.py  the ledger writers (Append streams through the brokers) and the topic producer, recording
                every acknowledged entry and every receipted message with its time.
 - check.py     after healing: recover every ledger left OPEN, read everything back through two brokers
                (two readers), consume the topic with two subscriptions; lost / duplicate / reordered /
-               divergent counts.
+               divergent counts; the faults' own checks (a paused broker comes back fenced, a flipped copy is
+               served and read around) and the audit judgement after a truncation.
 - scenarios.py the named fault schedules (a plan drawn from the seed).
 - runner.py    one run end to end (report.json + report.txt) and campaigns (summary table).
 

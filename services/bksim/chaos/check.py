@@ -18,17 +18,27 @@ Topic (`check_topic`): two subscriptions (Exclusive, from the earliest message) 
 - reordered: along the log's positions, a message whose seq is below one already stored (first occurrences);
 - divergent: the readers disagree on a position, or a receipt names a position that holds another message.
 
+Fault checks: `broker_fenced` (a broker back from a pause answers NOT_OWNER for the topic: it was fenced and
+serves nothing), `check_flip` (an entry log byte flipped on one bookie: that bookie still serves the entry,
+with a digest that fails, and every broker reads the acknowledged bytes), `ledger_infos` (metadata for the
+fault that picks which stored entry to damage).
+
 Each check returns a dict of counts plus at most FINDINGS_MAX findings (strings) that say which id/position.
 Every call has a deadline; a read that fails is a finding (`read_errors`), never silently "no entry".
 """
 from __future__ import annotations
 
+import asyncio
 import time
 
-from bksim.adapters.broker_client import BrokerCallError, BrokerClient
+from bksim.adapters.bookie_client import SyncBookieClient
+from bksim.adapters.broker_client import BrokerCallError, BrokerClient, LedgerInfo
 from bksim.chaos.workload import (LEDGER_PASSWORD, TOPIC, LedgerRecord, ledger_payload, parse_ledger_payload,
                                   parse_topic_payload)
 from bksim.client import Client, ClientError, InitialPosition, SubscriptionType
+from bksim.formats.entry import decode_entry
+from bksim.model.errors import FormatError
+from bksim.model.status import StatusCode
 
 FINDINGS_MAX = 50
 CALL_DEADLINE_S = 10.0
@@ -36,6 +46,7 @@ RECOVER_DEADLINE_S = 60.0
 RECOVER_ATTEMPTS = 4  # rounds over the brokers to bring one ledger to CLOSED
 TOPIC_READ_TIMEOUT_S = 90.0  # one reader's whole pass over the topic
 RECEIVE_IDLE_MS = 1500  # once every receipted message was seen: stop after this long without a message
+FENCED_POLL_S = 0.2
 MISSING_IDLE_S = 10.0  # some receipted message not seen yet: give up after this long without any message
 
 
@@ -224,3 +235,138 @@ def check_topic(brokers: list[str], receipts: dict[int, tuple[int, int, int]], d
             findings.add(f"receipt of seq {seq} named {position}, which holds {stored[:16]!r}")
     counts["findings"] = list(findings)
     return counts
+
+
+# ------------------------------------------------------------------------------------------- fault checks
+async def ledger_infos(ledger_ids: list[int], brokers: list[str]) -> dict[int, LedgerInfo]:
+    """Metadata of each ledger (from the first broker that answers); a ledger no broker can describe is left out."""
+    out: dict[int, LedgerInfo] = {}
+    clients = [BrokerClient(a, deadline_s=CALL_DEADLINE_S) for a in brokers]
+    try:
+        for lid in ledger_ids:
+            for client in clients:
+                try:
+                    out[lid] = await client.get_metadata(lid)
+                    break
+                except BrokerCallError:
+                    continue
+    finally:
+        for c in clients:
+            await c.close()
+    return out
+
+
+def broker_fenced(address: str, topic: str, timeout_s: float) -> tuple[bool, str]:
+    """Wait until the broker at `address` no longer serves `topic`: it answers TopicStats with NOT_OWNER (the
+    other broker took the topic over while this one was away). Returns (fenced, what it said)."""
+    deadline = time.monotonic() + timeout_s
+    with Client(address, operation_timeout_ms=int(CALL_DEADLINE_S * 1000), reconnect_attempts_max=1) as client:
+        while True:
+            try:
+                client.topic_stats(topic, follow_owner=False)
+                said = "it still serves the topic (TopicStats answered)"
+            except ClientError as e:
+                said = f"{e.status}: {e}"
+                if e.status == "NOT_OWNER":
+                    return True, said
+            if time.monotonic() >= deadline:
+                return False, f"after {timeout_s:.0f} s: {said}"
+            time.sleep(FENCED_POLL_S)
+
+
+def load_topic(brokers: list[str], topic: str, timeout_s: float) -> tuple[bool, str]:
+    """Ask `brokers` in turn for the topic's stats until one answers: a broker asked for a topic nobody owns
+    takes it over (recovers and fences the previous owner's ledger). Returns (done, which broker or why not)."""
+    deadline = time.monotonic() + timeout_s
+    said = "no broker to ask"
+    clients = [Client(a, operation_timeout_ms=int(CALL_DEADLINE_S * 1000), reconnect_attempts_max=1) for a in brokers]
+    try:
+        while clients:
+            for client in clients:
+                try:
+                    client.topic_stats(topic, follow_owner=False)
+                    return True, client.addresses[0]
+                except ClientError as e:
+                    said = f"{client.addresses[0]}: {e.status}: {e}"
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(FENCED_POLL_S)
+        return False, said
+    finally:
+        for client in clients:
+            client.close()
+
+
+def check_flip(bookie_address: str, brokers: list[str], flip) -> list[str]:
+    """A flipped entry-log byte (chaos.disk.Flip): the bookie still serves the entry (never "no entry") with
+    the damaged bytes, whose digest fails; every broker reads the acknowledged payload (it failed over)."""
+    problems = []
+    bookie = SyncBookieClient(bookie_address, deadline_s=CALL_DEADLINE_S)
+    try:
+        got = bookie.read_entry(flip.ledger_id, flip.entry_id)
+    except Exception as e:  # noqa: BLE001 - reported as what it is
+        got = None
+        problems.append(f"direct read from the bookie failed: {type(e).__name__}: {e}")
+    finally:
+        bookie.close()
+    if got is not None:
+        if got.status is not StatusCode.OK:
+            problems.append(f"the bookie answered {got.status.name} for its damaged copy (expected OK with bad bytes)")
+        elif got.entry != flip.corrupted:
+            problems.append("the bookie served other bytes than the damaged copy (the flip did not take)")
+        else:
+            try:
+                decode_entry(got.entry, ledger_id=flip.ledger_id, entry_id=flip.entry_id)
+                problems.append("the damaged copy passes its digest check")
+            except FormatError:
+                pass
+    expected = decode_entry(flip.original, ledger_id=flip.ledger_id, entry_id=flip.entry_id).payload
+
+    async def read_all() -> None:
+        for address in brokers:
+            async with BrokerClient(address, deadline_s=CALL_DEADLINE_S) as client:
+                try:
+                    got = [p async for _, p in client.read_entries(flip.ledger_id, flip.entry_id, flip.entry_id,
+                                                                   password=LEDGER_PASSWORD)]
+                except BrokerCallError as e:
+                    problems.append(f"read through {address} failed: {e.status}: {e}")
+                    continue
+                if got != [expected]:
+                    problems.append(f"read through {address} returned {[g[:24] for g in got]!r}, not the "
+                                    f"acknowledged payload")
+    asyncio.run(read_all())
+    return problems
+
+
+MISSING_COPY_RULES = ("below_ack_quorum", "under_replicated", "gap")
+
+
+def judge_truncation(report: dict, lost: dict[str, set[tuple[int, int]]]) -> tuple[list[str], dict]:
+    """The audit after journals were truncated into synced records (`lost`: bookie id -> the (ledger, entry)
+    copies the cut removed): every violation must be a missing copy on that bookie of an entry the cut removed
+    (or the cut itself, `torn_tail_below_checkpoint`, on that bookie); anything else is a problem. Reported
+    findings (under-replication: normal after any kill -9, as in every other scenario) are not problems; those
+    naming removed copies are counted. Returns (problems, figures)."""
+    problems: list[str] = []
+    figures = {"removed_copies": sum(len(c) for c in lost.values()), "reported_missing": 0, "below_checkpoint": 0}
+    for f in [f for kind in ("violations", "reported") for f in report.get(kind, [])]:
+        rule = f.get("rule")
+        if rule == "torn_tail_below_checkpoint" and f.get("bookie") in lost:
+            figures["below_checkpoint"] += 1
+            continue
+        missing = f.get("missing") or []
+        ids = [(f.get("ledger"), e) for e in range(f.get("first_entry", 0), f.get("last_entry", -1) + 1)]
+        if (rule in MISSING_COPY_RULES and len(missing) == 1 and missing[0] in lost
+                and ids and all(i in lost[missing[0]] for i in ids)):
+            figures["reported_missing"] += len(ids)
+        elif f in report.get("reported", []):
+            continue
+        elif len(problems) < FINDINGS_MAX:
+            problems.append(f"audit {rule} ledger {f.get('ledger')} entries {f.get('first_entry')}.."
+                            f"{f.get('last_entry')} missing on {missing or '-'} bookie {f.get('bookie', '-')}: not "
+                            f"a copy the truncation removed")
+    counted = sum(c.get("findings", 0) for c in report.get("rule_counts", {}).values() if c.get("class") == "violation")
+    if counted > len(report.get("violations", [])):
+        problems.append(f"the report lists {len(report.get('violations', []))} of its {counted} violations: the rest "
+                        f"cannot be judged")
+    return problems, figures

@@ -7,6 +7,15 @@ only, cwd = run_dir so no deploy/bksim.toml is read unless a config file is give
 SIGSTOP/SIGCONT, restart, ZooKeeper restart, and (through proxy.TcpProxy, one per broker) cutting a broker
 off from ZooKeeper.
 
+Optional, per ClusterSpec:
+- `bookie_links`: every broker->bookie link goes through its own proxy (`links[(broker, bookie)]`; the broker
+  dials it through broker.bookie_address_overrides), so the network scenarios can blackhole, delay or
+  one-way-drop one link while the rest of the cluster works.
+- `small_ledger_disk`: {bookie name: MiB}: that bookie runs in a private mount namespace (`unshare --mount`)
+  with a tmpfs of that size on its ledger directory, so the disk-full scenario fills a real file system (through
+  /proc/<pid>/root) without touching this machine's disks or mount table; the tmpfs lives as long as the
+  process (a restart would find the directory wiped, so this bookie is not restarted).
+
 Invariants: every process is signalled by the pid this cluster spawned, never by name; `stop_all()` resumes
 paused processes and stops everything (brokers, bookies, ZooKeeper, proxies) even after a failure; every
 wait has a deadline and fails with the log tail of the process it waited for.
@@ -88,6 +97,8 @@ class ClusterSpec:
     zookeeper_heap_mb: int = 256
     child_env: dict[str, str] = field(default_factory=dict)  # BKSIM_ overrides for every bookie and broker
     config_path: str | None = None
+    bookie_links: bool = False  # route every broker->bookie link through its own TcpProxy
+    small_ledger_disk: dict[str, int] = field(default_factory=dict)  # bookie name -> tmpfs MiB on its ledger dir
 
 
 class ChaosCluster:
@@ -101,6 +112,7 @@ class ChaosCluster:
         self.bookies: list[Node] = []
         self.brokers: list[Node] = []
         self.proxies: dict[str, TcpProxy] = {}  # broker name -> its proxy to ZooKeeper
+        self.links: dict[tuple[str, str], TcpProxy] = {}  # (broker name, bookie name) -> proxy of that link
         self._argv = [sys.executable, "-m", "bksim.cli.main"] + (
             ["--config", spec.config_path] if spec.config_path else [])
 
@@ -146,6 +158,11 @@ class ChaosCluster:
             self.proxies[name] = proxy
             env = dict(base, BKSIM_BROKER_HOST=HOST, BKSIM_BROKER_PORT=str(port),
                        BKSIM_BROKER_BROKER_ID=f"{HOST}:{port}", BKSIM_ZOOKEEPER_PORT=str(proxy.port))
+            if spec.bookie_links:
+                for bookie in self.bookies:
+                    self.links[(name, bookie.name)] = TcpProxy(bookie.port, HOST)
+                env["BKSIM_BROKER_BOOKIE_ADDRESS_OVERRIDES"] = ",".join(
+                    f"{b.node_id}={self.links[(name, b.name)].address}" for b in self.bookies)
             self.brokers.append(Node(name, "broker", port, env, os.path.join(self.run_dir, "logs", f"{name}.log")))
         for node in self.bookies:
             self.spawn(node)
@@ -166,9 +183,10 @@ class ChaosCluster:
                 self.log(f"# {node.name} (pid {node.pid}) did not stop")
             node.pid = None
         self.stop_zookeeper_only()
-        for proxy in self.proxies.values():
+        for proxy in list(self.proxies.values()) + list(self.links.values()):
             proxy.close()
         self.proxies.clear()
+        self.links.clear()
 
     def stop_zookeeper_only(self) -> None:
         if self.zookeeper is not None and self.zookeeper.pid is not None:
@@ -185,7 +203,16 @@ class ChaosCluster:
     def spawn(self, node: Node) -> int:
         if node.alive():
             raise ClusterError(f"{node.name} is already running (pid {node.pid})")
-        node.pid = processes.spawn(self._argv + [node.kind, "run"], node.env, node.log_path, cwd=self.run_dir)
+        argv = self._argv + [node.kind, "run"]
+        size_mb = self.spec.small_ledger_disk.get(node.name)
+        if size_mb is not None:
+            if node.incarnations:
+                raise ClusterError(f"{node.name} has its ledger directory on a tmpfs that died with it: not restarted")
+            # the same pid all the way (unshare and sh exec), so registration and signals see the bookie itself
+            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    f'mkdir -p "$0" && mount -t tmpfs -o size={int(size_mb)}m bksim-chaos "$0" && exec "$@"',
+                    node.env["BKSIM_BOOKIE_LEDGER_DIR"]] + argv
+        node.pid = processes.spawn(argv, node.env, node.log_path, cwd=self.run_dir)
         node.paused = False
         node.incarnations += 1
         return node.pid
@@ -274,6 +301,27 @@ class ChaosCluster:
         finally:
             if client is not None:
                 _close(client)
+
+    def ledger_dir_seen_by(self, node: Node) -> str:
+        """The node's ledger directory as its own mount namespace sees it (its tmpfs, if it has one)."""
+        path = node.env["BKSIM_BOOKIE_LEDGER_DIR"]
+        return f"/proc/{node.pid}/root{path}" if node.name in self.spec.small_ledger_disk else path
+
+    def bookie_links(self, bookie: Node) -> list[TcpProxy]:
+        return [proxy for (_, name), proxy in sorted(self.links.items()) if name == bookie.name]
+
+    def wait_unregistered(self, node: Node, timeout_s: float) -> bool:
+        """Wait until `node` has no registration (its session expired); False if it still has one at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        client = self.kazoo()
+        try:
+            while self.registration(client, node) is not None:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(POLL_S)
+            return True
+        finally:
+            _close(client)
 
     def live_broker_addresses(self) -> list[str]:
         return [b.address for b in self.brokers if b.alive() and not b.paused]

@@ -37,13 +37,12 @@ import threading
 import time
 
 from bksim.adapters import processes
-from bksim.chaos import check
-from bksim.chaos.cluster import ChaosCluster, ClusterSpec, Node
+from bksim.chaos import check, disk, wipe
+from bksim.chaos.cluster import POLL_S, ChaosCluster, ClusterSpec, Node
+from bksim.chaos.proxy import TcpProxy
 from bksim.chaos.scenarios import SCENARIOS, Step, plan as make_plan
 from bksim.chaos.workload import TOPIC, LedgerWriter, Recorder, TopicWorkload, run_writers
-from bksim.formats.journal import encode_file_header, parse_journal_file_name, scan_records
-
-FILE_HEADER_BYTES = len(encode_file_header("00000000-0000-0000-0000-000000000000"))
+from bksim.ledger.quorum import write_set_indexes
 
 # Options of every bookie and broker of a chaos cluster (short timeouts so faults show within seconds).
 CHILD_ENV = {
@@ -63,6 +62,14 @@ FLUSH_TIMEOUT_S = 60.0
 AUDIT_TIMEOUT_S = 300.0
 HEAL_TIMEOUT_S = 60.0
 DURATION_MIN_S = 5.0
+REFUSAL_TIMEOUT_S = 30.0  # a bookie started on wiped directories must exit within this
+FENCED_TIMEOUT_S = 30.0
+TAKEOVER_TIMEOUT_S = 30.0  # a paused broker's session expires, and another broker takes its topic, within this  # a resumed broker must answer NOT_OWNER for the topic within this
+STOP_TIMEOUT_S = 15.0  # SIGTERM of a bookie before its entry log is damaged
+READ_ONLY_TIMEOUT_S = 20.0  # a bookie whose disk filled (or drained) re-registers within this
+DISK_FULL_FRACTION = 0.98  # the balloon fills the ledger disk this far (disk_usage_threshold is 0.95)
+SMALL_DISK_MB = 64
+FORMAT_TIMEOUT_S = 60.0
 
 
 class ChaosError(RuntimeError):
@@ -90,6 +97,12 @@ class _Run:
         self.faults: list[dict] = []  # {"step", "t", "victims", "healed_t", "heal_s"}
         self.problems: list[str] = []  # things that went wrong in the run itself
         self.log_marks: dict[str, int] = {}  # node name -> its log's size when its journal was torn
+        self.writers: list[LedgerWriter] = []
+        self.held_links: list[tuple[str, TcpProxy]] = []  # the links a link fault holds or delays now
+        self.lost_copies: dict[str, set[tuple[int, int]]] = {}  # bookie id -> entry copies a truncation removed
+        self.wiped: set[str] = set()  # ids of bookies whose directories were wiped (and re-initialised)
+        self.flips: list[tuple[Node, disk.Flip]] = []  # entry log bytes flipped, checked after the workload
+        self.failed_checks: list[str] = []  # a fault's own check failed (a violation)
 
     # -- targets ------------------------------------------------------------------------------------------
     def _owner(self) -> Node:
@@ -116,77 +129,24 @@ class _Run:
             return [self._owner()]
         if step.target == "zookeeper":
             return []
+        if step.target == "owner-bookie-link":
+            return [self._owner(), self.rng.choice(self.cluster.bookies)]
+        if step.target == "bookie-links":  # another bookie than the last fault's, when there is one
+            return [self.rng.choice([b for b in self.cluster.bookies if b not in self.victims] or self.cluster.bookies)]
+        if step.target == "small-disk-bookie":
+            return [self.cluster.node(n) for n in sorted(self.cluster.spec.small_ledger_disk)]
         raise ChaosError(f"unknown step target {step.target!r}")
 
     # -- steps --------------------------------------------------------------------------------------------
     def apply(self, step: Step) -> None:
-        cluster, rec = self.cluster, self.recorder
+        rec = self.recorder
         victims = self._targets(step)
         names = ", ".join(v.name for v in victims) or "zookeeper"
         t = rec.now()
-        if step.action == "kill9":
-            for v in victims:
-                pid = v.pid
-                cluster.kill9(v)
-                rec.event("fault", f"kill -9 {v.name} (pid {pid})")
-        elif step.action == "kill9-tear":
-            for v in victims:
-                pid = v.pid
-                cluster.kill9(v)
-                rec.event("fault", f"kill -9 {v.name} (pid {pid})")
-                what = tear_journal(os.path.join(v.home, "journal"), self.rng)
-                rec.event("fault", f"{v.name}: {what}")
-                if what.startswith("tore "):
-                    v.torn_pending = True
-                    self.log_marks[v.name] = os.path.getsize(v.log_path)
-        elif step.action == "pause":
-            for v in victims:
-                cluster.pause(v)
-                rec.event("fault", f"SIGSTOP {v.name} (pid {v.pid})")
-        elif step.action == "restart":
-            for v in victims:
-                cluster.spawn(v)
-                rec.event("heal", f"restart {v.name} (pid {v.pid})")
-            for v in victims:
-                waited = cluster.wait_registered(v)
-                rec.event("recovered", f"{v.name} registered again", seconds=round(waited, 3))
-                if v.torn_pending:
-                    v.torn_pending = False
-                    with open(v.log_path, "rb") as f:
-                        f.seek(self.log_marks.get(v.name, 0))
-                        replay_log = f.read().decode(errors="replace")
-                    if "torn" in replay_log:
-                        rec.event("recovered", f"{v.name}: journal replay truncated the torn tail")
-                    else:
-                        self.problems.append(f"{v.name}: no torn tail reported by journal replay after the tear")
-        elif step.action == "resume":
-            for v in victims:
-                cluster.resume(v)
-                rec.event("heal", f"SIGCONT {v.name} (pid {v.pid})")
-            for v in victims:
-                waited = cluster.wait_registered(v)
-                rec.event("recovered", f"{v.name} registered (again) after the pause", seconds=round(waited, 3))
-        elif step.action == "zk-stop-start":
-            rec.event("fault", f"stop ZooKeeper (pid {cluster.zookeeper.pid}) for {step.down_s:.1f} s")
-            cluster.restart_zookeeper(step.down_s)
-            rec.event("heal", f"ZooKeeper serving again (pid {cluster.zookeeper.pid})")
-            for node in cluster.bookies + cluster.brokers:
-                waited = cluster.wait_registered(node)
-                rec.event("recovered", f"{node.name} registered after the ZooKeeper restart",
-                          seconds=round(waited, 3))
-        elif step.action == "zk-cut":
-            for v in victims:
-                cluster.proxies[v.name].block()
-                rec.event("fault", f"cut {v.name} off from ZooKeeper (proxy {cluster.proxies[v.name].address})")
-        elif step.action == "zk-heal":
-            for v in victims:
-                cluster.proxies[v.name].unblock()
-                rec.event("heal", f"reconnect {v.name} to ZooKeeper")
-            for v in victims:
-                waited = cluster.wait_registered(v)
-                rec.event("recovered", f"{v.name} registered again", seconds=round(waited, 3))
-        else:
+        handler = getattr(self, "_do_" + step.action.replace("-", "_"), None)
+        if handler is None:
             raise ChaosError(f"unknown step action {step.action!r}")
+        handler(step, victims)
         if step.fault:
             self.faults.append({"action": step.action, "t": round(t, 3), "victims": names})
         else:
@@ -202,6 +162,269 @@ class _Run:
             except Exception as e:  # noqa: BLE001 - a note only
                 rec.event("note", f"topic lookup failed: {type(e).__name__}: {str(e)[:120]}")
 
+    # -- process faults -----------------------------------------------------------------------------------
+    def _kill(self, v: Node) -> None:
+        pid = v.pid
+        self.cluster.kill9(v)
+        self.recorder.event("fault", f"kill -9 {v.name} (pid {pid})")
+
+    def _do_kill9(self, step: Step, victims: list[Node]) -> None:
+        for v in victims:
+            self._kill(v)
+
+    def _do_kill9_tear(self, step: Step, victims: list[Node]) -> None:
+        for v in victims:
+            self._kill(v)
+            what = disk.tear_journal(os.path.join(v.home, "journal"), self.rng)
+            self.recorder.event("fault", f"{v.name}: {what}")
+            if what.startswith("tore "):
+                self._expect_torn(v)
+
+    def _do_kill9_truncate(self, step: Step, victims: list[Node]) -> None:
+        for v in victims:
+            self._kill(v)
+            what, removed = disk.truncate_journal(os.path.join(v.home, "journal"), self.rng)
+            self.recorder.event("fault", f"{v.name}: {what}")
+            if what.startswith("truncated "):
+                self._expect_torn(v)
+                self.lost_copies.setdefault(v.node_id, set()).update(removed)
+
+    def _expect_torn(self, v: Node) -> None:
+        v.torn_pending = True
+        self.log_marks[v.name] = os.path.getsize(v.log_path)
+
+    def _do_kill9_wipe(self, step: Step, victims: list[Node]) -> None:
+        for v in victims:
+            self._kill(v)
+            self.recorder.event("fault", f"{v.name}: {wipe.wipe_bookie(v.home)}")
+            self.wiped.add(v.node_id)
+
+    def _do_pause(self, step: Step, victims: list[Node]) -> None:
+        for v in victims:
+            self.cluster.pause(v)
+            self.recorder.event("fault", f"SIGSTOP {v.name} (pid {v.pid})")
+            if v.kind == "broker":
+                self._take_over_from(v)
+
+    def _take_over_from(self, paused: Node) -> None:
+        """What a client does when the owner stops answering: once the paused broker's session has expired (its
+        registration is gone), ask another broker for the topic, which makes that broker take it over (fence the
+        paused one's ledger). The producer itself would wait for its send timeout (60 s) on the silent stream."""
+        rec = self.recorder
+        t = time.monotonic()
+        if not self.cluster.wait_unregistered(paused, TAKEOVER_TIMEOUT_S):
+            self.failed_checks.append(f"{paused.name}'s registration outlived its session by {TAKEOVER_TIMEOUT_S:.0f} s")
+            return
+        rec.event("fault", f"{paused.name}'s ZooKeeper session expired", seconds=round(time.monotonic() - t, 3))
+        others = [b.address for b in self.cluster.brokers if b is not paused and b.alive() and not b.paused]
+        taken, detail = check.load_topic(others, TOPIC, TAKEOVER_TIMEOUT_S)
+        if taken:
+            rec.event("recovered", f"topic taken over by {detail}", seconds=round(time.monotonic() - t, 3))
+        else:
+            self.failed_checks.append(f"no broker took the topic over from paused {paused.name}: {detail}")
+
+    def _do_restart(self, step: Step, victims: list[Node]) -> None:
+        rec = self.recorder
+        for v in victims:
+            self.cluster.spawn(v)
+            rec.event("heal", f"restart {v.name} (pid {v.pid})")
+        for v in victims:
+            waited = self.cluster.wait_registered(v)
+            rec.event("recovered", f"{v.name} registered again", seconds=round(waited, 3))
+            if v.torn_pending:
+                v.torn_pending = False
+                with open(v.log_path, "rb") as f:
+                    f.seek(self.log_marks.get(v.name, 0))
+                    replay_log = f.read().decode(errors="replace")
+                if "torn" in replay_log:
+                    rec.event("recovered", f"{v.name}: journal replay truncated the torn tail")
+                else:
+                    self.problems.append(f"{v.name}: no torn tail reported by journal replay after the tear")
+
+    def _do_reformat_restart(self, step: Step, victims: list[Node]) -> None:
+        """A wiped bookie must refuse to start; the operator re-initialises it; it starts as a new bookie."""
+        cluster, rec = self.cluster, self.recorder
+        for v in victims:
+            mark = os.path.getsize(v.log_path)
+            cluster.spawn(v)
+            status = processes.wait_status(v.pid, REFUSAL_TIMEOUT_S)
+            with open(v.log_path, "rb") as f:
+                f.seek(mark)
+                said = f.read().decode(errors="replace")
+            if status is None:
+                cluster.kill9(v)
+                self.failed_checks.append(f"{v.name} started on wiped directories (it had to refuse)")
+            else:
+                v.pid = None
+                reason = next((line.strip() for line in said.splitlines() if "wiped" in line), "")
+                if status == 0 or not reason:
+                    self.failed_checks.append(f"{v.name} on wiped directories exited {status} without saying why:\n"
+                                         f"{said[-600:]}")
+                rec.event("recovered", f"{v.name} refused to start on wiped directories (exit {status}): "
+                                       f"{reason[:160]}")
+            done = format_bookie(v, cluster.run_dir)
+            rec.event("heal", f"operator: bksim bookie format --delete-cookie --force on {v.name}: {done}")
+            cluster.spawn(v)
+            rec.event("heal", f"restart {v.name} as a new bookie (pid {v.pid})")
+            waited = cluster.wait_registered(v)
+            rec.event("recovered", f"{v.name} registered as a new bookie", seconds=round(waited, 3))
+
+    def _do_resume(self, step: Step, victims: list[Node]) -> None:
+        cluster, rec = self.cluster, self.recorder
+        for v in victims:
+            cluster.resume(v)
+            rec.event("heal", f"SIGCONT {v.name} (pid {v.pid})")
+        for v in victims:
+            waited = cluster.wait_registered(v)
+            rec.event("recovered", f"{v.name} registered (again) after the pause", seconds=round(waited, 3))
+            if v.kind == "broker":
+                fenced, detail = check.broker_fenced(v.address, TOPIC, FENCED_TIMEOUT_S)
+                if fenced:
+                    rec.event("recovered", f"{v.name} came back fenced: {detail}")
+                else:
+                    self.failed_checks.append(f"paused broker not fenced: {v.name} {detail}")
+
+    # -- ZooKeeper ----------------------------------------------------------------------------------------
+    def _do_zk_stop_start(self, step: Step, victims: list[Node]) -> None:
+        cluster, rec = self.cluster, self.recorder
+        rec.event("fault", f"stop ZooKeeper (pid {cluster.zookeeper.pid}) for {step.down_s:.1f} s")
+        cluster.restart_zookeeper(step.down_s)
+        rec.event("heal", f"ZooKeeper serving again (pid {cluster.zookeeper.pid})")
+        for node in cluster.bookies + cluster.brokers:
+            waited = cluster.wait_registered(node)
+            rec.event("recovered", f"{node.name} registered after the ZooKeeper restart", seconds=round(waited, 3))
+
+    def _do_zk_cut(self, step: Step, victims: list[Node]) -> None:
+        for v in victims:
+            self.cluster.proxies[v.name].block()
+            self.recorder.event("fault", f"cut {v.name} off from ZooKeeper (proxy {self.cluster.proxies[v.name].address})")
+
+    def _do_zk_heal(self, step: Step, victims: list[Node]) -> None:
+        for v in victims:
+            self.cluster.proxies[v.name].unblock()
+            self.recorder.event("heal", f"reconnect {v.name} to ZooKeeper")
+        for v in victims:
+            waited = self.cluster.wait_registered(v)
+            self.recorder.event("recovered", f"{v.name} registered again", seconds=round(waited, 3))
+
+    # -- broker<->bookie links ----------------------------------------------------------------------------
+    def _links_of(self, step: Step, victims: list[Node]) -> list[tuple[str, TcpProxy]]:
+        if step.target == "owner-bookie-link":
+            broker, bookie = victims
+            return [(f"{broker.name}<->{bookie.name}", self.cluster.links[(broker.name, bookie.name)])]
+        (bookie,) = victims
+        return [(f"{b}<->{k}", p) for (b, k), p in sorted(self.cluster.links.items()) if k == bookie.name]
+
+    def _do_link_hold(self, step: Step, victims: list[Node]) -> None:
+        up, down = {"up": (True, False), "down": (False, True), "both": (True, True)}[step.arg]
+        what = {"both": "blackhole", "up": "one-way loss of the requests (broker->bookie)",
+                "down": "one-way loss of the replies (bookie->broker)"}[step.arg]
+        self.held_links = self._links_of(step, victims)
+        for _, proxy in self.held_links:
+            proxy.hold(up=up, down=down)
+        self.recorder.event("fault", f"{what} on {', '.join(n for n, _ in self.held_links)}")
+
+    def _do_link_delay(self, step: Step, victims: list[Node]) -> None:
+        self.held_links = self._links_of(step, victims)
+        for _, proxy in self.held_links:
+            proxy.delay(float(step.arg))
+        self.recorder.event("fault", f"delay {step.arg} ms on {', '.join(n for n, _ in self.held_links)}")
+
+    def _do_link_heal(self, step: Step, victims: list[Node]) -> None:
+        for _, proxy in self.held_links:
+            proxy.heal()
+        self.recorder.event("heal", f"links healed: {', '.join(n for n, _ in self.held_links)}")
+        self.held_links = []
+
+    # -- disks --------------------------------------------------------------------------------------------
+    def _do_stop_flip(self, step: Step, victims: list[Node]) -> None:
+        rec = self.recorder
+        for v in victims:
+            pid = v.pid
+            if not processes.stop(pid, STOP_TIMEOUT_S):
+                raise ChaosError(f"{v.name} (pid {pid}) did not stop within {STOP_TIMEOUT_S:.0f} s")
+            v.pid = None
+            rec.event("fault", f"stop {v.name} (SIGTERM, pid {pid}): its write cache goes to its entry logs")
+            first_asked = self._first_replica_picker(v.node_id)
+            what, flip = disk.flip_entry_log_byte(os.path.join(v.home, "ledgers"), self.rng, first_asked)
+            rec.event("fault", f"{v.name}: {what}")
+            if flip is None:
+                self.failed_checks.append(f"{v.name}: {what}")
+            else:
+                self.flips.append((v, flip))
+
+    def _first_replica_picker(self, bookie_id: str):
+        """(ledger, entry) -> True for the writers' acknowledged entries whose read asks `bookie_id` first."""
+        acked = {r.ledger_id: set(r.acked) for w in self.writers for r in w.ledgers}
+        infos = asyncio.run(check.ledger_infos(list(acked), self.cluster.live_broker_addresses()))
+
+        def pick(ledger_id: int, entry_id: int) -> bool:
+            info = infos.get(ledger_id)
+            if info is None or entry_id not in acked.get(ledger_id, ()):
+                return False
+            ensemble = next(s.ensemble for s in reversed(info.segments) if s.first_entry_id <= entry_id)
+            return ensemble[write_set_indexes(entry_id, len(ensemble), info.write_quorum_size)[0]] == bookie_id
+        return pick
+
+    def _do_disk_fill(self, step: Step, victims: list[Node]) -> None:
+        for v in victims:
+            what = disk.fill_disk(self.cluster.ledger_dir_seen_by(v), DISK_FULL_FRACTION)
+            self.recorder.event("fault", f"{v.name} ledger disk: {what}")
+            self._wait_read_only(v, True)
+
+    def _do_disk_drain(self, step: Step, victims: list[Node]) -> None:
+        for v in victims:
+            self.recorder.event("heal", f"{v.name} ledger disk: {disk.drain_disk(self.cluster.ledger_dir_seen_by(v))}")
+            self._wait_read_only(v, False)
+
+    def _wait_read_only(self, v: Node, read_only: bool) -> None:
+        state = "read-only" if read_only else "writable"
+        t = time.monotonic()
+        deadline = t + READ_ONLY_TIMEOUT_S
+        client = self.cluster.kazoo()
+        try:
+            while True:
+                doc = self.cluster.registration(client, v)
+                if doc is not None and doc["read_only"] == read_only:
+                    self.recorder.event("recovered" if not read_only else "fault",
+                                        f"{v.name} registered {state}", seconds=round(time.monotonic() - t, 3))
+                    return
+                if time.monotonic() >= deadline:
+                    self.failed_checks.append(f"{v.name} not registered {state} within {READ_ONLY_TIMEOUT_S:.0f} s")
+                    return
+                time.sleep(POLL_S)
+        finally:
+            client.stop()
+            client.close()
+
+    def _check_flip(self, v: Node, flip: disk.Flip, brokers: list[str]) -> dict:
+        """The damaged copy is still served (not "no entry") and fails its digest; a broker read returns the
+        acknowledged bytes, so the reader failed over."""
+        out = {"bookie": v.name, "ledger_id": flip.ledger_id, "entry_id": flip.entry_id}
+        problems = check.check_flip(v.address, brokers, flip)
+        out["problems"] = problems
+        self.failed_checks.extend(f"entrylog flip {flip.ledger_id}:{flip.entry_id} on {v.name}: {p}" for p in problems)
+        if not problems:
+            self.recorder.event("check", f"{v.name} serves {flip.ledger_id}:{flip.entry_id} with a bad digest; "
+                                         f"the brokers read the acknowledged bytes (failed over)")
+        return out
+
+    def _judge_audit(self, out_dir: str) -> dict:
+        """Wiped or truncated bookies lost copies on purpose: the audit must report those and nothing else."""
+        try:
+            with open(os.path.join(out_dir, "report.json")) as f:
+                audit_report = json.load(f)
+        except (OSError, ValueError) as e:
+            return {"problems": [f"no audit report.json to judge: {e}"], "figures": {}}
+        if self.wiped:
+            (wiped,) = self.wiped  # one wipe per run
+            problems, figures = wipe.judge_audit(audit_report, wiped)
+            expected = f"the copies of wiped bookie {wiped}"
+        else:
+            problems, figures = check.judge_truncation(audit_report, self.lost_copies)
+            expected = f"the copies the truncation removed on {', '.join(sorted(self.lost_copies))}"
+        return {"problems": problems, "figures": figures, "expected": expected}
+
     def heal_all(self) -> list[str]:
         """Whatever a step left broken (it should be none): resume, reconnect, restart; returns what was done."""
         done = []
@@ -214,6 +437,10 @@ class _Run:
             if proxy.blocked:
                 proxy.unblock()
                 done.append(f"reconnected {name} to ZooKeeper")
+        for (broker, bookie), proxy in cluster.links.items():
+            if proxy.state() != "ok":
+                done.append(f"healed the link {broker}<->{bookie} ({proxy.state()})")
+                proxy.heal()
         for node in cluster.bookies + cluster.brokers:
             if node.paused:
                 cluster.resume(node)
@@ -229,7 +456,11 @@ class _Run:
 
     # -- the run ------------------------------------------------------------------------------------------
     def execute(self) -> dict:
-        spec = ClusterSpec(child_env=dict(CHILD_ENV))
+        small = {}
+        if any(s.target == "small-disk-bookie" for s in self.steps):
+            small = {f"bookie-{self.rng.randint(1, 3)}": SMALL_DISK_MB}
+        spec = ClusterSpec(child_env=dict(CHILD_ENV), bookie_links=SCENARIOS[self.scenario].links,
+                           small_ledger_disk=small)
         started = time.monotonic()
         report: dict = {"scenario": self.scenario, "seed": self.seed, "duration_s": self.duration_s,
                         "run_dir": self.run_dir, "plan": [s.to_dict() for s in self.steps]}
@@ -242,6 +473,7 @@ class _Run:
             self.topic = topic = TopicWorkload(addresses, rec, stop, rate=TOPIC_RATE)
             writers = [LedgerWriter(f"ledgers-{e}/{qw}/{qa}", (e, qw, qa), addresses, rec, stop, rate=LEDGER_RATE)
                        for e, qw, qa in LEDGER_SHAPES]
+            self.writers = writers
             try:
                 topic.setup()
                 rec.event("workload", f"topic {TOPIC} owned by {topic.client.lookup(TOPIC)['broker_id']}")
@@ -282,6 +514,7 @@ class _Run:
                 ledgers = asyncio.run(check.check_ledgers([r for w in writers for r in w.ledgers], addresses))
                 topic_counts = check.check_topic(addresses, receipts, duplicate_receipts, topic.sent)
                 topic_counts["failed_sends"] = len(failed)
+                report["entrylog_flips"] = [self._check_flip(v, flip, addresses) for v, flip in self.flips]
                 report["check_s"] = round(time.monotonic() - t, 2)
                 rec.event("check", "checks done")
             finally:
@@ -297,6 +530,9 @@ class _Run:
                 processes.stop(node.pid, 15.0)
                 node.pid = None
             report["audit"] = run_audit(cluster, os.path.join(self.run_dir, "audit"))
+            if self.wiped or self.lost_copies:
+                report["audit"]["judged"] = self._judge_audit(os.path.join(self.run_dir, "audit"))
+        report["failed_checks"] = self.failed_checks
         report["timeline"] = self.recorder.events
         report["faults"] = self.faults
         report["throughput"] = throughput(self.recorder, self.faults)
@@ -309,23 +545,18 @@ class _Run:
         return report
 
 
-def tear_journal(journal_dir: str, rng: random.Random) -> str:
-    """Append a prefix of a copy of the newest journal's last record (a group write cut short by the crash)."""
-    names = sorted(n for n in os.listdir(journal_dir) if parse_journal_file_name(n) is not None) \
-        if os.path.isdir(journal_dir) else []
-    if not names:
-        return f"no journal file in {journal_dir} to tear"
-    path = os.path.join(journal_dir, names[-1])
-    with open(path, "rb") as f:
-        data = f.read()
-    scan = scan_records(data, FILE_HEADER_BYTES, newest=True)
-    if not scan.records:
-        return f"{path}: no record to copy (left as it is)"
-    last = scan.records[-1]
-    cut = rng.randint(1, last.end - last.offset - 1)
-    with open(path, "ab") as f:
-        f.write(data[last.offset:last.offset + cut])
-    return f"tore {names[-1]}: appended {cut} of a {last.end - last.offset}-byte record at offset {len(data)}"
+def format_bookie(node: Node, cwd: str) -> str:
+    """The operator's re-initialisation of a wiped bookie: `bksim bookie format --delete-cookie --force` with the
+    bookie's own configuration (its environment); ChaosError if it fails."""
+    argv = [sys.executable, "-m", "bksim.cli.main", "bookie", "format", "--delete-cookie", "--force"]
+    try:
+        done = subprocess.run(argv, cwd=cwd, env=node.env, capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ChaosError(f"bksim bookie format for {node.name} did not finish in {FORMAT_TIMEOUT_S:.0f} s") from None
+    if done.returncode != 0:
+        raise ChaosError(f"bksim bookie format for {node.name} failed (exit {done.returncode}): "
+                         f"{(done.stderr or done.stdout)[-600:]}")
+    return " ".join(done.stdout.split())[:200]
 
 
 def _count(items) -> dict:
@@ -427,9 +658,13 @@ def violations(report: dict) -> list[str]:
         if not n:
             out.append(f"liveness: no {stream} acknowledgement in the tail after the last fault was healed")
     audit = report.get("audit", {})
-    if audit.get("verdict") != "clean":
+    judged = audit.get("judged")
+    if judged is not None and audit.get("verdict") in ("clean", "violations"):
+        out.extend(f"audit: {p}" for p in judged["problems"])
+    elif audit.get("verdict") != "clean":
         out.append(f"audit: {audit.get('verdict')} (exit {audit.get('exit_status')})")
     out.extend(p for p in report.get("problems", []) if p.startswith("unexpected exit") or "torn tail" in p)
+    out.extend(report.get("failed_checks", []))
     return out
 
 
@@ -508,10 +743,18 @@ def summary_row(report: dict) -> dict:
             "duplicates": (led.get("duplicates") or 0) + (top.get("duplicates") or 0),
             "reordered": (led.get("reordered") or 0) + (top.get("reordered") or 0),
             "divergent": (led.get("divergent") or 0) + (top.get("divergent") or 0),
-            "audit": report.get("audit", {}).get("verdict", "not run"),
+            "audit": _audit_column(report.get("audit", {})),
             "recovery_s": report.get("recovery", {}).get("max_s"),
             "elapsed_s": report.get("elapsed_s"), "run_dir": report["run_dir"],
             "violations": report.get("violations", [])}
+
+
+def _audit_column(audit: dict) -> str:
+    """clean; or, where copies were destroyed on purpose, whether the audit reported exactly those."""
+    judged = audit.get("judged")
+    if judged is None or audit.get("verdict") not in ("clean", "violations"):
+        return audit.get("verdict", "not run")
+    return "unexpected findings" if judged["problems"] else "lost copies reported"
 
 
 def summary_table(rows: list[dict]) -> str:

@@ -22,8 +22,26 @@ Scenarios:
   expires), then reconnect it.
 - journal-torn-tail: kill -9 a bookie and append to its newest journal a prefix of a copy of its last record
   (the next group's write, torn by the crash: never acknowledged, so nothing acknowledged is removed), restart
-  it (replay must truncate the torn tail and say so); twice. A truncation *into* synced records would remove
-  acknowledged replicas: that is injected data loss, which the audit reports, so it is not done here.
+  it (replay must truncate the torn tail and say so); then kill -9 a bookie and truncate its newest journal at
+  a random byte inside its last records (a disk that lost synced bytes: that bookie's copies of those entries
+  are gone), restart: reads must still return every acknowledged entry (from the other replicas) and the audit
+  must report exactly those lost copies and nothing else.
+- bookie-link-blackhole: the link between the topic's owner and one bookie delivers nothing (both directions,
+  no error, no reset: TCP retransmitting into a black hole) for 4-6 s; then every broker's link to one bookie.
+- bookie-link-delay: every broker's link to one bookie delays each byte 3.5-5 s (beyond the 3 s bookie
+  timeout: adds time out, ensemble change) for 5-7 s; then the owner's link to one bookie 0.1-0.8 s (below it:
+  slower, no ensemble change) for 4-6 s.
+- bookie-link-loss: one-way loss on every broker's link to one bookie for 4-6 s: first one direction (the
+  requests, or the replies), then the other on another bookie.
+- entrylog-flip: stop a bookie (SIGTERM: it flushes its write cache to its entry logs), flip one payload byte of
+  a stored entry that bookie is the first replica to be asked for, restart it: the bookie serves the bad copy,
+  the digest check fails and the reader must fail over, never report the entry missing.
+- disk-full: fill the file system of one bookie's ledger directory (a 64 MiB tmpfs in the bookie's own mount
+  namespace) past disk_usage_threshold: it must go read-only (registered under /ledgers/available/readonly,
+  adds refused, ensembles change away), then drain it below the low-water mark: writable again.
+- bookie-wipe: kill -9 a bookie and wipe its journal and ledger directories: it must refuse to start; an
+  operator re-initialises it (`bksim bookie format --delete-cookie`) and it starts as a new bookie with the same
+  id; reads fail over to the other replicas and the audit reports the entries that lost their replica there.
 """
 from __future__ import annotations
 
@@ -34,10 +52,15 @@ from dataclasses import asdict, dataclass
 @dataclass(frozen=True)
 class Step:
     at: float  # seconds after the workload started (not before)
-    action: str  # kill9 | kill9-tear | restart | pause | resume | zk-stop-start | zk-cut | zk-heal
-    target: str  # random-bookie | two-bookies | topic-owner | same | zookeeper
+    # kill9 | kill9-tear | kill9-truncate | kill9-wipe | restart | reformat-restart | pause | resume |
+    # zk-stop-start | zk-cut | zk-heal | link-hold | link-delay | link-heal | stop-flip | disk-fill | disk-drain
+    action: str
+    # random-bookie | two-bookies | topic-owner | same | zookeeper | owner-bookie-link | bookie-links |
+    # small-disk-bookie
+    target: str
     fault: bool  # True: injects a fault; False: heals one
     down_s: float = 0.0  # zk-stop-start: how long ZooKeeper stays down
+    arg: str = ""  # link-hold: up | down | both; link-delay: milliseconds
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -48,6 +71,7 @@ class Scenario:
     name: str
     summary: str
     plan: object  # (random.Random, duration_s) -> list[Step]
+    links: bool = False  # the cluster routes every broker->bookie link through a proxy
 
 
 def _bookie_kill(rng: random.Random, d: float) -> list[Step]:
@@ -96,13 +120,61 @@ def _broker_zk_partition(rng: random.Random, d: float) -> list[Step]:
     return [Step(t1, "zk-cut", "topic-owner", True), Step(t2, "zk-heal", "same", False)]
 
 
-def _journal_torn_tail(rng: random.Random, d: float) -> list[Step]:
+def _journal_tear_and_truncate(rng: random.Random, d: float) -> list[Step]:
     t1 = d * rng.uniform(0.15, 0.25)
     t2 = t1 + rng.uniform(1.0, 2.0)
     t3 = max(t2 + 1.0, d * rng.uniform(0.5, 0.6))
     t4 = t3 + rng.uniform(1.0, 2.0)
     return [Step(t1, "kill9-tear", "random-bookie", True), Step(t2, "restart", "same", False),
-            Step(t3, "kill9-tear", "random-bookie", True), Step(t4, "restart", "same", False)]
+            Step(t3, "kill9-truncate", "random-bookie", True), Step(t4, "restart", "same", False)]
+
+
+def _two_outages(rng: random.Random, d: float, length: tuple[float, float]) -> tuple[float, float, float, float]:
+    t1 = d * rng.uniform(0.15, 0.25)
+    t2 = t1 + rng.uniform(*length)
+    t3 = max(t2 + 1.0, d * rng.uniform(0.5, 0.6))
+    return t1, t2, t3, t3 + rng.uniform(*length)
+
+
+def _link_blackhole(rng: random.Random, d: float) -> list[Step]:
+    t1, t2, t3, t4 = _two_outages(rng, d, (4.0, 6.0))
+    return [Step(t1, "link-hold", "owner-bookie-link", True, arg="both"), Step(t2, "link-heal", "same", False),
+            Step(t3, "link-hold", "bookie-links", True, arg="both"), Step(t4, "link-heal", "same", False)]
+
+
+def _link_delay(rng: random.Random, d: float) -> list[Step]:
+    t1, _, t3, t4 = _two_outages(rng, d, (4.0, 6.0))
+    t2 = t1 + rng.uniform(5.0, 7.0)
+    t3 = max(t3, t2 + 1.0)
+    return [Step(t1, "link-delay", "bookie-links", True, arg=str(rng.randint(3500, 5000))),
+            Step(t2, "link-heal", "same", False),
+            Step(t3, "link-delay", "owner-bookie-link", True, arg=str(rng.randint(100, 800))),
+            Step(max(t4, t3 + 4.0), "link-heal", "same", False)]
+
+
+def _link_loss(rng: random.Random, d: float) -> list[Step]:
+    t1, t2, t3, t4 = _two_outages(rng, d, (4.0, 6.0))
+    first = rng.choice(["up", "down"])
+    second = "down" if first == "up" else "up"
+    return [Step(t1, "link-hold", "bookie-links", True, arg=first), Step(t2, "link-heal", "same", False),
+            Step(t3, "link-hold", "bookie-links", True, arg=second), Step(t4, "link-heal", "same", False)]
+
+
+def _entrylog_flip(rng: random.Random, d: float) -> list[Step]:
+    t1 = d * rng.uniform(0.3, 0.4)
+    return [Step(t1, "stop-flip", "random-bookie", True), Step(t1 + rng.uniform(0.5, 1.5), "restart", "same", False)]
+
+
+def _disk_full(rng: random.Random, d: float) -> list[Step]:
+    t1 = d * rng.uniform(0.15, 0.25)
+    return [Step(t1, "disk-fill", "small-disk-bookie", True),
+            Step(t1 + rng.uniform(4.0, 6.0), "disk-drain", "same", False)]
+
+
+def _bookie_wipe(rng: random.Random, d: float) -> list[Step]:
+    t1 = d * rng.uniform(0.2, 0.3)
+    return [Step(t1, "kill9-wipe", "random-bookie", True),
+            Step(t1 + rng.uniform(1.0, 2.0), "reformat-restart", "same", False)]
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -119,8 +191,21 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("broker-zk-partition", "cut the topic owner off from ZooKeeper for 4-6 s (TCP proxy) while it runs: "
              "its session expires, the other broker takes over", _broker_zk_partition),
     Scenario("journal-torn-tail", "kill -9 a bookie, tear its journal's tail (a partial copy of the last record "
-             "appended, as a group write cut short), restart: replay must truncate it and serve everything; twice",
-             _journal_torn_tail),
+             "appended, as a group write cut short), restart: replay truncates it; then kill -9 one and truncate its "
+             "journal at a random byte of its last records: reads lose nothing, the audit reports exactly the lost "
+             "copies", _journal_tear_and_truncate),
+    Scenario("bookie-link-blackhole", "the owner's link to one bookie delivers nothing for 4-6 s (TCP into a black "
+             "hole: no error, no reset); then every broker's link to one bookie", _link_blackhole, links=True),
+    Scenario("bookie-link-delay", "every broker's link to one bookie delayed 3.5-5 s (beyond the bookie timeout) "
+             "for 5-7 s; then the owner's link to one bookie 0.1-0.8 s for 4-6 s", _link_delay, links=True),
+    Scenario("bookie-link-loss", "one-way loss on every broker's link to one bookie for 4-6 s: requests (or "
+             "replies) only; then the other direction on another bookie", _link_loss, links=True),
+    Scenario("entrylog-flip", "stop a bookie, flip a payload byte of an entry in its entry log that it is asked "
+             "for first, restart: reads fail over on the digest mismatch, never 'no entry'", _entrylog_flip),
+    Scenario("disk-full", "fill one bookie's ledger disk (its own 64 MiB tmpfs) past the threshold: read-only; "
+             "drain it: writable again", _disk_full),
+    Scenario("bookie-wipe", "kill -9 a bookie and wipe its directories: it must refuse to start; re-initialise it "
+             "(bksim bookie format): a new bookie; the audit reports the entries that lost a replica", _bookie_wipe),
 )}
 
 
@@ -128,4 +213,5 @@ def plan(name: str, seed: int, duration_s: float) -> list[Step]:
     if name not in SCENARIOS:
         raise KeyError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
     rng = random.Random(f"{name}/{seed}")
-    return [Step(round(s.at, 2), s.action, s.target, s.fault, s.down_s) for s in SCENARIOS[name].plan(rng, duration_s)]
+    return [Step(round(s.at, 2), s.action, s.target, s.fault, s.down_s, s.arg)
+            for s in SCENARIOS[name].plan(rng, duration_s)]

@@ -30,7 +30,7 @@ from typing import Callable
 
 from bksim.cli import config as cfgload
 from bksim.cli.bookie_cmd import ZK_CONNECT_TIMEOUT_S, _close_zk, _until_stopped, _STOPPED, zk_hosts
-from bksim.model.config import Config
+from bksim.model.config import Config, parse_address_overrides
 from bksim.model.errors import ConfigError, MetadataError, NodeExistsError
 
 GC_GEN0_THRESHOLD = 50_000
@@ -132,7 +132,11 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
         store = RenewingZkMetadataStore(client, operation_timeout_ms=config.zookeeper.operation_timeout_ms,
                                         read_tries_max=config.zookeeper.read_tries_max,
                                         on_new_session=on_new_session)
-        transport = GrpcBookieTransport(registration_resolver(store), timeout_ms=r.bookie_timeout_ms,
+        overrides = parse_address_overrides(r.bookie_address_overrides)
+        if overrides:
+            log(f"bookie address overrides: {', '.join(f'{k} -> {v}' for k, v in sorted(overrides.items()))}")
+        transport = GrpcBookieTransport(registration_resolver(store, overrides=overrides),
+                                        timeout_ms=r.bookie_timeout_ms,
                                         add_window_max=r.add_window_max)
         service = LedgerService(store=store, transport=transport, rng=random.SystemRandom(), clock=SystemClock(),
                                 config=r, log=log)

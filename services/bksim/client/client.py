@@ -153,14 +153,16 @@ class Client:
         r = self._call("Lookup", topic_pb2.LookupRequest(topic=topic))
         return {"topic": r.topic, "broker_id": r.broker_id, "address": r.address, "owned": r.owned}
 
-    def topic_stats(self, topic: str) -> dict:
-        return self._json("TopicStats", topic)
+    def topic_stats(self, topic: str, *, follow_owner: bool = True) -> dict:
+        """The topic's stats from its owner. follow_owner=False asks the service URL's brokers themselves: one that
+        does not own the topic answers NOT_OWNER (naming the owner), and one that finds no owner takes it."""
+        return self._json("TopicStats", topic, follow_owner)
 
-    def topic_stats_internal(self, topic: str) -> dict:
-        return self._json("TopicStatsInternal", topic)
+    def topic_stats_internal(self, topic: str, *, follow_owner: bool = True) -> dict:
+        return self._json("TopicStatsInternal", topic, follow_owner)
 
-    def _json(self, method: str, topic: str) -> dict:
-        r = self._call(method, topic_pb2.TopicRequest(topic=topic), owner=topic)
+    def _json(self, method: str, topic: str, follow_owner: bool = True) -> dict:
+        r = self._call(method, topic_pb2.TopicRequest(topic=topic), owner=topic if follow_owner else "")
         try:
             return json.loads(r.json)
         except ValueError as e:

@@ -107,6 +107,9 @@ class BrokerConfig:
     read_entries_max: int = option(1_000_000, "entries one ReadEntries call may ask for")
     requests_inflight_max: int = option(1_000, "concurrent RPCs a broker serves; more get RESOURCE_EXHAUSTED")
     shutdown_grace_ms: int = option(10_000, "SIGTERM: how long in-flight requests get to drain")
+    bookie_address_overrides: str = option("", "comma-separated BOOKIE_ID=HOST:PORT: dial HOST:PORT for that bookie "
+                                               "instead of its registered address (the chaos runner routes links "
+                                               "through fault-injecting proxies this way); empty = none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +181,7 @@ class Config:
                      "add_window_max", "append_inflight_max", "payload_bytes_max", "ledgers_open_max",
                      "read_window_max", "read_entries_max", "requests_inflight_max"):
             _require(getattr(r, name) > 0, f"broker.{name} must be > 0")
+        parse_address_overrides(r.bookie_address_overrides)  # raises ConfigError naming the bad pair
         t = self.topic
         for name in ("ensemble_size", "write_quorum_size", "ack_quorum_size", "ledger_entries_max", "ledger_bytes_max",
                      "ledger_age_ms_max", "pending_adds_max", "trim_interval_ms", "message_bytes_max",
@@ -197,6 +201,18 @@ class Config:
 
 SECTIONS = {"cluster": ClusterConfig, "zookeeper": ZooKeeperConfig, "bookie": BookieConfig, "broker": BrokerConfig,
             "topic": TopicConfig}
+
+
+def parse_address_overrides(text: str) -> dict[str, str]:
+    """"id=host:port,id=host:port" -> {id: "host:port"}; ConfigError naming the first malformed pair."""
+    overrides: dict[str, str] = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        bookie_id, sep, address = pair.partition("=")
+        host, colon, port = address.strip().rpartition(":")
+        _require(bool(sep and bookie_id.strip() and host and colon and port.isdigit() and 0 < int(port) < 65536),
+                 f"broker.bookie_address_overrides: {pair!r} is not BOOKIE_ID=HOST:PORT")
+        overrides[bookie_id.strip()] = address.strip()
+    return overrides
 
 
 def _require(condition: bool, message: str) -> None:
