@@ -13,6 +13,10 @@ driver re-reads and checks whether its own write landed before deciding anything
 
 Subclasses say what the machine is (`_sink_*` methods) and what the application is told (`_on_acknowledge`,
 `_on_adds_failed`, `_on_closed`, `_on_failed`).
+
+Every bookie call ends in an event for the machine: an answer, or "no answer" (BookieUnreachable, and also a
+call that ended in asyncio.CancelledError although nobody cancelled the task waiting for it: see
+`cancelled_underneath`). A call whose end the machine never hears of would leave it waiting forever.
 """
 from __future__ import annotations
 
@@ -29,6 +33,15 @@ from bksim.ports.bookie_transport import BookieTransport
 from bksim.ports.metadata import MetadataStore
 
 Log = Callable[[str], None]
+
+
+def cancelled_underneath() -> bool:
+    """For an `except asyncio.CancelledError` around a bookie call: True when the current task was NOT asked to
+    cancel, i.e. the call itself was cancelled underneath it (gRPC does so to the calls of a channel it closes).
+    No answer will come: the shells treat that as BookieUnreachable. False: the task's own cancellation
+    (stop(), a timeout), which must propagate."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0
 
 
 class LedgerDriver:
@@ -145,6 +158,12 @@ class LedgerDriver:
                 raise BookieUnreachable(bookie, f"answered {len(statuses)} statuses for {len(items)} entries")
         except BookieUnreachable as e:
             self._log(f"ledger {self.ledger_id}: {len(items)} add(s) to {bookie} unanswered: {e.why}")
+            statuses = [None] * len(items)
+        except asyncio.CancelledError:
+            if not cancelled_underneath():
+                raise
+            self._log(f"ledger {self.ledger_id}: {len(items)} add(s) to {bookie} unanswered: the call was "
+                      f"cancelled underneath (not by this broker)")
             statuses = [None] * len(items)
         writable: Sequence[str] = ()
         if any(s is not StatusCode.OK and s not in (StatusCode.FENCED, StatusCode.UNAUTHORIZED) for s in statuses):

@@ -11,7 +11,9 @@
   turn ends; each entry's answer goes back to the caller on its own, in id order, exactly as one ReadEntry
   reply would (status None for every entry of a call that got no answer). Recovery's read-forward and
   `read_entries` use it: a window of W entries costs one call per bookie instead of W * Qw calls. A
-  speculative read issued later joins the next flush.
+  speculative read issued later joins the next flush. A call that ends without an answer (BookieUnreachable,
+  or cancelled underneath the outbox: driver.cancelled_underneath) delivers None for each of its entries, so
+  the caller's machine always hears of every read it asked for.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import asyncio
 import collections
 from typing import AsyncIterator, Callable
 
+from bksim.broker.driver import cancelled_underneath
 from bksim.formats.entry import Entry
 from bksim.ledger.reader import EntryRead, LacRead
 from bksim.metadata.ledger_metadata import LedgerMetadata
@@ -95,6 +98,10 @@ class ReadOutbox:
                 raise BookieUnreachable(bookie, f"answered {len(results)} results for {len(ids)} entry ids")
         except BookieUnreachable:
             results = [(None, b"")] * len(ids)
+        except asyncio.CancelledError:
+            if self._closed or not cancelled_underneath():
+                raise
+            results = [(None, b"")] * len(ids)  # the call was cancelled underneath us: no answer
         deliver = self._deliver
         for entry_id, (status, entry) in zip(ids, results):
             if self._closed:
@@ -113,6 +120,10 @@ async def read_lac(transport: BookieTransport, ledger_id: int, metadata: LedgerM
             status, lac = await transport.read_lac(bookie, ledger_id)
         except BookieUnreachable:
             status, lac = None, -1
+        except asyncio.CancelledError:
+            if not cancelled_underneath():
+                raise
+            status, lac = None, -1  # the call was cancelled underneath us: no answer
         if machine.on_reply(bookie, status, lac) and not done.done():
             done.set_result(None)
 

@@ -344,8 +344,10 @@ class ManagedLedger:
 
     async def _recover_once(self, ledger_id: int) -> LedgerMetadata:
         """One recovery attempt, bounded: an attempt that neither ends nor fails within RECOVERY_ATTEMPT_TIMEOUTS
-        bookie timeouts is abandoned (LedgerError RECOVERY_FAILED) so the caller tries again (a chaos run saw an
-        attempt hang after two bookies of the ensemble came back)."""
+        bookie timeouts is abandoned (LedgerError RECOVERY_FAILED) so the caller tries again. A backstop: every
+        bookie call of a recovery has its own deadline, and a call cancelled with its gRPC channel is "no
+        answer" (the cause of the hang chaos bookie-kill seed 616843657 saw after two bookies of the ensemble
+        came back: tests/integration/test_recovery_lost_answer.py), so an attempt normally ends well before."""
         limit_s = RECOVERY_ATTEMPT_TIMEOUTS * self._broker_config.bookie_timeout_ms / 1000
         try:
             return await asyncio.wait_for(self._ledgers.recover_ledger(ledger_id, password=LEDGER_PASSWORD), limit_s)
