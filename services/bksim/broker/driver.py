@@ -62,6 +62,7 @@ class LedgerDriver:
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task] = set()
         self._stopped = False
+        self._unanswered_logged: dict[str, str] = {}  # bookie -> the last reason logged for an unanswered add
 
     # -- what subclasses provide -----------------------------------------------------------------------------
     def _sink_add_results(self, bookie: str, entry_ids: list[int], statuses: list,
@@ -157,13 +158,12 @@ class LedgerDriver:
             if len(statuses) != len(items):
                 raise BookieUnreachable(bookie, f"answered {len(statuses)} statuses for {len(items)} entries")
         except BookieUnreachable as e:
-            self._log(f"ledger {self.ledger_id}: {len(items)} add(s) to {bookie} unanswered: {e.why}")
+            self._log_unanswered(bookie, len(items), e.why)
             statuses = [None] * len(items)
         except asyncio.CancelledError:
             if not cancelled_underneath():
                 raise
-            self._log(f"ledger {self.ledger_id}: {len(items)} add(s) to {bookie} unanswered: the call was "
-                      f"cancelled underneath (not by this broker)")
+            self._log_unanswered(bookie, len(items), "the call was cancelled underneath (not by this broker)")
             statuses = [None] * len(items)
         writable: Sequence[str] = ()
         if any(s is not StatusCode.OK and s not in (StatusCode.FENCED, StatusCode.UNAUTHORIZED) for s in statuses):
@@ -171,6 +171,15 @@ class LedgerDriver:
         if self._stopped:
             return
         self.execute(self._sink_add_results(bookie, [entry_id for entry_id, _, _ in items], statuses, writable))
+
+    def _log_unanswered(self, bookie: str, count: int, why: str) -> None:
+        """One line per bookie and reason: a failed stream hands the same reason to every add that was pending on
+        it (hundreds at a few hundred adds/s), which would otherwise be one identical line each."""
+        if self._unanswered_logged.get(bookie) == why:
+            return
+        self._unanswered_logged[bookie] = why
+        self._log(f"ledger {self.ledger_id}: {count} add(s) to {bookie} unanswered: {why} (more adds failing "
+                  f"the same way are not logged)")
 
     async def _writable_or_none(self) -> Sequence[str]:
         try:
