@@ -143,7 +143,7 @@ compose-check: deps compose-tools
 # .run/chaos/, with a progress line and a summary table (also written to .run/chaos/campaign-<time>.md).
 # CHAOS_ARGS passes more flags (e.g. CHAOS_ARGS='--scenarios broker-kill,bookie-kill --seed 7').
 CHAOS_RUNS ?= 20
-CHAOS_DURATION ?= 15
+CHAOS_DURATION ?= 10
 CHAOS_ARGS ?=
 .PHONY: chaos
 chaos: deps
