@@ -74,6 +74,13 @@ class Scenario:
     links: bool = False  # the cluster routes every broker->bookie link through a proxy
 
 
+def _two_outages(rng: random.Random, d: float, length: tuple[float, float]) -> tuple[float, float, float, float]:
+    t1 = d * rng.uniform(0.15, 0.25)
+    t2 = t1 + rng.uniform(*length)
+    t3 = max(t2 + 1.0, d * rng.uniform(0.5, 0.6))
+    return t1, t2, t3, t3 + rng.uniform(*length)
+
+
 def _bookie_kill(rng: random.Random, d: float) -> list[Step]:
     t1 = d * rng.uniform(0.15, 0.25)
     t2 = t1 + rng.uniform(2.0, 3.0)
@@ -84,19 +91,13 @@ def _bookie_kill(rng: random.Random, d: float) -> list[Step]:
 
 
 def _bookie_pause(rng: random.Random, d: float) -> list[Step]:
-    t1 = d * rng.uniform(0.15, 0.25)
-    t2 = t1 + rng.uniform(4.0, 6.0)
-    t3 = max(t2 + 1.0, d * rng.uniform(0.5, 0.6))
-    t4 = t3 + rng.uniform(4.0, 6.0)
+    t1, t2, t3, t4 = _two_outages(rng, d, (4.0, 6.0))
     return [Step(t1, "pause", "random-bookie", True), Step(t2, "resume", "same", False),
             Step(t3, "pause", "random-bookie", True), Step(t4, "resume", "same", False)]
 
 
 def _broker_kill(rng: random.Random, d: float) -> list[Step]:
-    t1 = d * rng.uniform(0.15, 0.25)
-    t2 = t1 + rng.uniform(3.0, 5.0)
-    t3 = max(t2 + 1.0, d * rng.uniform(0.5, 0.6))
-    t4 = t3 + rng.uniform(3.0, 5.0)
+    t1, t2, t3, t4 = _two_outages(rng, d, (3.0, 5.0))
     return [Step(t1, "kill9", "topic-owner", True), Step(t2, "restart", "same", False),
             Step(t3, "kill9", "topic-owner", True), Step(t4, "restart", "same", False)]
 
@@ -121,19 +122,9 @@ def _broker_zk_partition(rng: random.Random, d: float) -> list[Step]:
 
 
 def _journal_tear_and_truncate(rng: random.Random, d: float) -> list[Step]:
-    t1 = d * rng.uniform(0.15, 0.25)
-    t2 = t1 + rng.uniform(1.0, 2.0)
-    t3 = max(t2 + 1.0, d * rng.uniform(0.5, 0.6))
-    t4 = t3 + rng.uniform(1.0, 2.0)
+    t1, t2, t3, t4 = _two_outages(rng, d, (1.0, 2.0))
     return [Step(t1, "kill9-tear", "random-bookie", True), Step(t2, "restart", "same", False),
             Step(t3, "kill9-truncate", "random-bookie", True), Step(t4, "restart", "same", False)]
-
-
-def _two_outages(rng: random.Random, d: float, length: tuple[float, float]) -> tuple[float, float, float, float]:
-    t1 = d * rng.uniform(0.15, 0.25)
-    t2 = t1 + rng.uniform(*length)
-    t3 = max(t2 + 1.0, d * rng.uniform(0.5, 0.6))
-    return t1, t2, t3, t3 + rng.uniform(*length)
 
 
 def _link_blackhole(rng: random.Random, d: float) -> list[Step]:
