@@ -2,8 +2,11 @@
 truncated into synced records (check.judge_truncation). No processes: files in tmp_path and dicts."""
 from __future__ import annotations
 
+import json
 import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -71,12 +74,37 @@ def test_flip_damages_one_payload_byte_of_a_picked_entry(tmp_path):
     assert nothing is None and none.startswith("no stored entry")
 
 
-def test_fill_and_drain_a_disk(tmp_path):
-    st = os.statvfs(tmp_path)
-    used = 1 - st.f_bavail / st.f_blocks
-    # this machine's real disk is never filled: only ask for a fraction already reached
-    assert disk.fill_disk(str(tmp_path), used * 0.5).endswith("used") and not (tmp_path / disk.BALLOON).exists()
-    assert "removed the 0 MiB balloon" in disk.drain_disk(str(tmp_path))
+FILL_SCRIPT = """
+import json, os, sys
+from bksim.chaos import disk
+path = sys.argv[1]
+def used():
+    st = os.statvfs(path)
+    return 1 - st.f_bavail / st.f_blocks
+out = {"before": used(), "fill": disk.fill_disk(path, 0.9)}
+out["full"] = used()
+out["again"] = disk.fill_disk(path, 0.9)
+out["drain"] = disk.drain_disk(path)
+out["after"] = used()
+print(json.dumps(out))
+"""
+
+
+def test_fill_and_drain_a_real_small_disk(tmp_path):
+    # an 8 MiB tmpfs in a private mount namespace (as the disk-full scenario's bookie has): it dies with the
+    # child, nothing on this machine's disks or mount table changes
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         'mount -t tmpfs -o size=8m bksim-test "$0" && exec "$@"', str(mount), sys.executable, "-c", FILL_SCRIPT,
+         str(mount)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["before"] < 0.1 and out["full"] >= 0.9 and out["after"] < 0.1, out
+    assert out["fill"].startswith("balloon of ") and "already" in out["again"], out
+    assert out["drain"].startswith("removed the 7 MiB balloon"), out
+    assert not any(mount.iterdir())  # the tmpfs went with the child; the directory underneath was never written
 
 
 def finding(rule: str, ledger: int, first: int, last: int, missing: list[str], **extra) -> dict:

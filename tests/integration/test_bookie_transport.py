@@ -37,8 +37,8 @@ FRAME_BYTES_MAX = 1024 * 1024  # the module bookie's limits, small so that a few
 ENTRY_BYTES_MAX = 512 * 1024
 TIMEOUT_MS = 5_000
 FAST_S = 1.5  # a refused or reset connection must fail well within this (the deadline is far longer)
-DEAD_CALLS_MAX = 500  # calls to a killed bookie while its registration lingers (bounded; ~2 s expected)
-DEAD_CALL_INTERVAL_S = 0.02
+DEAD_WAIT_S = 10.0  # a killed bookie's registration lingers until its session expires (~2 s expected)
+DEAD_CALL_INTERVAL_S = 0.02  # one call to the dead bookie per poll of that wait
 
 
 @pytest.fixture(scope="module")
@@ -279,14 +279,17 @@ def test_killed_bookie_fails_fast_and_works_again_after_restart(zookeeper, zk, b
             # grow gRPC's reconnect back-off on any channel kept across the failures.
             calls = (lambda: t.add(b.bookie_id, adds(ledger, 3, 1)), lambda: t.read_entry(b.bookie_id, ledger, 0),
                      lambda: t.read_lac(b.bookie_id, ledger))
-            dead, gone = [], False
-            while not gone and len(dead) < DEAD_CALLS_MAX:
+            dead = []
+
+            async def dead_call_then_gone() -> bool:  # one call to the dead bookie per poll, until its node is gone
                 gone = zk.exists(path) is None
                 started = loop.time()
                 with pytest.raises(BookieUnreachable) as error:
                     await calls[len(dead) % len(calls)]()
                 dead.append((loop.time() - started, str(error.value)))
-                await asyncio.sleep(DEAD_CALL_INTERVAL_S)  # pacing of the retries, not a synchronisation
+                return gone
+            gone = await wait_until_async(dead_call_then_gone, DEAD_WAIT_S, interval_s=DEAD_CALL_INTERVAL_S,
+                                          message=f"{path} to expire while calls to the dead bookie fail fast")
             await asyncio.to_thread(b.start, zk, owner)
             first = await t.read_lac(b.bookie_id, ledger)  # the very next call after the restart
             after = await t.add(b.bookie_id, adds(ledger, 3, 1))

@@ -25,7 +25,7 @@ from helpers import free_port
 
 FAKE_BOOKIE = r"""
 # stands in for `python -m bksim.cli.main bookie run` (that marker is how `down` recognises a bookie pid)
-import json, os, sys, time
+import json, os, signal, sys, time
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError
 mode = sys.argv[1]
@@ -47,13 +47,14 @@ while True:
             raise
         time.sleep(0.05)
 print("fake bookie registered", bookie_id, flush=True)
-time.sleep(60)  # bounded: `down` sends SIGTERM long before this
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+signal.sigtimedwait({signal.SIGTERM}, 60)  # until `down` stops it (SIGTERM), at most 60 s
 """
 
 
 FAKE_BROKER = r"""
 # stands in for `python -m bksim.cli.main broker run`
-import json, os, sys, time
+import json, os, signal, sys, time
 from kazoo.client import KazooClient
 if sys.argv[1] == "die":
     print("fake broker: cannot bind port " + os.environ["BKSIM_BROKER_PORT"] + ": boom", flush=True)
@@ -66,7 +67,8 @@ host, port = broker_id.rsplit(":", 1)
 zk.create("/brokers/available/" + broker_id, json.dumps({"broker_id": broker_id, "host": host, "port": int(port),
           "pid": os.getpid()}).encode(), ephemeral=True, makepath=True)
 print("fake broker registered", broker_id, flush=True)
-time.sleep(60)  # bounded: `down` sends SIGTERM long before this
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+signal.sigtimedwait({signal.SIGTERM}, 60)  # until `down` stops it (SIGTERM), at most 60 s
 """
 
 

@@ -15,11 +15,11 @@ def test_shared_server_serves_and_expires_sessions_quickly(zookeeper, zk_client,
     assert zk_client.get(f"{zk_root}/a")[0] == b"x"
     # A process that holds an ephemeral node is SIGKILLed: the server must expire its session within a
     # couple of seconds (tickTime 200 ms), which is what bookie-failure tests rely on.
-    script = ("import sys, time\n"
+    script = ("import signal, sys\n"
               "from kazoo.client import KazooClient\n"
               "c = KazooClient(hosts=sys.argv[1], timeout=0.6); c.start(timeout=10)\n"
               "c.create(sys.argv[2], b'', ephemeral=True, makepath=True)\n"
-              "time.sleep(60)\n")
+              "signal.sigtimedwait({signal.SIGTERM}, 60)\n")  # until killed (SIGKILL below), at most 60 s
     pid = processes.spawn([sys.executable, "-c", script, zookeeper.connect, f"{zk_root}/eph"], None,
                           str(tmp_path / "holder.log"))
     try:

@@ -349,7 +349,7 @@ def judge_truncation(report: dict, lost: dict[str, set[tuple[int, int]]]) -> tup
     naming removed copies are counted. Returns (problems, figures)."""
     problems: list[str] = []
     figures = {"removed_copies": sum(len(c) for c in lost.values()), "reported_missing": 0, "below_checkpoint": 0}
-    for f in [f for kind in ("violations", "reported") for f in report.get(kind, [])]:
+    for kind, f in [(kind, f) for kind in ("violations", "reported") for f in report.get(kind, [])]:
         rule = f.get("rule")
         if rule == "torn_tail_below_checkpoint" and f.get("bookie") in lost:
             figures["below_checkpoint"] += 1
@@ -359,9 +359,7 @@ def judge_truncation(report: dict, lost: dict[str, set[tuple[int, int]]]) -> tup
         if (rule in MISSING_COPY_RULES and len(missing) == 1 and missing[0] in lost
                 and ids and all(i in lost[missing[0]] for i in ids)):
             figures["reported_missing"] += len(ids)
-        elif f in report.get("reported", []):
-            continue
-        elif len(problems) < FINDINGS_MAX:
+        elif kind == "violations" and len(problems) < FINDINGS_MAX:
             problems.append(f"audit {rule} ledger {f.get('ledger')} entries {f.get('first_entry')}.."
                             f"{f.get('last_entry')} missing on {missing or '-'} bookie {f.get('bookie', '-')}: not "
                             f"a copy the truncation removed")

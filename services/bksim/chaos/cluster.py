@@ -310,16 +310,22 @@ class ChaosCluster:
     def bookie_links(self, bookie: Node) -> list[TcpProxy]:
         return [proxy for (_, name), proxy in sorted(self.links.items()) if name == bookie.name]
 
-    def wait_unregistered(self, node: Node, timeout_s: float) -> bool:
-        """Wait until `node` has no registration (its session expired); False if it still has one at the deadline."""
-        deadline = time.monotonic() + timeout_s
+    def wait_registration(self, node: Node, wanted, timeout_s: float) -> float | None:
+        """Wait until `wanted(registration doc or None)` holds for `node`; the seconds waited, or None at the
+        deadline (ZooKeeper hiccups count as "not yet")."""
+        started = time.monotonic()
+        deadline = started + timeout_s
         client = self.kazoo()
         try:
-            while self.registration(client, node) is not None:
+            while True:
+                try:
+                    if wanted(self.registration(client, node)):
+                        return time.monotonic() - started
+                except Exception:  # noqa: BLE001 - ZooKeeper away for a moment: ask again until the deadline
+                    pass
                 if time.monotonic() >= deadline:
-                    return False
+                    return None
                 time.sleep(POLL_S)
-            return True
         finally:
             _close(client)
 

@@ -24,9 +24,8 @@ from dataclasses import dataclass
 
 from bksim.formats import entrylog
 from bksim.formats.entry import HEADER_BYTES as ENTRY_HEADER_BYTES
-from bksim.formats.journal import RecordType, encode_file_header, parse_journal_file_name, scan_records
-
-FILE_HEADER_BYTES = len(encode_file_header("00000000-0000-0000-0000-000000000000"))
+from bksim.formats.journal import FILE_HEADER_BYTES, RecordType, parse_journal_file_name, scan_records
+from bksim.model.errors import FormatError
 TRUNCATE_RECORDS_MAX = 3  # truncate_journal cuts inside one of the last this many records
 BALLOON = "chaos-balloon"
 BALLOON_CHUNK = 1 << 20
@@ -99,7 +98,7 @@ def flip_entry_log_byte(ledger_dir: str, rng: random.Random, pick) -> tuple[str,
             data = f.read()
         try:
             _, records, _ = entrylog.scan(data)
-        except Exception:  # noqa: BLE001 - an unreadable header: not a candidate file
+        except FormatError:  # an unreadable header: not a candidate file
             continue
         candidates += [(path, r) for r in records
                        if r.entry is not None and len(r.entry) > ENTRY_HEADER_BYTES and pick(r.ledger_id, r.entry_id)]

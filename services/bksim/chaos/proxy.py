@@ -163,7 +163,6 @@ class TcpProxy:
                 self._start(self._write, direction, chunks, source, target)
 
     def _read(self, source: socket.socket, chunks: queue.Queue) -> None:
-        data = _EOF
         try:
             while not self._stop.is_set():
                 data = source.recv(CHUNK_BYTES)

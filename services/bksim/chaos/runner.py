@@ -38,7 +38,7 @@ import time
 
 from bksim.adapters import processes
 from bksim.chaos import check, disk, wipe
-from bksim.chaos.cluster import POLL_S, ChaosCluster, ClusterSpec, Node
+from bksim.chaos.cluster import ChaosCluster, ClusterSpec, Node
 from bksim.chaos.proxy import TcpProxy
 from bksim.chaos.scenarios import SCENARIOS, Step, plan as make_plan
 from bksim.chaos.workload import TOPIC, LedgerWriter, Recorder, TopicWorkload, run_writers
@@ -212,10 +212,11 @@ class _Run:
         paused one's ledger). The producer itself would wait for its send timeout (60 s) on the silent stream."""
         rec = self.recorder
         t = time.monotonic()
-        if not self.cluster.wait_unregistered(paused, TAKEOVER_TIMEOUT_S):
+        expired = self.cluster.wait_registration(paused, lambda doc: doc is None, TAKEOVER_TIMEOUT_S)
+        if expired is None:
             self.failed_checks.append(f"{paused.name}'s registration outlived its session by {TAKEOVER_TIMEOUT_S:.0f} s")
             return
-        rec.event("fault", f"{paused.name}'s ZooKeeper session expired", seconds=round(time.monotonic() - t, 3))
+        rec.event("fault", f"{paused.name}'s ZooKeeper session expired", seconds=round(expired, 3))
         others = [b.address for b in self.cluster.brokers if b is not paused and b.alive() and not b.paused]
         taken, detail = check.load_topic(others, TOPIC, TAKEOVER_TIMEOUT_S)
         if taken:
@@ -379,23 +380,13 @@ class _Run:
 
     def _wait_read_only(self, v: Node, read_only: bool) -> None:
         state = "read-only" if read_only else "writable"
-        t = time.monotonic()
-        deadline = t + READ_ONLY_TIMEOUT_S
-        client = self.cluster.kazoo()
-        try:
-            while True:
-                doc = self.cluster.registration(client, v)
-                if doc is not None and doc["read_only"] == read_only:
-                    self.recorder.event("recovered" if not read_only else "fault",
-                                        f"{v.name} registered {state}", seconds=round(time.monotonic() - t, 3))
-                    return
-                if time.monotonic() >= deadline:
-                    self.failed_checks.append(f"{v.name} not registered {state} within {READ_ONLY_TIMEOUT_S:.0f} s")
-                    return
-                time.sleep(POLL_S)
-        finally:
-            client.stop()
-            client.close()
+        waited = self.cluster.wait_registration(v, lambda doc: doc is not None and doc["read_only"] == read_only,
+                                                READ_ONLY_TIMEOUT_S)
+        if waited is None:
+            self.failed_checks.append(f"{v.name} not registered {state} within {READ_ONLY_TIMEOUT_S:.0f} s")
+        else:
+            self.recorder.event("fault" if read_only else "recovered", f"{v.name} registered {state}",
+                                seconds=round(waited, 3))
 
     def _check_flip(self, v: Node, flip: disk.Flip, brokers: list[str]) -> dict:
         """The damaged copy is still served (not "no entry") and fails its digest; a broker read returns the
