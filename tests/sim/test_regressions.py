@@ -38,6 +38,14 @@ LEDGER_REGRESSION_SEEDS = {
     1226: "WritersFinish, the same",
     1563: "WritersFinish, the same",
     2981: "WritersFinish, the same",
+    305: "NoDivergenceBetweenClientAndMetaData: two recoveries at once, a bookie of the ensemble down; a "
+         "recovery CASed its write-back's ensemble change (a segment at entry 0 naming a bookie that got nothing) "
+         "and then failed; the next recovery read that segment, found no entry and closed at -1 below an "
+         "acknowledged entry",
+    1079: "AllCommittedEntriesReachAckQuorum at the close: one recovery closed over the other's segment, whose "
+          "new bookie had none of the written-back entries",
+    1666: "BrokerNeverRaises: a recovery's ensemble change conflicted with the other's later segment and asked "
+          "for a segment starting before it (ValueError)",
 }
 
 

@@ -6,7 +6,8 @@ the tasks that wait for the bookies' answers, and the compare-and-set writes of 
 UpdateEnsemble and CloseLedger ask for. Everything it learns goes back into the state machine as an event; the
 commands that come out are executed here. The machine decides; this class only carries messages.
 
-Metadata writes (PROTOCOL.md §3, MetadataVersionsIncrease): always a CAS on the version last read. A lost CAS
+Metadata writes (PROTOCOL.md §3, MetadataVersionsIncrease): always a CAS on the version last read (a recovery's
+shell, broker/recovery.py, keeps its ensemble changes local and publishes them with its close). A lost CAS
 re-reads and re-decides through the machine (on_ensemble_change_rejected) or, for a close, accepts an identical
 CLOSED value (idempotent close) and fails on any other. A ConnectionLossError leaves the outcome unknown: the
 driver re-reads and checks whether its own write landed before deciding anything.
@@ -45,6 +46,8 @@ def cancelled_underneath() -> bool:
 
 
 class LedgerDriver:
+    _ensemble_change_note = ""  # said after "ensemble change at entry ..." in the log
+
     def __init__(self, *, ledger_id: int, metadata: LedgerMetadata, version: int, store: MetadataStore,
                  transport: BookieTransport, master_key: bytes, batch_entries_max: int, cas_attempts_max: int,
                  writable_bookies: Callable[[], Awaitable[list[str]]], log: Log) -> None:
@@ -109,7 +112,7 @@ class LedgerDriver:
             elif kind is UpdateEnsemble:
                 self._log(f"ledger {self.ledger_id}: ensemble change at entry {command.first_entry_id}: "
                           f"replacing {', '.join(f'#{i} {b}' for i, b in command.replaced)} -> "
-                          f"{list(command.ensemble)}")
+                          f"{list(command.ensemble)}{self._ensemble_change_note}")
                 self.spawn(self._update_ensemble(command))
             elif kind is CloseLedger:
                 self.spawn(self._close(command))
@@ -223,12 +226,21 @@ class LedgerDriver:
         except (MetadataError, LedgerStateError) as e:
             self._on_failed("METADATA_ERROR", f"ensemble change failed: {e}")
 
+    def _closed_value(self, command: CloseLedger) -> LedgerMetadata | None:
+        """The CLOSED metadata to CAS onto the version last read (`self.metadata`), or None when this client may
+        not close over that value (then the close fails as fenced)."""
+        return self.metadata.closed(command.last_entry_id, command.length)
+
     async def _close(self, command: CloseLedger) -> None:
         try:
             for _ in range(self._cas_attempts_max):
                 if self.metadata.state is LedgerState.CLOSED or self.metadata.state is not self._expected_state():
                     break
-                if await self._cas(self.metadata.closed(command.last_entry_id, command.length)):
+                wanted = self._closed_value(command)
+                if wanted is None:
+                    return self._on_failed("FENCED", f"ledger {self.ledger_id}: its segments changed in the "
+                                                     f"metadata while this client was closing it")
+                if await self._cas(wanted):
                     break
             md = self.metadata
             if md.state is LedgerState.CLOSED:

@@ -1,12 +1,19 @@
 """Ledger recovery run against the world (PROTOCOL.md §4 "Recovery"): the shell around ledger/recovery.py.
 
-Step 1 is here: CAS OPEN -> IN_RECOVERY (a CLOSED ledger needs nothing; an IN_RECOVERY one is recovered again,
-since a recovery that died leaves it so). Steps 2-6 are LedgerRecovery's decisions; this shell sends its
-fencing and read-forward ReadEntry commands (all with the FENCE flag) through a ReadOutbox (broker/reading.py:
-the reads issued in one event-loop turn go to each bookie as one read_entries call), runs its write-back writer through the
-LedgerDriver (RECOVERY_ADD adds, ensemble changes as CAS on an IN_RECOVERY ledger) and CASes IN_RECOVERY ->
-CLOSED. Two concurrent recoveries are safe: the loser of the close CAS finds the ledger CLOSED and returns that
-metadata (the decisions are deterministic from the same bookies, and the close is a CAS, so there is one end).
+Step 1 is the caller's (LedgerService): CAS OPEN -> IN_RECOVERY (a CLOSED ledger needs nothing; an IN_RECOVERY
+one is recovered again, since a recovery that died leaves it so). Steps 2-6 are LedgerRecovery's decisions;
+this shell sends its fencing and read-forward ReadEntry commands (all with the FENCE flag) through a ReadOutbox
+(broker/reading.py: the reads issued in one event-loop turn go to each bookie as one read_entries call), runs
+its write-back writer through the LedgerDriver (RECOVERY_ADD adds) and CASes IN_RECOVERY -> CLOSED.
+
+Ensemble changes during the write-back stay local (PROTOCOL.md §4 step 5, as BookKeeper's recovery does): a
+bookie that fails is replaced in this run's own view of the segments only, and the segments reach the metadata
+in the closing write, which is a CAS on the IN_RECOVERY value this run started from. So a CLOSED ledger names
+only segments whose entries the closing recovery wrote back to Qa bookies of each write set. Two recoveries at
+once (a topic takeover: the old owner's failed add path and the new owner's open) cannot publish each other's
+half-written segments: the first close wins; the loser finds the ledger CLOSED and returns that metadata (whose
+segments its winner wrote in full); a run that finds the segments changed under it (never by bksim itself)
+fails with RECOVERY_FAILED instead of closing over them.
 
 A recovery that cannot decide (no quorum coverage, an entry neither found nor provably absent, the write-back
 fenced by yet another recovery's ensemble change) raises LedgerError("RECOVERY_FAILED"), leaving the ledger
@@ -19,17 +26,22 @@ import asyncio
 from bksim.broker.driver import LedgerDriver
 from bksim.broker.reading import ReadOutbox
 from bksim.ledger.recovery import LedgerRecovery, ReadEntry, RecoveryFailed, RecoveryPhase
+from bksim.ledger.writer import CloseLedger, UpdateEnsemble
 from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
 from bksim.model.errors import LedgerError
 
 
 class RecoveryRun(LedgerDriver):
+    _ensemble_change_note = " (local to this recovery until its close publishes it)"
+
     def __init__(self, *, recovery: LedgerRecovery, **driver) -> None:
         super().__init__(**driver)
         self.recovery = recovery
         self._done: asyncio.Future = asyncio.get_running_loop().create_future()
         self._reads = ReadOutbox(self._transport, self.ledger_id, self._on_read_result, master_key=self._master_key,
                                  spawn=self.spawn)
+        self._base_segments = self.metadata.segments  # the IN_RECOVERY value this run's segments build on
+        self._local_segments: list[tuple[int, tuple[str, ...]]] = []  # the write-back's ensemble changes, in order
 
     async def run(self) -> LedgerMetadata:
         self.execute(self.recovery.start_recovery())
@@ -71,6 +83,22 @@ class RecoveryRun(LedgerDriver):
 
     def _expected_state(self) -> LedgerState:
         return LedgerState.IN_RECOVERY
+
+    # -- segments: local until the close ---------------------------------------------------------------------
+    async def _update_ensemble(self, command: UpdateEnsemble) -> None:
+        """Replace the failed bookies in this run's view only; nothing is written until the close."""
+        self._local_segments.append((command.first_entry_id, command.ensemble))
+        self.execute(self._sink_ensemble_changed(command.first_entry_id, command.ensemble))
+
+    def _closed_value(self, command: CloseLedger) -> LedgerMetadata | None:
+        """The stored IN_RECOVERY value with this run's segments on top, CLOSED. None when the stored segments
+        are no longer the ones this run started from: its write-back went to ensembles computed from those."""
+        if self.metadata.segments != self._base_segments:
+            return None
+        wanted = self.metadata
+        for first_entry_id, ensemble in self._local_segments:
+            wanted = wanted.with_new_segment(first_entry_id, ensemble)
+        return wanted.closed(command.last_entry_id, command.length)
 
     def _on_closed(self, metadata: LedgerMetadata) -> None:
         if not self._done.done():

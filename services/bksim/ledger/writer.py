@@ -80,7 +80,8 @@ class AddsFailed:
 class UpdateEnsemble:
     """CAS the ledger metadata: new last segment {first_entry_id, ensemble} (replacing the last segment if it
     starts at the same id), allowed only while the ledger is OPEN. Report with on_ensemble_changed or
-    on_ensemble_change_rejected."""
+    on_ensemble_change_rejected. A recovery's write-back writer asks the same, and its shell keeps the new
+    segment local: the recovery's close publishes its segments (PROTOCOL.md §4 step 5)."""
     first_entry_id: int
     ensemble: tuple[str, ...]
     replaced: tuple[tuple[int, str], ...]  # (ensemble index, failed bookie) pairs, for logs and checks

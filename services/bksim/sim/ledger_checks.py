@@ -26,6 +26,10 @@ Invariants (each raised as InvariantViolation(name, detail)):
 - NoOutOfOrderEntries: an entry a reader gets at id i carries the payload appended at id i.
 - NoDirtyReads: a reader never gets an entry (or a LAC) above what was confirmed: the highest entry a
   writer had acknowledged, or the last_entry_id of the CLOSED ledger.
+- AllCommittedEntriesReachAckQuorum, at the moment of the close: every entry up to last_entry_id is held by
+  at least Qa bookies of its write set in the CLOSED metadata, where "held" means the bookie acknowledged an
+  add of it (bookies acknowledge after the journal sync, so it is durable there). A close that names bookies
+  which never got the entries is caught here even if a later write-back would have hidden it by the end.
 The end-state invariants (AllAckedEntriesAreReadable, AllCommittedEntriesReachAckQuorum, NoLogDivergence)
 use `final_*` helpers here and the engines' answers gathered by the scenario.
 """
@@ -34,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from bksim.formats.entry import parse_ids
 from bksim.ledger.quorum import covered
 from bksim.metadata import ledger_metadata
 from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
@@ -72,6 +77,7 @@ class LedgerRecord:
     writers: list[WriterRecord] = field(default_factory=list)
     closed: tuple[int, int] | None = None  # (last_entry_id, length) of the first CLOSED metadata
     fenced_on: set[str] = field(default_factory=set)  # bookies that acknowledged a fence of the ledger
+    held: dict[int, set[str]] = field(default_factory=dict)  # entry id -> bookies that acknowledged an add of it
 
     @property
     def highest_acked(self) -> int:
@@ -211,6 +217,15 @@ class LedgerChecks:
             self.violate("NoDivergenceBetweenClientAndMetaData", f"{who}: ledger {ledger_id} CLOSED at "
                          f"last_entry_id {metadata.last_entry_id}, but entry {record.highest_acked} was "
                          f"acknowledged (by writer #{record.acked[record.highest_acked]})")
+        for entry_id in range(metadata.last_entry_id + 1):
+            write_set = metadata.write_set(entry_id)
+            holders = [b for b in write_set if b in record.held.get(entry_id, ())]
+            if len(holders) < metadata.ack_quorum_size:
+                self.violate("AllCommittedEntriesReachAckQuorum", f"{who}: ledger {ledger_id} CLOSED at "
+                             f"last_entry_id {metadata.last_entry_id}, but entry {entry_id} is held by {holders} of "
+                             f"its write set {write_set} in the closed metadata, fewer than "
+                             f"Qa={metadata.ack_quorum_size} (bookies that acknowledged it: "
+                             f"{sorted(record.held.get(entry_id, ()))})")
 
     def _decode(self, ledger_id: int, data: bytes, who: str) -> LedgerMetadata:
         try:
@@ -228,6 +243,8 @@ class LedgerChecks:
             pass
 
     def _bookie_answered(self, bookie: str, incarnation: int, kind: str, request: tuple, result) -> None:
+        if kind == "add":
+            return self._adds_answered(bookie, request, result)
         if kind == "read_lac":
             ledger_id, = request
             status, lac = result[0], result[1]
@@ -251,6 +268,16 @@ class LedgerChecks:
         if lac > highest:
             self.violate("LacMonotonic", f"{bookie}#{incarnation}: known LAC of ledger {ledger_id} is {lac}, above "
                          f"every writer's LAC ({highest}) (LacNeverInvented)")
+
+    def _adds_answered(self, bookie: str, items: tuple, statuses) -> None:
+        """An add the bookie acknowledged (OK) is durable there: it counts as a held copy from now on."""
+        for (entry, _key, _flags), status in zip(items, statuses):
+            if status is not S.OK:
+                continue
+            ledger_id, entry_id, _ = parse_ids(entry)
+            record = self.ledgers.get(ledger_id)
+            if record is not None:
+                record.held.setdefault(entry_id, set()).add(bookie)
 
     def _fence_acknowledged(self, ledger_id: int, bookie: str) -> None:
         record = self.ledgers.get(ledger_id)

@@ -429,14 +429,9 @@ class LedgerWorld:
         elif kind == "expire_bookie_session":
             self.cluster.bookies[nodes[0]].expire_session()
         elif kind == "crash_broker":
-            broker = self.brokers[nodes[0]]
-            if not broker.alive:
+            if not self.brokers[nodes[0]].alive:
                 return self._skip(event, "already down")
-            self.stats["broker_crashes"] += 1
-            orphans = [lid for lid in self._open_ledgers() if self._writer_of.get(lid) == broker.name]
-            await self._stop_broker(broker, "crash")
-            self._later(event.then_ms, self._takeover, nodes[1], orphans)
-            self._later(event.duration_ms, self._restart_broker, nodes[0])
+            await self._crash_broker(nodes[0], nodes[1], event.then_ms, event.duration_ms)
         elif kind == "recover":
             broker = self.brokers[nodes[0]]
             candidates = [lid for lid in self._open_ledgers() if self._writer_of.get(lid) != broker.name]
@@ -451,8 +446,18 @@ class LedgerWorld:
             if not candidates or not brokers:
                 return self._skip(event, "no open ledger" if not candidates else "brokers down")
             lid = self.faults.choice(candidates)
+            if event.duration_ms:
+                ensemble = self.checks.metadata[lid][0].ensemble
+                up = [b for b in ensemble if self.cluster.bookies[b].alive]
+                if up:
+                    victim = self.faults.choice(up)
+                    self._log(f"  {victim} (in ledger {lid}'s ensemble) crashes before the recoveries")
+                    self.cluster.bookies[victim].crash(self.faults)
+                    self._later(event.duration_ms, self._restart_bookie, victim)
             for broker in brokers:
                 self._spawn(broker.tasks, self._recover(broker, lid, "concurrent recoveries"), f"recover {lid}")
+            if event.then_ms and self.brokers[nodes[1]].alive:
+                self._later(event.then_ms, self._crash_later, nodes[1], nodes[0], event.then_ms)
         elif kind == "expire_broker_session":
             broker = self.brokers[nodes[0]]
             if not broker.alive or not self.cluster.store.is_alive(broker.session):
@@ -462,6 +467,21 @@ class LedgerWorld:
             self._later(self.plan.session_timeout_ms / 2, self._restart_broker, broker.name, broker.incarnation)
         else:
             raise AssertionError(kind)
+
+    async def _crash_broker(self, name: str, successor: str, takeover_ms: float, restart_ms: float) -> None:
+        """`name` dies; `successor` (or another live broker) recovers its open ledgers `takeover_ms` later; `name`
+        restarts `restart_ms` later."""
+        broker = self.brokers[name]
+        self.stats["broker_crashes"] += 1
+        orphans = [lid for lid in self._open_ledgers() if self._writer_of.get(lid) == broker.name]
+        await self._stop_broker(broker, "crash")
+        self._later(takeover_ms, self._takeover, successor, orphans)
+        self._later(restart_ms, self._restart_broker, name)
+
+    def _crash_later(self, name: str, successor: str, restart_ms: float) -> None:
+        if self._liveness or not self.brokers[name].alive:
+            return
+        self._spawn(self._fault_tasks, self._crash_broker(name, successor, 0.0, restart_ms), f"crash {name}")
 
     def _skip(self, event: FaultEvent, why: str) -> None:
         self.stats["faults_skipped"] += 1

@@ -139,7 +139,8 @@ class FaultEvent:
     amount: float = 0.0  # slow: extra ms; lossy: loss probability
     duplicate: float = 0.0  # lossy: duplication probability
     reorder: bool = False  # lossy: streams reorder
-    then_ms: float = 0.0  # crash_broker: another broker takes its ledgers over this long after the crash
+    then_ms: float = 0.0  # crash_broker: another broker takes its ledgers over this long after the crash;
+    # double_recovery: the second broker crashes this long after both recoveries started (0: it does not)
 
     def describe(self) -> str:
         n, k = self.nodes, self.kind
@@ -154,7 +155,11 @@ class FaultEvent:
             "crash_broker": lambda: f"{n[0]}, {n[1]} takes its open ledgers over (recovery) after "
                                     f"{self.then_ms:.2f} ms, restart after {self.duration_ms:.2f} ms",
             "recover": lambda: f"by {n[0]}: an open ledger another broker writes",
-            "double_recovery": lambda: f"by {n[0]} and {n[1]} at once: one open ledger",
+            "double_recovery": lambda: f"by {n[0]} and {n[1]} at once: one open ledger"
+                                       + (f"; a bookie of its ensemble crashes first, restart after "
+                                          f"{self.duration_ms:.2f} ms" if self.duration_ms else "")
+                                       + (f"; {n[1]} crashes {self.then_ms:.2f} ms later (its recovery dies "
+                                          f"mid-way)" if self.then_ms else ""),
             "expire_broker_session": lambda: f"{n[0]} (it restarts half a session timeout later)",
         }[k]()
         return f"at {self.at_ms:8.2f} ms {k} {what}"
@@ -212,7 +217,7 @@ class LedgerPlan:
         timeout_ms = r.choice([20, 50, 100])
         events = []
         for _ in range(r.choice([0, 2, 4, 8, 12])):
-            events.append(cls._event(r, r.uniform(0.0, run_ms * 0.9), bookies, brokers, run_ms))
+            events.append(cls._event(r, r.uniform(0.0, run_ms * 0.9), bookies, brokers, run_ms, seed))
         events.sort(key=lambda e: e.at_ms)
         return cls(
             seed=seed, bookies=bookies, brokers=brokers,
@@ -241,7 +246,7 @@ class LedgerPlan:
         )
 
     @staticmethod
-    def _event(r: random.Random, at_ms: float, bookies: int, brokers: int, run_ms: float) -> FaultEvent:
+    def _event(r: random.Random, at_ms: float, bookies: int, brokers: int, run_ms: float, seed: int) -> FaultEvent:
         total = sum(w for _, w in LEDGER_EVENT_WEIGHTS)
         pick = r.uniform(0.0, total)
         for kind, weight in LEDGER_EVENT_WEIGHTS:
@@ -269,7 +274,13 @@ class LedgerPlan:
         if kind in ("recover", "expire_broker_session"):
             return FaultEvent(at_ms, kind, 0.0, (broker,))
         if kind == "double_recovery":
-            return FaultEvent(at_ms, kind, 0.0, (broker, other))
+            # the takeover race: a bookie of the ledger's ensemble is down (both write-backs change the ensemble
+            # at the same entry), and one of the recovering brokers may die before it finishes; drawn from a
+            # stream of its own, so adding these knobs left every other seed's plan as it was
+            race = rng_for(seed, f"ledger-plan-takeover-race-{at_ms!r}")
+            outage = duration if race.random() < 0.7 else 0.0
+            dies_after = race.uniform(0.0, duration) if race.random() < 0.5 else 0.0
+            return FaultEvent(at_ms, kind, outage, (broker, other), then_ms=dies_after)
         raise AssertionError(kind)
 
     @property
