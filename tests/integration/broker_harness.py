@@ -350,6 +350,9 @@ class Background:
         except BaseException as e:  # noqa: BLE001 - handed to result()
             self._error = e
 
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
     def result(self, timeout_s: float = CALL_DEADLINE_S + 5):
         self._thread.join(timeout_s)
         assert not self._thread.is_alive(), f"the background call did not return within {timeout_s}s"
