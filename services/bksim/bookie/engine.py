@@ -7,7 +7,9 @@ Ordering contracts:
 - Checkpoint order (PROTOCOL.md §2.2): mark M -> swap caches -> append to entry log -> fsync entry log ->
   index batch (synced) -> ledger index (synced) -> persist M. The persisted mark never moves backwards.
 - "Unknown is never no": NO_LEDGER / NO_ENTRY only when the bookie durably knows; a damaged or missing
-  entry-log record behind an index entry is IO_ERROR.
+  entry-log record behind an index entry is IO_ERROR; what a re-initialised bookie lacks of a ledger in limbo
+  (id <= `limbo_ledger_id_max`, from the cookie `bksim bookie format` wrote: bookie/cookie.py) is UNKNOWN_STATE,
+  for reads, fencing reads and ReadLac alike, because an earlier incarnation may have held it.
 """
 from __future__ import annotations
 
@@ -48,8 +50,9 @@ class BookieEngine:
     def __init__(self, config: BookieConfig, *, disk: Disk, clock: Clock,
                  open_kv: Callable[[str], KeyValueStore], instance_id: str, journal_dir: str, ledger_dir: str,
                  log: Callable[[str], None] = print,
-                 fault_hook: Callable[[str], None] | None = None) -> None:
+                 fault_hook: Callable[[str], None] | None = None, limbo_ledger_id_max: int = -1) -> None:
         self.config = config
+        self.limbo_ledger_id_max = limbo_ledger_id_max  # ledgers that may predate a format: never denied
         self._disk, self._clock, self._open_kv, self._log = disk, clock, open_kv, log
         self.instance_id = instance_id
         self.journal_dir, self.ledger_dir = journal_dir, ledger_dir
@@ -62,7 +65,8 @@ class BookieEngine:
                                 group_bytes_max=config.group_bytes_max, flush_when_idle=config.journal_flush_when_idle,
                                 file_bytes_max=config.journal_file_bytes_max,
                                 queue_records_max=config.journal_queue_records_max,
-                                sync_on_loop=config.journal_sync_on_loop, log=log)
+                                sync_on_loop=config.journal_sync_on_loop, log=log,
+                                on_failure=self._journal_failed)
         self._locations: LocationIndex | None = None
         self._ledgers: LedgerIndex | None = None
         self._lac: dict[int, int] = {}  # highest piggybacked LAC seen per ledger since start (adds, replay)
@@ -136,7 +140,15 @@ class BookieEngine:
     # -- state -------------------------------------------------------------------------------------------
     @property
     def read_only(self) -> bool:
-        return self._read_only
+        """Read-only because the disk is full (until it drains) or because the journal failed (until restart)."""
+        return self._read_only or self._journal.failed is not None
+
+    def _journal_failed(self, why: str) -> None:
+        """A journal write or sync failed: nothing more can be made durable, so the bookie turns read-only for
+        good (the server re-registers it under available/readonly): adds and fences get IO_ERROR, reads of what
+        it acknowledged are still served. Restarting it replays the journal (its last group may be torn)."""
+        self._log(f"bookie is now read-only until restarted (journal failed: {why}): adds and fences get IO_ERROR, "
+                  f"reads are served")
 
     def set_disk_usage(self, total_bytes: int, free_bytes: int) -> bool:
         """Apply the disk thresholds with hysteresis; return True when the read-only state flipped."""
@@ -148,18 +160,20 @@ class BookieEngine:
         elif self._read_only and used < self.config.disk_usage_lwm_threshold:
             self._read_only = False
         if before != self._read_only:
-            self._log(f"disk {used:.1%} used: bookie is now {'read-only' if self._read_only else 'writable'}")
+            state = "read-only" if self._read_only else \
+                "writable" if self._journal.failed is None else "still read-only (its journal failed)"
+            self._log(f"disk {used:.1%} used: bookie is now {state}")
         return before != self._read_only
 
     def info(self) -> dict:
-        return {"state": "read-only" if self._read_only else "writable", "free_bytes": self._free_bytes,
+        return {"state": "read-only" if self.read_only else "writable", "free_bytes": self._free_bytes,
                 "total_bytes": self._total_bytes, "instance_id": self.instance_id}
 
     def statistics(self) -> dict:
         return dict(self.stats, journal=self._journal.statistics(), write_cache_bytes=self._write_cache.active_bytes,
                     flushing_bytes=self._write_cache.flushing_bytes, persisted_mark=tuple(
                         (self._persisted_mark.journal_id, self._persisted_mark.offset)),
-                    ledgers=len(self._ledgers) if self._ledgers else 0, read_only=self._read_only)
+                    ledgers=len(self._ledgers) if self._ledgers else 0, read_only=self.read_only)
 
     # -- write path --------------------------------------------------------------------------------------
     async def add_entries(self, items: Sequence[tuple[bytes, bytes, int]]) -> tuple[list[StatusCode], str]:
@@ -437,6 +451,8 @@ class BookieEngine:
         except FormatError as e:
             return StatusCode.IO_ERROR, b"", -1, f"entry {ledger_id}:{entry_id} unreadable: {e}"
         if entry is None:
+            if ledger_id <= self.limbo_ledger_id_max:
+                return StatusCode.UNKNOWN_STATE, b"", lac, self._limbo_message(ledger_id, entry_id)
             if ledger_id not in self._ledgers and last < 0:
                 return StatusCode.NO_LEDGER, b"", -1, f"ledger {ledger_id} not on this bookie"
             return StatusCode.NO_ENTRY, b"", lac, f"entry {ledger_id}:{entry_id} not on this bookie"
@@ -448,11 +464,18 @@ class BookieEngine:
             return StatusCode.IO_ERROR, -1, -1, "bookie is shutting down"
         try:
             last = self._last_entry_id(ledger_id)
+            if last < 0 and ledger_id <= self.limbo_ledger_id_max:
+                return StatusCode.UNKNOWN_STATE, -1, -1, self._limbo_message(ledger_id, -1)
             if ledger_id not in self._ledgers and last < 0:
                 return StatusCode.NO_LEDGER, -1, -1, f"ledger {ledger_id} not on this bookie"
             return OK, self._known_lac(ledger_id), last, ""
         except FormatError as e:
             return StatusCode.IO_ERROR, -1, -1, f"ledger {ledger_id} last entry unreadable: {e}"
+
+    def _limbo_message(self, ledger_id: int, entry_id: int) -> str:
+        what = "no entry" if entry_id == -1 else f"entry {ledger_id}:{entry_id} not"
+        return (f"{what} here, but ledger {ledger_id} is in limbo (id <= {self.limbo_ledger_id_max}, the bound this "
+                f"bookie's format recorded): an earlier incarnation may have held it")
 
     # -- replay ------------------------------------------------------------------------------------------
     async def _apply_record(self, record: jfmt.JournalRecord, mark_after: JournalMark) -> None:

@@ -52,7 +52,8 @@ def list_journal_ids(disk: Disk, journal_dir: str) -> list[int]:
 class Journal:
     def __init__(self, disk: Disk, clock: Clock, journal_dir: str, instance_id: str, *, group_wait_ms_max: float,
                  group_bytes_max: int, flush_when_idle: bool, file_bytes_max: int, queue_records_max: int,
-                 sync_on_loop: bool, log: Callable[[str], None] = print) -> None:
+                 sync_on_loop: bool, log: Callable[[str], None] = print,
+                 on_failure: Callable[[str], None] | None = None) -> None:
         self._disk, self._clock, self._dir, self._instance_id = disk, clock, journal_dir, instance_id
         self._group_wait_ms_max = group_wait_ms_max
         self._group_bytes_max = group_bytes_max
@@ -61,6 +62,7 @@ class Journal:
         self._queue_records_max = queue_records_max
         self._sync_on_loop = sync_on_loop
         self._log = log
+        self._on_failure = on_failure  # called once, with the reason, when a write or sync fails
         self._queue: collections.deque[_Pending] = collections.deque()
         self._queued_records = 0
         self._queued_bytes = 0
@@ -145,6 +147,7 @@ class Journal:
         return future
 
     async def _run(self) -> None:
+        group: list[_Pending] = []  # the group being written: on a failure its callers get the error too
         try:
             while True:
                 if not self._queue:
@@ -156,10 +159,11 @@ class Journal:
                 await self._gather_group()
                 group = self._take_group()
                 await self._write_group(group)
+                group = []
         except asyncio.CancelledError:
             raise
         except Exception as e:  # an I/O failure kills the journal: nothing more can be acknowledged
-            self._fail(f"{type(e).__name__}: {e}")
+            self._fail(f"{type(e).__name__}: {e}", group)
 
     async def _gather_group(self) -> None:
         """Wait (bounded by group_wait_ms_max from the oldest record) for the group to fill."""
@@ -218,12 +222,17 @@ class Journal:
         self._file, self._file_id = new_file, new_id
         self._synced = JournalMark(new_id, new_file.size)
 
-    def _fail(self, why: str) -> None:
+    def _fail(self, why: str, in_flight: list[_Pending]) -> None:
+        """The journal is dead: fail the group whose write or sync failed (its bytes may or may not be on the
+        device: never acknowledged, so replay may keep or drop them) and everything queued behind it."""
         self._failure = why
         self._log(f"journal FAILED, no further adds can be acknowledged: {why}")
         error = BookieError(StatusCode.IO_ERROR, f"journal failed: {why}")
         while self._queue:
-            pending = self._queue.popleft()
+            in_flight.append(self._queue.popleft())
+        for pending in in_flight:
             if not pending.future.done():
                 pending.future.set_exception(error)
         self._queued_records = self._queued_bytes = 0
+        if self._on_failure is not None:
+            self._on_failure(why)
