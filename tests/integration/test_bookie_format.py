@@ -45,7 +45,8 @@ def test_format_refuses_then_reinitialises_the_bookie_as_a_new_one(zookeeper, zk
     bookie = BookieProcess(zookeeper, tmp_path)
     bookies.append(bookie)
     bookie.start(zk)
-    add_some(bookie, 301)
+    old_ledger = bookie_cmd.draw_ledger_id(zk)  # a ledger id as the broker gets one, from the id generator
+    add_some(bookie, old_ledger)
     dirs = (bookie.journal_dir, bookie.ledger_dir)
     before = listing(*dirs)
     assert "COOKIE" in before[bookie.journal_dir] and zk_cookie(zk, bookie.bookie_id).incarnation == 1
@@ -78,21 +79,30 @@ def test_format_refuses_then_reinitialises_the_bookie_as_a_new_one(zookeeper, zk
     assert done.returncode == 0, done
     out = json.loads(done.stdout)
     assert (out["cookie_deleted"], out["zookeeper_cookie_kept"], out["incarnation"]) == (True, False, 2)
+    limbo_max = out["limbo_ledger_id_max"]  # drawn from the id generator after the old ledger's id
+    assert limbo_max > old_ledger, out
+    assert f"limbo: ledgers with ids <= {limbo_max} (the ledger-id generator now) may predate this format" in \
+        done.stdout + "\n".join(out["lines"])
     assert [d["removed"] for d in out["directories"]] == [False, False]
     assert zk_cookie(zk, bookie.bookie_id) is None
     for d in dirs:
         assert os.listdir(d) == ["COOKIE"]
         with open(os.path.join(d, "COOKIE"), "rb") as f:
-            assert cookies.decode(f.read()).incarnation == 2
+            written = cookies.decode(f.read())
+        assert (written.incarnation, written.limbo_ledger_id_max) == (2, limbo_max)
 
     bookie.start(zk)
     assert "new bookie (incarnation 2)" in bookie.last_start_log()
-    assert zk_cookie(zk, bookie.bookie_id).incarnation == 2
+    assert f"limbo: ledgers with ids <= {limbo_max} may predate" in bookie.last_start_log()
+    assert zk_cookie(zk, bookie.bookie_id) == written  # ZooKeeper records the same limbo bound
 
-    async def read_old():
+    async def read(ledger_id: int):
         async with BookieClient(bookie.address) as client:
-            return await client.read_entry(301, 0)
-    assert asyncio.run(read_old()).status == StatusCode.NO_LEDGER  # the old incarnation's entries are gone
+            return (await client.read_entry(ledger_id, 0)).status, (await client.read_lac(ledger_id)).status
+    # the old incarnation's entries are gone, and the new one does not deny them: its "no" could truncate a ledger
+    assert asyncio.run(read(old_ledger)) == (StatusCode.UNKNOWN_STATE, StatusCode.UNKNOWN_STATE)
+    # a ledger created after the format (a larger id) is answered normally
+    assert asyncio.run(read(limbo_max + 1)) == (StatusCode.NO_LEDGER, StatusCode.NO_LEDGER)
 
 
 def config_for(zookeeper, tmp_path, port: int = 3999, archive: bool = False):
@@ -143,4 +153,5 @@ def test_format_empties_the_journal_archive_and_counts_incarnations_from_zookeep
     assert f"ZooKeeper: deleted /ledgers/cookies/{b.bookie_id} (incarnation 3)" in out["lines"]
     with open(cookies.cookie_path(b.journal_dir), "rb") as f:
         assert cookies.decode(f.read()) == cookies.Cookie(b.bookie_id, instance, b.journal_dir, b.ledger_dir,
-                                                          incarnation=4)
+                                                          incarnation=4, limbo_ledger_id_max=out["limbo_ledger_id_max"])
+    assert out["limbo_ledger_id_max"] >= 0

@@ -20,8 +20,8 @@ control pushes back on the client. Messages above `frame_bytes_max` are refused 
 ReadEntries (several entries of one ledger in one call; recovery's read-forward and readers use it, since a
 unary gRPC call costs far more than reading an entry): at most `read_batch_entries_max` ids (none or more:
 BAD_REQUEST for every result; so does an id below -1). With FENCE the fence is applied once, by the first id's read, before any other
-entry is read; when that read does not confirm the fence (any status but OK, NO_ENTRY, NO_LEDGER) every result
-carries its status. The response stays within `frame_bytes_max`: once the next entry would not fit, it and
+entry is read; when that read does not confirm the fence (any status but OK, NO_ENTRY, NO_LEDGER and
+UNKNOWN_STATE: model/status.py FENCE_CONFIRMED) every result carries its status. The response stays within `frame_bytes_max`: once the next entry would not fit, it and
 every later id are answered TOO_MANY_REQUESTS (not read: the client asks for them again).
 
 Must not: block the event loop (no ZooKeeper calls here: read-only flips go to a callback), log keys.
@@ -39,7 +39,7 @@ from grpc_reflection.v1alpha import reflection
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.model.config import BookieConfig
 from bksim.model.errors import BksimError
-from bksim.model.status import FLAG_FENCE, StatusCode
+from bksim.model.status import FENCE_CONFIRMED, FLAG_FENCE, StatusCode
 
 SERVICE_NAME = bookie_pb2.DESCRIPTOR.services_by_name["Bookie"].full_name
 
@@ -48,7 +48,6 @@ _IO_ERROR = StatusCode.IO_ERROR
 _BAD_REQUEST = StatusCode.BAD_REQUEST
 _AddResponse = bookie_pb2.AddResponse
 _ReadEntryResult = bookie_pb2.ReadEntryResult
-_FENCE_CONFIRMED = (StatusCode.OK, StatusCode.NO_ENTRY, StatusCode.NO_LEDGER)  # a fencing read that fenced
 _RESULT_OVERHEAD = 48  # protobuf bytes of one ReadEntryResult besides its entry and message (tags, lengths, LAC)
 _RESPONSE_OVERHEAD = 64  # slack for the ReadEntriesResponse framing
 
@@ -223,7 +222,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
             for i, entry_id in enumerate(ids):
                 if i == 0 and fence:  # the fence, once, before any entry is read
                     status, entry, lac, message = await read_entry(ledger_id, entry_id, True, request.master_key)
-                    if status not in _FENCE_CONFIRMED:
+                    if status not in FENCE_CONFIRMED:
                         result = _ReadEntryResult(status=status, last_add_confirmed=-1,
                                                   message=f"fence not confirmed: {message}")
                         return bookie_pb2.ReadEntriesResponse(results=[result] * n)

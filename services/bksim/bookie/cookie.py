@@ -20,6 +20,17 @@ backup) or a re-initialised directory facing the old incarnation's ZooKeeper coo
 one. The audit reads it from the directory cookies: a bookie of incarnation > 1 lost what its earlier
 incarnations held (audit/inputs.py). The count covers re-initialisations done through `bksim bookie format`;
 a bookie whose cookie was deleted by hand starts again at 1.
+
+Limbo. A re-initialised bookie must not deny what its earlier incarnations held ("unknown is never no",
+PROTOCOL.md §2.1): with Qw = Qa one NO_ENTRY proves an entry absent, so a formatted bookie's "no" would let a
+recovery close a ledger below acknowledged entries. `bksim bookie format` therefore records in the cookie
+`limbo_ledger_id_max`: an id it draws from the ledger-id generator (/ledgers/idgen) at format time. The
+generator never hands out an id twice, so every ledger that existed before the format has a smaller id, and
+every ledger created after it a larger one. The bookie answers UNKNOWN_STATE, never NO_LEDGER / NO_ENTRY, for
+what it lacks of a ledger whose id is <= the bound (BookKeeper's limbo state); a ledger above the bound answers
+normally. Limbo lasts as long as the incarnation: nothing in bksim re-replicates a formatted bookie's lost
+copies yet, so nothing could prove that it holds everything again. A first incarnation has nothing in limbo
+(-1); a re-initialised cookie written before the field existed reads as "every ledger" (`LIMBO_EVERY_LEDGER`).
 """
 from __future__ import annotations
 
@@ -33,6 +44,8 @@ from bksim.model.errors import CookieError
 COOKIE_FILE = "COOKIE"
 COOKIE_VERSION = 1
 FIRST_INCARNATION = 1
+NO_LIMBO = -1  # limbo_ledger_id_max of a bookie that was never re-initialised: no ledger is in limbo
+LIMBO_EVERY_LEDGER = 2**63 - 1  # the largest ledger id: a re-initialised cookie that does not say its bound
 
 Verdict = Literal["new", "ok"]
 
@@ -45,6 +58,7 @@ class Cookie:
     ledger_dir: str
     version: int = COOKIE_VERSION
     incarnation: int = FIRST_INCARNATION  # 1, then one more per `bksim bookie format` (module docstring)
+    limbo_ledger_id_max: int = NO_LIMBO  # ledgers with ids <= this may predate the format (module docstring)
 
     def __post_init__(self) -> None:
         if not self.bookie_id:
@@ -56,6 +70,16 @@ class Cookie:
         if type(self.incarnation) is not int or self.incarnation < FIRST_INCARNATION:
             raise CookieError(f"cookie of bookie {self.bookie_id}: incarnation {self.incarnation!r} is not an "
                               f"integer >= {FIRST_INCARNATION}")
+        if type(self.limbo_ledger_id_max) is not int or not NO_LIMBO <= self.limbo_ledger_id_max <= LIMBO_EVERY_LEDGER:
+            raise CookieError(f"cookie of bookie {self.bookie_id}: limbo_ledger_id_max {self.limbo_ledger_id_max!r} "
+                              f"is not an integer in [{NO_LIMBO}, {LIMBO_EVERY_LEDGER}]")
+        if self.incarnation == FIRST_INCARNATION and self.limbo_ledger_id_max != NO_LIMBO:
+            raise CookieError(f"cookie of bookie {self.bookie_id}: a first incarnation has nothing in limbo, but "
+                              f"limbo_ledger_id_max is {self.limbo_ledger_id_max}")
+
+    def in_limbo(self, ledger_id: int) -> bool:
+        """Whether the bookie cannot tell if an earlier incarnation held `ledger_id` (module docstring)."""
+        return ledger_id <= self.limbo_ledger_id_max
 
 
 def encode(cookie: Cookie) -> bytes:
@@ -73,10 +97,12 @@ def decode(data: bytes, source: str = "cookie") -> Cookie:
     version = raw.get("version")
     if version != COOKIE_VERSION:
         raise CookieError(f"{source} has cookie version {version!r}; this bksim understands version {COOKIE_VERSION}")
+    incarnation = raw.get("incarnation", FIRST_INCARNATION)
+    unsaid = LIMBO_EVERY_LEDGER if incarnation != FIRST_INCARNATION else NO_LIMBO
     try:
         return Cookie(bookie_id=str(raw["bookie_id"]), instance_id=str(raw["instance_id"]),
                       journal_dir=str(raw["journal_dir"]), ledger_dir=str(raw["ledger_dir"]), version=version,
-                      incarnation=raw.get("incarnation", FIRST_INCARNATION))
+                      incarnation=incarnation, limbo_ledger_id_max=raw.get("limbo_ledger_id_max", unsaid))
     except KeyError as e:
         raise CookieError(f"{source} is not a valid cookie (field {e.args[0]!r} missing)") from None
     except CookieError as e:
@@ -163,8 +189,13 @@ def next_incarnation(known: list[Cookie | None]) -> int:
 def _check_dir_incarnations(dir_cookies: Mapping[str, Cookie | None], dirs: list[str], role: dict[str, str],
                             bookie_id: str) -> None:
     found = [(d, dir_cookies[d]) for d in dirs if dir_cookies.get(d) is not None]
-    if len({c.incarnation for _, c in found}) > 1:
+    if len({(c.incarnation, c.limbo_ledger_id_max) for _, c in found}) > 1:
         (d1, c1), (d2, c2) = found[0], found[1]
+        if c1.incarnation == c2.incarnation:
+            raise CookieError(
+                f"{role[d1]} {d1} and {role[d2]} {d2} hold cookies of incarnation {c1.incarnation} of bookie "
+                f"{bookie_id} with different limbo_ledger_id_max ({c1.limbo_ledger_id_max}, {c2.limbo_ledger_id_max}):"
+                f" a cookie was edited; refusing to start")
         raise CookieError(
             f"{role[d1]} {d1} holds the cookie of incarnation {c1.incarnation} of bookie {bookie_id}, but "
             f"{role[d2]} {d2} that of incarnation {c2.incarnation}: one directory was re-initialised (or "
@@ -178,6 +209,11 @@ def _check_incarnation_against_zk(found: Cookie, zk_cookie: Cookie, d: str, role
             f"but ZooKeeper still holds the cookie of incarnation {zk_cookie.incarnation}: the cluster still "
             f"counts on what the old incarnation stored; refusing to start. Delete /ledgers/cookies/"
             f"{zk_cookie.bookie_id} (bksim bookie format --delete-cookie) to start it as a new bookie")
+    if found.incarnation == zk_cookie.incarnation and found.limbo_ledger_id_max != zk_cookie.limbo_ledger_id_max:
+        raise CookieError(
+            f"{role} {d} records limbo_ledger_id_max {found.limbo_ledger_id_max} for incarnation {found.incarnation} "
+            f"of bookie {zk_cookie.bookie_id}, but ZooKeeper's cookie records {zk_cookie.limbo_ledger_id_max}: a "
+            f"cookie was edited; refusing to start (the bound decides which ledgers this bookie may deny)")
     if found.incarnation < zk_cookie.incarnation:
         raise CookieError(
             f"{role} {d} holds the cookie of incarnation {found.incarnation} of bookie {zk_cookie.bookie_id}, but "

@@ -20,7 +20,10 @@ in this order: the COOKIE files are removed from every directory, the directorie
 directories themselves stay; a file system's lost+found is left alone), the ZooKeeper cookie
 is deleted (`--delete-cookie`), and, when ZooKeeper then holds no cookie for the bookie, a cookie of the next
 incarnation (bookie/cookie.py) is written into the journal and ledger directories, so the next `bookie run`
-starts a new bookie with the same id and records that incarnation in ZooKeeper. A crash part-way leaves a
+starts a new bookie with the same id and records that incarnation in ZooKeeper. That cookie carries the limbo
+bound: an id drawn from the ledger-id generator (/ledgers/idgen) just before it is written; every ledger that
+existed before has a smaller id, and the new bookie answers UNKNOWN_STATE, never NO_LEDGER / NO_ENTRY, for what
+it lacks of them (bookie/cookie.py "Limbo"). A crash part-way leaves a
 state `run` refuses (directories wiped, ZooKeeper cookie kept) or starts from as a new bookie (nothing left):
 never one where the bookie serves with data it does not have. Run it only while the bookie is stopped: the
 registration check cannot see a bookie that is still starting.
@@ -115,8 +118,9 @@ def cmd_run(args) -> int:
     return asyncio.run(_serve(config, log))
 
 
-def check_cookies(client, b: BookieConfig, instance_id: str, log: Callable[[str], None]) -> str:
-    """Read the cookies of both directories and ZooKeeper, decide (bookie.cookie.verify), write them if new."""
+def check_cookies(client, b: BookieConfig, instance_id: str, log: Callable[[str], None]):
+    """Read the cookies of both directories and ZooKeeper, decide (bookie.cookie.verify), write them if new.
+    Returns the bookie's cookie (the directories' and ZooKeeper's, which agree)."""
     from bksim.adapters import registration
     from bksim.bookie import cookie as cookies
 
@@ -144,8 +148,12 @@ def check_cookies(client, b: BookieConfig, instance_id: str, log: Callable[[str]
         log(f"new bookie (incarnation {cookie.incarnation}): cookie written to {', '.join(dict.fromkeys(dirs))} "
             f"and /ledgers/cookies/{b.bookie_id}")
     else:
+        cookie = zk_cookie
         log("cookie check passed: directories and ZooKeeper agree")
-    return verdict
+    if cookie.limbo_ledger_id_max >= 0:
+        log(f"limbo: ledgers with ids <= {cookie.limbo_ledger_id_max} may predate this bookie's format; what it "
+            f"lacks of them is answered UNKNOWN_STATE, never NO_LEDGER / NO_ENTRY")
+    return cookie
 
 
 def _write_durably(path: str, data: bytes) -> None:
@@ -186,11 +194,12 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
         client = connected
         instance_id = await asyncio.to_thread(registration.ensure_layout, client)
         log(f"ZooKeeper {zk_hosts(config)}: cluster instance {instance_id}")
-        await asyncio.to_thread(check_cookies, client, b, instance_id, log)
+        cookie = await asyncio.to_thread(check_cookies, client, b, instance_id, log)
 
         disk, clock = LocalDisk(), SystemClock()
         engine = BookieEngine(b, disk=disk, clock=clock, open_kv=open_rocks, instance_id=instance_id,
-                              journal_dir=b.journal_dir, ledger_dir=b.ledger_dir, log=log)
+                              journal_dir=b.journal_dir, ledger_dir=b.ledger_dir, log=log,
+                              limbo_ledger_id_max=cookie.limbo_ledger_id_max)
         if await _until_stopped(stop, engine.start()) is _STOPPED:
             return 0
         reg = registration.Registration(client, b.bookie_id, b.host, b.port,
@@ -378,7 +387,7 @@ def format_bookie(client, config: Config, *, force: bool, delete_cookie: bool) -
     """Re-initialise the bookie `config` names (module docstring: refusals first, then the changes in order).
 
     `client` is a started kazoo client. Returns {"bookie_id", "directories": [{"role", "path", "files",
-    "bytes", "removed"}], "cookie_deleted", "zookeeper_cookie_kept", "incarnation" (of
+    "bytes", "removed"}], "cookie_deleted", "zookeeper_cookie_kept", "incarnation" and "limbo_ledger_id_max" (of
     the cookie written to the directories, or None), "notes", "lines" (the report for people)}; raises
     BookieFormatError (exit 2) when it refuses.
     """
@@ -455,7 +464,7 @@ def format_bookie(client, config: Config, *, force: bool, delete_cookie: bool) -
     elif not zk_cookie_exists:
         lines.append(f"ZooKeeper: no cookie at {cookie_path}")
 
-    written = None
+    written = limbo = None
     remaining = zk_cookie_exists and not cookie_deleted
     instance = None
     try:
@@ -469,7 +478,9 @@ def format_bookie(client, config: Config, *, force: bool, delete_cookie: bool) -
     elif instance is None:
         lines.append(f"ZooKeeper has no {INSTANCEID}: the first `bksim bookie run` starts this bookie afresh")
     else:
-        cookie = cookies.Cookie(bookie_id, instance, b.journal_dir, b.ledger_dir, incarnation=incarnation)
+        limbo = draw_ledger_id(client)
+        cookie = cookies.Cookie(bookie_id, instance, b.journal_dir, b.ledger_dir, incarnation=incarnation,
+                                limbo_ledger_id_max=limbo)
         for directory in dict.fromkeys((b.journal_dir, b.ledger_dir)):
             os.makedirs(directory, exist_ok=True)
             _write_durably(cookies.cookie_path(directory), cookies.encode(cookie))
@@ -477,10 +488,29 @@ def format_bookie(client, config: Config, *, force: bool, delete_cookie: bool) -
         lines.append(f"wrote COOKIE (incarnation {incarnation}) to {', '.join(dict.fromkeys((b.journal_dir, b.ledger_dir)))}: "
                      f"the next `bksim bookie run` starts bookie {bookie_id} as a new bookie; what its earlier "
                      f"incarnation stored is gone (`bksim audit` reports the entries that lost that copy)")
+        lines.append(f"limbo: ledgers with ids <= {limbo} (the ledger-id generator now) may predate this format: "
+                     f"the new bookie answers UNKNOWN_STATE, never NO_LEDGER / NO_ENTRY, for what it lacks of them")
     lines += [f"note: {n}" for n in notes]
     return {"bookie_id": bookie_id, "directories": rows, "cookie_deleted": cookie_deleted,
-            "zookeeper_cookie_kept": remaining,
-            "incarnation": written, "notes": notes, "lines": lines}
+            "zookeeper_cookie_kept": remaining, "incarnation": written,
+            "limbo_ledger_id_max": limbo,
+            "notes": notes, "lines": lines}
+
+
+def draw_ledger_id(client) -> int:
+    """An id drawn from the ledger-id generator, as `metadata.store.allocate_ledger_id` draws one (an
+    ephemeral-sequential node, created and deleted): above every ledger id handed out before, below every one
+    handed out after. The id itself is never used for a ledger."""
+    from kazoo.exceptions import NoNodeError
+
+    from bksim.metadata.paths import IDGEN_PREFIX, ledger_id_from_idgen_path
+
+    created = client.retry(client.create, IDGEN_PREFIX, b"", ephemeral=True, sequence=True, makepath=True)
+    try:
+        client.retry(client.delete, created)
+    except NoNodeError:
+        pass  # maybe: the session ended in between and took the ephemeral node with it
+    return ledger_id_from_idgen_path(created)
 
 
 # -- bookie list ----------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ Decisions (never a guess):
   out together; each time the lowest undecided entry is decided "exists" the window slides and the next
   entry's reads go out). Each entry is judged on its own replies, in the order they arrive: it exists on the
   first reply that verifies (digest, ledger id, entry id); it is absent after Qw - Qa + 1 explicit negatives
-  (NO_ENTRY / NO_LEDGER); once every reply is in without either, it is unknown. The first verdict of an entry
+  (NO_ENTRY / NO_LEDGER); once every reply is in without either, it is unknown. UNKNOWN_STATE (a re-initialised
+  bookie's ledger in limbo), IO_ERROR and every other error are never negatives, in fencing and here alike. The first verdict of an entry
   is final (later replies for it are ignored), so an entry gets the verdict it would get with read_window=1;
 - verdicts are applied strictly in entry order: the lowest undecided entry must have its verdict before any
   later one counts. The first absent entry k ends the read phase at k-1, even if copies of entries above k
@@ -44,9 +45,8 @@ from bksim.formats.entry import decode_entry
 from bksim.ledger.quorum import check_quorum_sizes, covered, negatives_needed_for_absence, write_set_indexes
 from bksim.ledger.writer import AddsFailed, Command, LedgerWriter, Rng
 from bksim.model.errors import BksimError, FormatError
+from bksim.model.status import EXPLICIT_NEGATIVES as NEGATIVE
 from bksim.model.status import StatusCode
-
-NEGATIVE = (StatusCode.NO_ENTRY, StatusCode.NO_LEDGER)
 
 
 class RecoveryPhase(enum.Enum):

@@ -12,7 +12,9 @@ Owns the bookie processes' life cycle and their registrations:
   waits for the dead process's node);
 - expire_session: a metadata session expiry of a live bookie: its node vanishes, and the bookie opens a new
   session and registers again `reregister_ms` later (as the real registration does by itself);
-- stop: a clean close (journal drained, checkpoint), deregistration.
+- stop: a clean close (journal drained, checkpoint), deregistration;
+- wipe_and_format: the operator's re-initialisation of a stopped bookie (`bksim bookie format --force
+  --delete-cookie` after its disks were lost): new, empty devices; the next start is a new bookie with the same id.
 
 Invariants: every random draw comes from the rngs given (the disks', the kv stores', the `faults` rng); a
 request handler of an incarnation never outlives it (spawn); an answer is served only by a running engine.
@@ -64,9 +66,12 @@ class SimBookie:
         self.bookie_id = spec.bookie_id
         self._clock, self._store, self._network, self._log = clock, store, network, log
         self._session_timeout_ms, self._reregister_ms = session_timeout_ms, reregister_ms
+        self._rng = rng
         self.device = SimDisk(spec.disk, rng("disk"))
         self.kv = SimKvRegistry(spec.kv, rng("kv"))
         self.incarnation = 0
+        self.formats = 0  # how often the bookie was wiped and formatted
+        self.limbo_ledger_id_max = -1  # the bound its last format recorded (bookie/cookie.py "Limbo")
         self.engine: BookieEngine | None = None
         self.alive = False  # the engine is started and serving
         self.stopping = False
@@ -103,7 +108,8 @@ class SimBookie:
         disk = self.device.reopen()
         return BookieEngine(self.spec.config, disk=disk, clock=self._clock, open_kv=self.kv.open_kv,
                             instance_id=CLUSTER_INSTANCE_ID, journal_dir=JOURNAL_DIR, ledger_dir=LEDGER_DIR,
-                            log=lambda message: self._engine_log(n, message))
+                            log=lambda message: self._engine_log(n, message),
+                            limbo_ledger_id_max=self.limbo_ledger_id_max)
 
     def _engine_log(self, n: int, message: str) -> None:
         self._log(f"{self.bookie_id}#{n}: {message}")
@@ -192,6 +198,18 @@ class SimBookie:
             self._network.set_up(self.bookie_id, False)
             for task in sorted(self._handlers, key=lambda t: t.sim_seq):
                 task.cancel()
+
+    def wipe_and_format(self, limbo_ledger_id_max: int) -> None:
+        """The stopped bookie's disks are lost and the operator formats it: it starts next on new, empty devices
+        (their rngs are streams of their own, so the rest of the world draws what it drew before), with the limbo
+        bound the format drew from the ledger-id generator (`bksim bookie format` records it in the cookie)."""
+        assert not self.alive, f"{self.bookie_id} must be stopped before it is formatted"
+        self.formats += 1
+        self.limbo_ledger_id_max = limbo_ledger_id_max
+        self.device = SimDisk(self.spec.disk, self._rng(f"disk-format-{self.formats}"))
+        self.kv = SimKvRegistry(self.spec.kv, self._rng(f"kv-format-{self.formats}"))
+        self._log(f"FORMAT {self.bookie_id}: directories wiped, a new bookie with the same id starts next; "
+                  f"ledgers <= {limbo_ledger_id_max} are in limbo")
 
     # -- registration ----------------------------------------------------------------------------------------
     def expire_session(self) -> None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Mapping, Protocol, Sequence
 
 from bksim.model.errors import BookieUnreachable
-from bksim.model.status import StatusCode
+from bksim.model.status import FENCE_CONFIRMED, StatusCode
 
 CALLS_INFLIGHT_MAX = 100_000  # unanswered calls of one transport: beyond it, a bug (calls never time out)
 
@@ -357,7 +357,7 @@ class SimBookieTransport:
                 fenced = fence and i == 0  # the fence, once, before any entry is read
                 result = await engine.read_entry(ledger_id, entry_id, fence=fenced, master_key=master_key)
                 observe(entry_id, fenced, result)
-                if fenced and result[0] not in (StatusCode.OK, StatusCode.NO_ENTRY, StatusCode.NO_LEDGER):
+                if fenced and result[0] not in FENCE_CONFIRMED:
                     out = [(result[0], b"")] * n
                     break
                 out.append((result[0], result[1]))
