@@ -179,7 +179,7 @@ class Corpus:
         for journal_id, path in files:
             with open(path, "rb") as f:
                 data = f.read()
-            records = jfmt.scan_records(data, jfmt.FILE_HEADER_BYTES, newest=True, skip_corruption=True).records
+            records = jfmt.scan_journal(data, jfmt.FILE_HEADER_BYTES, newest=True, skip_corruption=True).records
             for i, r in enumerate(records):
                 ledger = entry = lac = None
                 if r.type == jfmt.RecordType.ENTRY:
@@ -274,7 +274,7 @@ def plant_add_after_fence(corpus: Corpus, ledger: int, last_entry_id: int) -> Pl
     entry_id = last_entry_id + 5
     forged = entry_fmt.encode_entry(ledger, entry_id, last_entry_id, 10**6, payload(ledger, entry_id))
     with open(newest, "ab") as f:
-        f.write(jfmt.entry_record(forged, 0))
+        f.write(framed(jfmt.entry_record(forged, 0)))
     return Planted("write_after_fence", ledger, entry_id, fenced, newest)
 
 
@@ -284,8 +284,13 @@ def plant_entry_past_end(corpus: Corpus, ledger: int, last_entry_id: int, bookie
     entry_id = last_entry_id + 1
     late = entry_fmt.encode_entry(ledger, entry_id, last_entry_id, 10**6, payload(ledger, entry_id))
     with open(newest, "ab") as f:
-        f.write(jfmt.entry_record(late, 0))
+        f.write(framed(jfmt.entry_record(late, 0)))
     return Planted("above_last_entry", ledger, entry_id, bookie, newest)
+
+
+def framed(record: bytes) -> bytes:
+    """A record in a group write of its own, as the bookie appends it."""
+    return jfmt.group_record([record]) + record
 
 
 def is_recovery_add(r: Record) -> bool:

@@ -121,7 +121,7 @@ class Synth:
                 path = self.journal_path(bookie, journal_id)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 with open(path, "wb") as f:
-                    f.write(jfmt.encode_file_header(self.instance_id) + b"".join(records))
+                    f.write(jfmt.encode_file(self.instance_id, [[r] for r in records]))  # a group per record
                 paths[(bookie, journal_id)] = path
             if bookie in self.entry_logs:
                 log_dir = os.path.join(ledger_dir, "entrylogs")
@@ -154,7 +154,7 @@ def record_offsets(path: str) -> list[jfmt.JournalRecord]:
     """The records of a journal file as the bookie's scanner sees them (offsets for damaging them)."""
     with open(path, "rb") as f:
         data = f.read()
-    return jfmt.scan_records(data, jfmt.FILE_HEADER_BYTES, newest=True).records
+    return jfmt.scan_journal(data, jfmt.FILE_HEADER_BYTES, newest=True).records
 
 
 def patch(path: str, offset: int, data: bytes) -> None:

@@ -17,20 +17,22 @@ from bksim.formats.entry import decode_entry, encode_entry
 from bksim.model.errors import FormatError
 
 INSTANCE = "00000000-0000-0000-0000-000000000001"
+GROUP = 3
 
 
 def write_journal(tmp_path, entries: list[tuple[int, int]]) -> str:
+    """The entries' records in group writes of GROUP records each."""
     jdir = tmp_path / "journal"
     jdir.mkdir()
-    data = jfmt.encode_file_header(INSTANCE) + b"".join(
-        jfmt.entry_record(encode_entry(lid, eid, eid - 1, 0, b"p" * 40), 0) for lid, eid in entries)
+    records = [jfmt.entry_record(encode_entry(lid, eid, eid - 1, 0, b"p" * 40), 0) for lid, eid in entries]
+    data = jfmt.encode_file(INSTANCE, [records[i:i + GROUP] for i in range(0, len(records), GROUP)])
     (jdir / jfmt.journal_file_name(1)).write_bytes(data)
     return str(jdir)
 
 
 def records_of(jdir: str):
     data = open(os.path.join(jdir, jfmt.journal_file_name(1)), "rb").read()
-    return jfmt.scan_records(data, jfmt.FILE_HEADER_BYTES, newest=True)
+    return jfmt.scan_journal(data, jfmt.FILE_HEADER_BYTES, newest=True)
 
 
 def test_tear_appends_a_torn_copy_that_replay_would_cut_and_keeps_every_record(tmp_path):
@@ -48,8 +50,9 @@ def test_truncate_cuts_inside_one_of_the_last_records_and_names_the_copies_it_re
     scan = records_of(jdir)
     kept = {jfmt_ids(r) for r in scan.records}
     assert what.startswith("truncated ") and scan.torn is not None  # never at a record boundary
-    assert 1 <= len(removed) <= disk.TRUNCATE_RECORDS_MAX
     assert kept | removed == {(7, e) for e in range(10)} and not kept & removed
+    # replay keeps whole groups only: the cut group goes, with the records before the cut in it
+    assert len(kept) % GROUP == 0 and 1 <= len(removed) <= disk.TRUNCATE_RECORDS_MAX + GROUP - 1
 
 
 def jfmt_ids(record) -> tuple[int, int]:

@@ -98,7 +98,7 @@ def test_journal_dump_lists_every_record_the_engine_wrote(written, capsys):
                                        f"{os.path.getsize(journal_path(written))} bytes")
         lines = record_lines(out)
         assert [line.split(" ", 1)[1] for line in lines] == EXPECTED_RECORDS
-        assert lines[0].startswith(f"offset={jfmt.FILE_HEADER_BYTES} ")
+        assert lines[0].startswith(f"offset={jfmt.FILE_HEADER_BYTES + jfmt.GROUP_RECORD_BYTES} ")  # after a frame
         assert "8 records (4 ENTRY, 1 EXPLICIT_LAC, 1 FENCE, 2 MASTER_KEY)" in out
         assert KEY.decode() not in out and KEY.hex() not in out  # keys are never printed
 
@@ -106,7 +106,7 @@ def test_journal_dump_lists_every_record_the_engine_wrote(written, capsys):
 def test_journal_dump_offsets_are_the_record_offsets(written, capsys):
     code, out, _ = run(capsys, "journal", "dump", os.path.join(written, "journal"))
     data = open(journal_path(written), "rb").read()
-    expected = [r.offset for r in jfmt.scan_records(data, jfmt.FILE_HEADER_BYTES, newest=True).records]
+    expected = [r.offset for r in jfmt.scan_journal(data, jfmt.FILE_HEADER_BYTES, newest=True).records]
     assert [int(line.split()[0].removeprefix("offset=")) for line in record_lines(out)] == expected
 
 
@@ -136,20 +136,20 @@ def test_journal_dump_reports_a_torn_tail(bookie, capsys):
     code, out, _ = run(capsys, "journal", "dump", path)
     assert code == 0  # replay would truncate it: a normal state after a crash
     assert len(record_lines(out)) == 8
-    assert f"torn tail: record at offset {good_size} runs past end of file" in out
+    assert f"torn last group: record at offset {good_size} runs past end of file" in out
     assert f"truncates the file to {good_size} bytes" in out
 
 
 def test_journal_dump_reports_corruption_and_keeps_going(bookie, capsys):
     path = journal_path(bookie)
     data = bytearray(open(path, "rb").read())
-    records = jfmt.scan_records(bytes(data), jfmt.FILE_HEADER_BYTES, newest=True).records
+    records = jfmt.scan_journal(bytes(data), jfmt.FILE_HEADER_BYTES, newest=True).records
     bad = records[2]  # ENTRY 5:1, valid records follow it
     data[bad.end - 1] ^= 0xFF
     open(path, "wb").write(bytes(data))
     code, out, _ = run(capsys, "journal", "dump", path)
     assert code == 1
-    assert "CORRUPTION (replay refuses to start)" in out and f"CRC mismatch at offset {bad.offset}" in out
+    assert "CORRUPTION (replay refuses to start)" in out and f"group at offset {bad.group} fails its CRC" in out
     lines = [line.split(" ", 1)[1] for line in record_lines(out)]
     assert lines == EXPECTED_RECORDS[:2] + EXPECTED_RECORDS[3:]
     code, out, _ = run(capsys, "journal", "dump", "--json", path)
@@ -157,15 +157,16 @@ def test_journal_dump_reports_corruption_and_keeps_going(bookie, capsys):
     assert code == 1 and kinds.count("record") == 7 and kinds.count("corruption") == 1
 
 
-def _journal_file(directory: str, journal_id: int, *records: bytes) -> str:
+def _journal_file(directory: str, journal_id: int, *records: bytes, tail: bytes = b"") -> str:
+    """A journal with each record in its own group write, then `tail` (bytes of a group never completed)."""
     path = os.path.join(directory, jfmt.journal_file_name(journal_id))
     with open(path, "wb") as f:
-        f.write(jfmt.encode_file_header(INSTANCE) + b"".join(records))
+        f.write(jfmt.encode_file(INSTANCE, [[r] for r in records]) + tail)
     return path
 
 
 def test_journal_dump_a_torn_tail_in_an_older_journal_is_corruption(tmp_path, capsys):
-    older = _journal_file(str(tmp_path), 1, jfmt.fence_record(1), jfmt.fence_record(2)[:-3])
+    older = _journal_file(str(tmp_path), 1, jfmt.fence_record(1), tail=jfmt.fence_record(2)[:-3])
     _journal_file(str(tmp_path), 2, jfmt.explicit_lac_record(3, 9))
     code, out, _ = run(capsys, "journal", "dump", str(tmp_path))
     assert code == 1

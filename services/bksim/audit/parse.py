@@ -1,7 +1,7 @@
 """One bookie file -> FileResult: its integrity findings and its records, per ledger, as columnar blocks.
 
-The records come from the project's own parsers, the ones the bookie uses: `formats.journal.scan_records`
-(with the bookie's replay rules for torn tails) and `formats.entrylog.scan`; entries are read with
+The records come from the project's own parsers, the ones the bookie uses: `formats.journal.scan_journal`
+(the bookie's replay rules for the torn last group) and `scan_records` (record by record) and `formats.entrylog.scan`; entries are read with
 `formats.entry.HEADER` and their digest recomputed as `formats.entry` defines it. Nothing here knows the
 metadata: whether a digest must match (digest type) is decided by the rules.
 
@@ -12,12 +12,14 @@ Journal integrity, per file (see findings.RULES for the names):
 - a framed record that fails its CRC (or type) with valid records after it: `journal_crc_failure`;
 - bytes that are no record with valid records after them: `journal_garbage`. After any damage the scan
   resynchronises on the next offset where a valid record starts (searching at most RESYNC_BYTES_MAX bytes),
-  so records after the damage still count. This also catches what replay would call a torn tail when valid
-  records follow it (replay would truncate acknowledged records: a violation, never benign);
-- damage running to the end of the file: in the bookie's newest journal, what replay calls a torn tail is
-  `torn_tail` (benign; never acknowledged) unless the bookie's checkpoint mark lies beyond its start
-  (`torn_tail_below_checkpoint`); a torn-looking tail of an older journal is benign only when the whole
+  so records after the damage still count. In a version 1 journal this also catches what replay would call a
+  torn tail when valid records follow it (replay would truncate acknowledged records: a violation);
+- the torn last group (version 2: replay's own group rule, `scan_journal`, says where it starts; version 1:
+  damage running to the end of the file): in the bookie's newest journal it is `torn_tail` (benign; never
+  acknowledged, whatever valid records its pages hold) unless the bookie's checkpoint mark lies beyond its
+  start (`torn_tail_below_checkpoint`); a torn-looking tail of an older journal is benign only when the whole
   journal lies below the checkpoint mark (replay has moved past it); anything else is `journal_corrupt_tail`.
+  GROUP frames are not records of the report.
 
 Blocks hold, per ledger and in file order: entry id, piggybacked LAC, ledger length, payload bytes, the
 digest computed over the entry (header and payload: the content's identity, whatever the digest type), the
@@ -217,12 +219,33 @@ def _at(task: FileTask, rule: str, offset: int, detail: str, ledger: int | None 
 
 
 def _scan(task: FileTask, data: bytes, found: list[Finding]) -> list[jfmt.JournalRecord]:
-    """Every valid record of the file, damage reported into `found` (see the module docstring)."""
+    """Every valid record of the file, damage reported into `found` (see the module docstring).
+
+    Version 2 journals: replay's own group rule (`scan_journal`) says where the torn last group of the newest
+    journal starts; the records before it are searched record by record for damage, as in version 1 files."""
+    if jfmt.file_version(data) == 1:
+        return _scan_records(task, data, found, task.newest, None)
+    group = jfmt.RecordType.GROUP
+    would_tear = jfmt.scan_journal(data, jfmt.FILE_HEADER_BYTES, True, skip_corruption=True, name=task.path)
+    tear_at = would_tear.end if would_tear.torn is not None else None  # if this file were the newest
+    cut = tear_at is not None and (task.newest or task.below_mark)  # replay truncates it, or moved past it
+    records = [r for r in _scan_records(task, data[:tear_at] if cut else data, found, False, tear_at)
+               if r.type is not group]
+    if cut:
+        found.append(_torn_tail(task, tear_at, len(data), would_tear.torn) if task.newest else
+                     _torn_below_mark(task, tear_at, len(data)))
+    return records
+
+
+def _scan_records(task: FileTask, data: bytes, found: list[Finding], newest: bool,
+                  tear_at: int | None) -> list[jfmt.JournalRecord]:
+    """The record-level search: `newest` applies version 1's torn-tail rule; `tear_at` (version 2) is where
+    the group rule would start a torn tail if the file were the newest journal."""
     out: list[jfmt.JournalRecord] = []
     size = len(data)
     pos = jfmt.FILE_HEADER_BYTES
     while pos < size:
-        scan = jfmt.scan_records(data, pos, task.newest, skip_corruption=True, name=task.path)
+        scan = jfmt.scan_records(data, pos, newest, skip_corruption=True, name=task.path)
         out.extend(scan.records)
         stop = None  # where the scan gave up on the rest of the file
         for problem in scan.skipped:
@@ -254,7 +277,7 @@ def _scan(task: FileTask, data: bytes, found: list[Finding]) -> list[jfmt.Journa
                              f"{_claims(data, stop)}, then valid records from offset {resume}"))
             pos = resume
             continue
-        found.append(_damaged_tail(task, data, stop))
+        found.append(_damaged_tail(task, data, stop, newest, tear_at))
         break
     return out
 
@@ -266,18 +289,24 @@ def _torn_tail(task: FileTask, at: int, size: int, why: str) -> Finding:
     return _at(task, "torn_tail", at, f"{why}; {size - at} bytes not replayed (newest journal)")
 
 
-def _damaged_tail(task: FileTask, data: bytes, at: int) -> Finding:
+def _torn_below_mark(task: FileTask, at: int, size: int) -> Finding:
+    return _at(task, "torn_tail", at, f"{size - at} bytes torn at the end of a journal entirely below the "
+                                      f"checkpoint mark (replay moved past it)")
+
+
+def _damaged_tail(task: FileTask, data: bytes, at: int, newest: bool, tear_at: int | None) -> Finding:
     """Damage from `at` to the end of the file, with nothing valid after it."""
     size = len(data)
     tear_like = False
-    if not task.newest:  # would replay call it torn if this were the newest journal?
+    if tear_at is not None:  # version 2: inside what the group rule would call the torn last group
+        tear_like = not task.newest and at >= tear_at
+    elif not newest:  # would replay call it torn if this were the newest journal?
         try:
             tear_like = jfmt.scan_records(data, at, True).torn is not None
         except JournalCorruptError:
             tear_like = False
     if tear_like and task.below_mark:
-        return _at(task, "torn_tail", at, f"{size - at} bytes torn at the end of a journal entirely below the "
-                                          f"checkpoint mark (replay moved past it)")
+        return _torn_below_mark(task, at, size)
     what = "a torn-looking tail in a journal that is not the bookie's newest" if tear_like else \
         f"{size - at} bytes that are no record{_claims(data, at)}, to the end of the file"
     return _at(task, "journal_corrupt_tail", at, what)

@@ -620,5 +620,7 @@ class AddBatch:
 
 
 def mark_after_previous(record: jfmt.JournalRecord, mark_after: JournalMark) -> JournalMark:
-    """The mark just before `record` (all earlier records applied): used when replay must checkpoint mid-way."""
-    return JournalMark(mark_after.journal_id, record.offset)
+    """A mark before `record` (all records before it applied): used when replay must checkpoint mid-way. It is
+    the start of the record's group, since replay resumes only at a group boundary; the group's records that
+    were already applied are applied again (idempotent)."""
+    return JournalMark(mark_after.journal_id, record.group)

@@ -11,7 +11,12 @@ or on a worker thread (the loop keeps serving while the device syncs). Either wa
 Group commit: one writer task takes queued records and writes+syncs them as one group when the oldest
 record has waited `group_wait_ms_max`, or `group_bytes_max` bytes are queued, or (with `flush_when_idle`)
 as soon as it finds the queue non-empty. While a sync is in flight, new records queue up and form the next
-group, so the group size adapts to the device's sync latency.
+group, so the group size adapts to the device's sync latency. Each group write starts with a GROUP record
+(the length and CRC of its records, formats/journal.py), so replay can tell a torn last group from damage.
+
+I/O errors: a failed write or sync kills the journal for good. The group being written and everything queued
+behind it fail with IO_ERROR (their bytes may or may not be on the device; none was acknowledged), later
+appends are refused, and `on_failure(reason)` tells the owner (the engine turns read-only).
 """
 from __future__ import annotations
 
@@ -192,7 +197,8 @@ class Journal:
         return group
 
     async def _write_group(self, group: list[_Pending]) -> None:
-        data = b"".join([c for pending in group for c in pending.chunks])
+        chunks = [c for pending in group for c in pending.chunks]
+        data = b"".join([fmt.group_record(chunks)] + chunks)  # framed: replay can tell a torn last group
         assert self._file is not None
         if self._sync_on_loop:
             self._file.write_synced_now(data)  # blocks the loop for one sync; no thread hand-off

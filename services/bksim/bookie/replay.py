@@ -1,8 +1,10 @@
 """Journal replay on start-up (PROTOCOL.md §2.2 "Replay on restart").
 
-Reads journals from the checkpoint mark, in order, and hands each record to `apply(record, mark_after)`.
-A torn tail in the newest journal ends replay and is truncated away (reported, not fatal). Any other damage
-refuses start-up (JournalCorruptError), unless `skip_corruption` is set, in which case it is skipped LOUDLY.
+Reads journals from the checkpoint mark (a group boundary), in order, and hands each record to
+`apply(record, mark_after)`. The torn last group of the newest journal (formats/journal.py says exactly what
+that is) ends replay and is truncated away (reported, not fatal: it was never acknowledged). Damage before
+it, or in an older journal, refuses start-up (JournalCorruptError), unless `skip_corruption` is set: then
+the damaged groups are skipped LOUDLY, keeping their records that pass their own CRC.
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ async def replay(disk: Disk, journal_dir: str, mark: JournalMark, instance_id: s
             raise JournalCorruptError(f"{path} belongs to cluster instance {file_instance}, not {instance_id}")
         start = mark.offset if journal_id == mark.journal_id else fmt.FILE_HEADER_BYTES
         start = max(start, fmt.FILE_HEADER_BYTES)
-        result = fmt.scan_records(data, start, newest, skip_corruption, name=path)
+        result = fmt.scan_journal(data, start, newest, skip_corruption, name=path)
         for problem in result.skipped:
             log(f"JOURNAL CORRUPTION SKIPPED (journal_skip_corruption=true), data may be lost: {problem}")
         report.skipped.extend(result.skipped)

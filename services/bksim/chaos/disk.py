@@ -4,8 +4,9 @@
   cut short by the crash. It was never synced, so never acknowledged: nothing acknowledged is removed, and
   replay must truncate it (and say so).
 - `truncate_journal`: cut the newest journal at a random byte inside one of its last records: a disk that lost the
-  tail of what the bookie had synced. Those records' copies are gone from this bookie (their entries keep
-  their other replicas); the audit must report exactly those lost copies, and reads must not miss them.
+  tail of what the bookie had synced. Replay then drops the whole group write the cut lands in (the torn last
+  group) and every later one, so the copies of all their records are gone from this bookie (their entries
+  keep their other replicas); the audit must report exactly those lost copies, and reads must not miss them.
   Returns the (ledger, entry) ids of the ADD records removed.
 - `flip_entry_log_byte`: flip one payload byte of one stored entry in an entry log (the journal copy stays
   intact): the bookie still serves the entry, its digest no longer matches, so a reader must fail over to
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from bksim.formats import entrylog
 from bksim.formats.entry import HEADER_BYTES as ENTRY_HEADER_BYTES
-from bksim.formats.journal import FILE_HEADER_BYTES, RecordType, parse_journal_file_name, scan_records
+from bksim.formats.journal import FILE_HEADER_BYTES, RecordType, parse_journal_file_name, scan_journal
 from bksim.model.errors import FormatError
 TRUNCATE_RECORDS_MAX = 3  # truncate_journal cuts inside one of the last this many records
 BALLOON = "chaos-balloon"
@@ -45,7 +46,7 @@ def tear_journal(journal_dir: str, rng: random.Random) -> str:
         return f"no journal file in {journal_dir} to tear"
     with open(path, "rb") as f:
         data = f.read()
-    scan = scan_records(data, FILE_HEADER_BYTES, newest=True)
+    scan = scan_journal(data, FILE_HEADER_BYTES, newest=True)
     if not scan.records:
         return f"{path}: no record to copy (left as it is)"
     last = scan.records[-1]
@@ -62,18 +63,18 @@ def truncate_journal(journal_dir: str, rng: random.Random) -> tuple[str, set[tup
         return f"no journal file in {journal_dir} to truncate", set()
     with open(path, "rb") as f:
         data = f.read()
-    records = scan_records(data, FILE_HEADER_BYTES, newest=True).records
+    records = scan_journal(data, FILE_HEADER_BYTES, newest=True).records
     if not records:
         return f"{path}: no record to cut (left as it is)", set()
     victim = rng.choice(records[-TRUNCATE_RECORDS_MAX:])
     cut = rng.randint(victim.offset + 1, victim.end - 1)  # inside a record, never at a boundary: replay sees it torn
-    removed = {ENTRY_IDS.unpack_from(r.body) for r in records
-               if r.end > cut and r.type is RecordType.ENTRY and len(r.body) >= ENTRY_IDS.size}
+    gone = [r for r in records if r.group >= victim.group]  # replay truncates from the cut group's start
+    removed = {ENTRY_IDS.unpack_from(r.body) for r in gone if r.type is RecordType.ENTRY and len(r.body) >= ENTRY_IDS.size}
     with open(path, "r+b") as f:
         f.truncate(cut)
         os.fsync(f.fileno())
     return (f"truncated {os.path.basename(path)} at byte {cut} of {len(data)} "
-            f"({sum(1 for r in records if r.end > cut)} record(s) cut, {len(removed)} entry copies)", removed)
+            f"({len(gone)} record(s) of the cut group and after it, {len(removed)} entry copies)", removed)
 
 
 @dataclass(frozen=True)

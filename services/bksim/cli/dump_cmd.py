@@ -1,7 +1,7 @@
 """`bksim journal dump`, `bksim entrylog dump`, `bksim lastmark`: read-only views of a bookie's files.
 
 Owns nothing on disk and changes nothing: it reads files through the same format functions the bookie uses
-(formats.journal.scan_records, formats.entrylog.scan, bookie.lastmark.read_lastmark), so what it prints is
+(formats.journal.scan_journal, formats.entrylog.scan, bookie.lastmark.read_lastmark), so what it prints is
 what replay would see. It never prints a master key, only its length.
 
 Damage is reported, never a traceback. Exit codes:
@@ -175,7 +175,7 @@ def _dump_journal_file(out: _Out, path: str, journal_id: int | None, newest: boo
     out.emit("header", f"journal {path}: instance {instance_id}, {len(data)} bytes"
              + ("" if newest else " (older journal)"),
              file=path, journal_id=journal_id, instance_id=instance_id, bytes=len(data), newest=newest)
-    result = jfmt.scan_records(data, jfmt.FILE_HEADER_BYTES, newest, skip_corruption=True, name=path)
+    result = jfmt.scan_journal(data, jfmt.FILE_HEADER_BYTES, newest, skip_corruption=True, name=path)
     counts: dict[str, int] = {}
     for record in result.records:
         text, fields = describe_journal_record(record)

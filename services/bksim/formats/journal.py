@@ -1,18 +1,34 @@
-"""Journal file and record format (PROTOCOL.md §2.2), and the scanner that replay, dump and audit share.
+"""Journal file, group and record format (PROTOCOL.md §2.2), and the scanners that replay, dump and audit share.
 
 File ``<16 hex id>.txn``:  header = magic b"BKJN" | version BE4 | instance id (16 bytes, UUID) | 8 zero bytes
 Record:  length BE4 (of everything after it) | crc32c(type ‖ flags ‖ body) BE4 | type 1 | flags 1 | body
 
 Bodies: ENTRY = entry bytes (formats.entry); MASTER_KEY = ledger id BE8 ‖ key; FENCE = ledger id BE8;
-EXPLICIT_LAC = ledger id BE8 ‖ lac BE8; PADDING = zeros (never written by bksim today, accepted on read).
+EXPLICIT_LAC = ledger id BE8 ‖ lac BE8; PADDING = zeros (never written by bksim, accepted on read);
+GROUP = length BE4 ‖ crc32c BE4 of the records that follow it in the same group write.
 
-Torn tails (scan_records, ``newest=True``): a crash can tear only the last group written to the newest
-file. A short header, a length running past the end of the file, an all-zero remainder, or a CRC mismatch in
-a record that no valid record follows end the scan and are reported as the torn offset. Anything else (a
-CRC mismatch followed by a valid record, a bad record in an older file) is corruption: JournalCorruptError.
+Version 2 (written): every group write (the bytes one fsync acknowledges) starts with a GROUP record that
+frames it, so replay knows exactly where the last group begins. Version 1 (read only): records back to back.
+
+Torn last group (`scan_journal`, ``newest=True``). A crash can tear only the group being written to the
+newest file, and its pages may reach the disk in any order: zeros, then valid records; a cut anywhere. So:
+- a group whose frame is valid and whose bytes match its CRC is replayed (a bad record inside it is corruption);
+- a group whose frame is valid but whose bytes run past the end of the file or fail its CRC is the torn last
+  group if nothing but zeros follows its declared end; otherwise it is corruption (damage before the last group);
+- where no valid frame starts, the rest is the torn last group (its first page never landed) unless a valid
+  GROUP record starts anywhere after it: then a later group exists, and this is corruption;
+- zeros after the last complete group (blocks allocated, never written) are a torn tail too.
+In an older file any of this is corruption. A torn tail ends the scan at its first byte (`end`), which replay
+truncates. `skip_corruption` skips damaged groups (loudly) but keeps the records in them that pass their own
+CRC, and goes on at the next group.
+
+Version 1 files keep their rules (`scan_records`): a short header, a length running past the end, an all-zero
+remainder, or a CRC mismatch that no valid record follows is a torn tail; anything else is corruption.
+`scan_records` is also the record-level view the audit uses to locate damage inside any file.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import struct
 import uuid
@@ -23,7 +39,8 @@ from bksim.formats.crc import crc32c
 from bksim.model.errors import FormatError, JournalCorruptError
 
 MAGIC = b"BKJN"
-VERSION = 1
+VERSION = 2  # written
+VERSIONS_READ = (1, 2)
 FILE_HEADER = struct.Struct(">4sI16s8x")
 FILE_HEADER_BYTES = FILE_HEADER.size  # 32
 RECORD_PREFIX = struct.Struct(">IIBB")  # length, crc, type, flags
@@ -31,6 +48,9 @@ RECORD_PREFIX_BYTES = RECORD_PREFIX.size  # 10
 LENGTH_MIN = RECORD_PREFIX_BYTES - 4  # crc + type + flags
 LEDGER_ID = struct.Struct(">q")
 LEDGER_LAC = struct.Struct(">qq")
+GROUP_BODY = struct.Struct(">II")  # length of the group's records, their crc32c
+GROUP_RECORD_BYTES = RECORD_PREFIX_BYTES + GROUP_BODY.size
+_GROUP_LENGTH_FIELD = struct.pack(">I", GROUP_RECORD_BYTES - 4)  # how every GROUP record starts
 
 
 class RecordType(enum.IntEnum):
@@ -39,6 +59,7 @@ class RecordType(enum.IntEnum):
     FENCE = 3
     EXPLICIT_LAC = 4
     PADDING = 5
+    GROUP = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,12 +69,13 @@ class JournalRecord:
     type: RecordType
     flags: int
     body: bytes
+    group: int  # offset of the group write that holds it (version 1: the record's own offset)
 
 
 @dataclass(frozen=True, slots=True)
 class ScanResult:
     records: list[JournalRecord]
-    end: int  # offset after the last good record (the whole file when nothing was torn)
+    end: int  # offset after the last good group or record (the whole file when nothing was torn)
     torn: str | None  # why the scan stopped early at `end`, or None
     skipped: list[str]  # corruption skipped because skip_corruption was asked for (loud)
 
@@ -95,14 +117,37 @@ def decode_file_header(data: bytes) -> str:
     magic, version, instance = FILE_HEADER.unpack_from(data)
     if magic != MAGIC:
         raise FormatError(f"bad journal magic {magic!r}")
-    if version != VERSION:
-        raise FormatError(f"unsupported journal format version {version}")
+    if version not in VERSIONS_READ:
+        raise FormatError(f"unsupported journal format version {version} (this bksim reads versions "
+                          f"{', '.join(map(str, VERSIONS_READ))})")
     return str(uuid.UUID(bytes=instance))
+
+
+def file_version(data: bytes) -> int:
+    """The format version of a journal whose header `decode_file_header` accepted."""
+    return FILE_HEADER.unpack_from(data)[1]
 
 
 def encode_record(rtype: int, flags: int, body: bytes) -> bytes:
     crc = crc32c(body, crc32c(bytes((rtype, flags))))
     return RECORD_PREFIX.pack(len(body) + LENGTH_MIN, crc, rtype, flags) + body
+
+
+def group_record(chunks: list[bytes]) -> bytes:
+    """The GROUP record that frames one group write of `chunks` (encoded records, back to back)."""
+    crc = 0
+    for chunk in chunks:
+        crc = crc32c(chunk, crc)
+    return encode_record(RecordType.GROUP, 0, GROUP_BODY.pack(sum(map(len, chunks)), crc))
+
+
+def encode_file(instance_id: str, groups: list[list[bytes]]) -> bytes:
+    """A whole journal file as the bookie writes it: the header, then each group of records framed."""
+    parts = [encode_file_header(instance_id)]
+    for records in groups:
+        parts.append(group_record(records))
+        parts.extend(records)
+    return b"".join(parts)
 
 
 def entry_record(entry: bytes, flags: int) -> bytes:
@@ -121,8 +166,8 @@ def explicit_lac_record(ledger_id: int, lac: int) -> bytes:
     return encode_record(RecordType.EXPLICIT_LAC, 0, LEDGER_LAC.pack(ledger_id, lac))
 
 
-def _parse_at(data: bytes, pos: int) -> tuple[JournalRecord | None, str | None]:
-    """(record, None) for a valid record at pos, else (None, why)."""
+def _parse_at(data: bytes, pos: int, group: int | None = None) -> tuple[JournalRecord | None, str | None]:
+    """(record, None) for a valid record at pos (in the group write at `group`, default pos), else (None, why)."""
     size = len(data)
     if size - pos < RECORD_PREFIX_BYTES:
         return None, f"short record header ({size - pos} bytes) at offset {pos}"
@@ -140,7 +185,7 @@ def _parse_at(data: bytes, pos: int) -> tuple[JournalRecord | None, str | None]:
         rt = RecordType(rtype)
     except ValueError:
         return None, f"unknown record type {rtype} at offset {pos}"
-    return JournalRecord(pos, end, rt, flags, bytes(body)), None
+    return JournalRecord(pos, end, rt, flags, bytes(body), pos if group is None else group), None
 
 
 def _next_valid_after(data: bytes, pos: int) -> int | None:
@@ -157,7 +202,7 @@ def _next_valid_after(data: bytes, pos: int) -> int | None:
 
 def scan_records(data: bytes, start: int, newest: bool, skip_corruption: bool = False,
                  name: str = "journal") -> ScanResult:
-    """Parse records of one journal file (its full bytes) from offset `start`.
+    """Parse records back to back (version 1 rules) from offset `start` of one journal file's full bytes.
 
     `newest`: the file is the last journal, so its tail may be torn. See the module docstring for the rules.
     """
@@ -188,7 +233,98 @@ def scan_records(data: bytes, start: int, newest: bool, skip_corruption: bool = 
     return ScanResult(records, pos, None, skipped)
 
 
+def scan_journal(data: bytes, start: int, newest: bool, skip_corruption: bool = False,
+                 name: str = "journal") -> ScanResult:
+    """The records of one journal file (its full bytes, header already checked) from offset `start` (a group
+    boundary), as replay sees them, by the rules of the file's version (module docstring). Never returns
+    GROUP records. Raises JournalCorruptError on corruption unless `skip_corruption`."""
+    if file_version(data) == 1:
+        return scan_records(data, start, newest, skip_corruption, name)
+    records: list[JournalRecord] = []
+    skipped: list[str] = []
+    pos, size = start, len(data)
+    while pos < size:
+        frame, why = _parse_group(data, pos)
+        if frame is not None:
+            body, end, crc = frame
+            if end <= size and crc32c(memoryview(data)[body:end]) == crc:
+                inside, why = _records_of_group(data, pos, body, end)
+                if why is None:
+                    records.extend(inside)
+                    pos = end
+                    continue
+                why = f"group at offset {pos} passes its CRC but holds an invalid record: {why}"
+                followed = None  # a complete group is never torn, wherever it is
+            else:
+                why = (f"group at offset {pos} runs past the end of the file ({end - body} bytes, {size - body} "
+                       f"left)") if end > size else f"group at offset {pos} fails its CRC"
+                followed = end if end < size and data.count(0, end) != size - end else None
+                if newest and followed is None:
+                    return ScanResult(records, pos, f"torn last group: {why}", skipped)
+            resume = max(end, pos + 1)
+        else:
+            if newest and data.count(0, pos) == size - pos:
+                return ScanResult(records, pos, f"torn tail: {size - pos} zero bytes after the last group", skipped)
+            followed = _next_group_record(data, pos + 1)
+            if newest and followed is None:
+                return ScanResult(records, pos, f"torn last group: {why}", skipped)
+            resume = size if followed is None else followed
+        problem = f"{name}: corruption: {why}" + (
+            f", followed by more of the journal at offset {followed}" if followed is not None else
+            ("" if newest else " in a journal that is not the newest"))
+        if not skip_corruption:
+            raise JournalCorruptError(problem)
+        salvaged = _salvage(data, pos, min(resume, size))
+        records.extend(salvaged)
+        skipped.append(f"{problem} (kept {len(salvaged)} records of it that pass their own CRC)")
+        pos = resume
+    return ScanResult(records, min(pos, size), None, skipped)
+
+
+def _parse_group(data: bytes, pos: int) -> tuple[tuple[int, int, int] | None, str]:
+    """((first record offset, group end, crc), "") for a valid GROUP record at pos, else (None, why)."""
+    record, why = _parse_at(data, pos)
+    if record is None:
+        return None, why
+    if record.type is not RecordType.GROUP or len(record.body) != GROUP_BODY.size:
+        return None, f"no group frame at offset {pos} (a {record.type.name} record of {len(record.body)} bytes)"
+    length, crc = GROUP_BODY.unpack(record.body)
+    return (record.end, record.end + length, crc), ""
+
+
+def _records_of_group(data: bytes, group: int, pos: int, end: int) -> tuple[list[JournalRecord], str | None]:
+    """The records filling [pos, end) exactly, or ([], why)."""
+    out = []
+    while pos < end:
+        record, why = _parse_at(data, pos, group)
+        if record is None or record.end > end or record.type is RecordType.GROUP:
+            return [], why or f"record at offset {pos} crosses the group's end or is a GROUP record"
+        out.append(record)
+        pos = record.end
+    return out, None
+
+
+def _next_group_record(data: bytes, pos: int) -> int | None:
+    """Offset of the first valid GROUP record at or after pos, or None."""
+    at = data.find(_GROUP_LENGTH_FIELD, pos)
+    while at != -1:
+        if data[at + 8:at + 9] == bytes((RecordType.GROUP,)) and _parse_group(data, at)[0] is not None:
+            return at
+        at = data.find(_GROUP_LENGTH_FIELD, at + 1)
+    return None
+
+
+def _salvage(data: bytes, pos: int, end: int) -> list[JournalRecord]:
+    """The data records in damaged bytes [pos, end) that pass their own CRC (for skip_corruption and the audit)."""
+    out = []
+    scan = scan_records(data[:end], pos, newest=True, skip_corruption=True)
+    for record in scan.records:
+        if record.type is not RecordType.GROUP:
+            out.append(dataclasses.replace(record, group=pos))
+    return out
+
+
 def iter_file(data: bytes, newest: bool = True, skip_corruption: bool = False) -> Iterator[JournalRecord]:
     """Records of a whole journal file (header checked)."""
     decode_file_header(data)
-    yield from scan_records(data, FILE_HEADER_BYTES, newest, skip_corruption).records
+    yield from scan_journal(data, FILE_HEADER_BYTES, newest, skip_corruption).records

@@ -7,7 +7,7 @@ closes every ledger at its last entry, so the audit has everything to check and 
 
 Three measurements of the same files (in the page cache: they were just written):
 - bare parse (the denominator): this process reads each file and runs what any reader of a journal must do,
-  with the project's code: formats.journal.scan_records (every record's CRC) and, per entry, the header
+  with the project's code: formats.journal.scan_journal (every group's and record's CRC) and, per entry, the header
   (formats.entry.HEADER) and the digest check (CRC32C over the header and payload). No grouping, no rules;
 - --local: `bksim audit --local` as a child process; its figure is the job's own time from report.json
   (parse and rules: run.timing_s.job), so interpreter start-up and imports are not counted;
@@ -131,10 +131,13 @@ class _JournalWriter:
         self.size = jfmt.FILE_HEADER_BYTES
 
     def write(self, record: bytes) -> None:
-        if self.size + len(record) > FILE_BYTES:
+        """One record in its own group write (framed, as a bookie flushing each add alone writes it)."""
+        frame = jfmt.group_record([record])
+        if self.size + len(frame) + len(record) > FILE_BYTES:
             self._roll()
+        self.f.write(frame)
         self.f.write(record)
-        self.size += len(record)
+        self.size += len(frame) + len(record)
 
     def close(self) -> None:
         self.f.close()
@@ -149,7 +152,7 @@ def bare_parse(paths: list[str]) -> tuple[int, float]:
     for path in paths:
         with open(path, "rb") as f:
             data = f.read()
-        for rec in jfmt.scan_records(data, jfmt.FILE_HEADER_BYTES, newest=True).records:
+        for rec in jfmt.scan_journal(data, jfmt.FILE_HEADER_BYTES, newest=True).records:
             records += 1
             if rec.type is entry_type:
                 body = rec.body

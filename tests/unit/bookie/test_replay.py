@@ -19,7 +19,12 @@ INSTANCE = str(uuid.uuid4())
 
 
 def records(n: int, ledger_id: int = 1) -> list[bytes]:
-    return [jfmt.entry_record(entry(ledger_id, i), 0) for i in range(n)]
+    """n entry records, each in its own group write (as a bookie flushing every add alone writes them)."""
+    return [framed(jfmt.entry_record(entry(ledger_id, i), 0)) for i in range(n)]
+
+
+def framed(record: bytes) -> bytes:
+    return jfmt.group_record([record]) + record
 
 
 def write_journal(directory, journal_id: int, body: bytes, header: bytes | None = None) -> str:
@@ -51,14 +56,15 @@ def test_clean_journal_replays_every_record(tmp_path):
 
 
 @pytest.mark.parametrize("tail, why", [
-    (lambda r: r[:2], "short record header"),  # torn length field
-    (lambda r: r[:len(r) - 7], "runs past end of file"),  # torn body
-    (lambda r: b"\0" * 4096, "invalid record length 0"),  # zero-filled tail
-    (lambda r: r[:-1] + bytes([r[-1] ^ 0xFF]), "CRC mismatch"),  # CRC-bad last record
+    (lambda r: r[:6], "short record header"),  # torn group frame
+    (lambda r: r[:len(r) - 7], "runs past the end of the file"),  # torn group
+    (lambda r: b"\0" * 4096, "4096 zero bytes after the last group"),  # zero-filled tail
+    (lambda r: r[:-1] + bytes([r[-1] ^ 0xFF]), "fails its CRC"),  # a page of the last group did not land
+    (lambda r: b"\0" * 512 + r[jfmt.GROUP_RECORD_BYTES:], "invalid record length 0"),  # its first page did not
 ])
 def test_torn_tail_of_newest_journal_is_truncated(tmp_path, tail, why):
     good = b"".join(records(4))
-    last = jfmt.entry_record(entry(1, 4), 0)
+    last = framed(jfmt.entry_record(entry(1, 4), 0))
     path = write_journal(tmp_path, 1, good + tail(last))
     report, applied, logs = run_replay(tmp_path)
     assert [r.body for r in applied] == [entry(1, i) for i in range(4)]
@@ -73,7 +79,7 @@ def test_crc_bad_record_in_the_middle_refuses_start(tmp_path):
     recs = records(5)
     recs[2] = recs[2][:-1] + bytes([recs[2][-1] ^ 0x01])
     write_journal(tmp_path, 1, b"".join(recs))
-    with pytest.raises(JournalCorruptError, match="CRC mismatch.*followed by a valid record"):
+    with pytest.raises(JournalCorruptError, match="fails its CRC, followed by more of the journal"):
         run_replay(tmp_path)
 
 

@@ -1,5 +1,6 @@
-"""formats/journal.py: file header, every record type, and the torn-tail vs corruption rules of
-`scan_records` (PROTOCOL.md §2.2 "Replay on restart") checked directly at the format level."""
+"""formats/journal.py: file header, every record type, the record-level rules of `scan_records` (version 1
+files, and the audit's record search), and the group frames and torn-last-group rules of `scan_journal`
+(version 2, PROTOCOL.md §2.2 "Replay on restart"), checked directly at the format level."""
 from __future__ import annotations
 
 import random
@@ -82,7 +83,7 @@ def test_every_record_type_round_trips():
     assert fmt.LEDGER_ID.unpack(got[3].body) == (5,)
     assert fmt.LEDGER_LAC.unpack(got[4].body) == (5, 1)
     assert got[5].body == bytes(8)
-    assert [r.type for r in fmt.iter_file(data)] == [r.type for r in got]
+    assert [r.type for r in fmt.iter_file(fmt.encode_file(INSTANCE, [recs]))] == [r.type for r in got]
 
 
 def test_record_layout():
@@ -204,9 +205,13 @@ def test_random_bytes_only_raise_format_error():
             for _ in range(rng.randrange(1, 4)):
                 data[rng.randrange(len(data))] = rng.randrange(256)
             data = bytes(data[:rng.randrange(H, len(data) + 1)])
+        scan = fmt.scan_records if i % 4 < 2 else fmt.scan_journal
+        if scan is fmt.scan_journal and not i % 2:
+            data = fmt.encode_file(INSTANCE, [records()[:3], records()[3:]])[:len(data)]
+            data = data[:H] + bytes(b ^ (rng.randrange(256) if rng.random() < 0.02 else 0) for b in data[H:])
         try:
             fmt.decode_file_header(data)
-            result = fmt.scan_records(data, H, newest=bool(rng.randrange(2)), skip_corruption=bool(rng.randrange(2)))
+            result = scan(data, H, newest=bool(rng.randrange(2)), skip_corruption=bool(rng.randrange(2)))
         except FormatError:
             outcomes["corrupt"] += 1
             continue
@@ -215,3 +220,61 @@ def test_random_bytes_only_raise_format_error():
         for r in result.records:
             assert r.offset < r.end <= len(data)
     assert all(outcomes.values()), outcomes  # every outcome was reached
+
+
+# -- version 2: group frames --------------------------------------------------------------------------------
+def test_group_frame_layout_and_round_trip():
+    recs = records()
+    frame = fmt.group_record(recs)
+    length, _crc, rtype, _flags = fmt.RECORD_PREFIX.unpack_from(frame)
+    assert (len(frame), length, rtype) == (fmt.GROUP_RECORD_BYTES, fmt.GROUP_RECORD_BYTES - 4, fmt.RecordType.GROUP)
+    from bksim.formats.crc import crc32c
+    assert fmt.GROUP_BODY.unpack_from(frame, fmt.RECORD_PREFIX_BYTES) == (len(b"".join(recs)), crc32c(b"".join(recs)))
+    data = fmt.encode_file(INSTANCE, [recs[:2], recs[2:]])
+    assert fmt.file_version(data) == fmt.VERSION == 2
+    result = fmt.scan_journal(data, H, newest=False)
+    assert (result.end, result.torn, result.skipped) == (len(data), None, [])
+    second = H + fmt.GROUP_RECORD_BYTES + len(recs[0]) + len(recs[1])
+    assert [r.group for r in result.records] == [H, H] + [second] * 4  # GROUP records themselves are not returned
+    assert [r.body for r in result.records] == [r.body for r in fmt.scan_records(journal(*recs), H, False).records]
+    assert fmt.scan_journal(data, second, newest=True).records == result.records[2:]  # a mark at a group start
+
+
+def test_version_1_files_are_still_read_by_their_own_rules():
+    recs = records()
+    data = fmt.FILE_HEADER.pack(fmt.MAGIC, 1, bytes(16)) + b"".join(recs) + recs[1][:9]
+    assert fmt.file_version(data) == 1
+    result = fmt.scan_journal(data, H, newest=True)
+    assert len(result.records) == len(recs) and "short record header" in result.torn
+
+
+def test_a_crc_passing_group_with_an_invalid_record_inside_is_corruption_even_last():
+    junk = fmt.RECORD_PREFIX.pack(fmt.LENGTH_MIN, 0, fmt.RecordType.FENCE, 0)  # a record whose CRC is wrong
+    data = fmt.encode_file(INSTANCE, [records(), [junk]])
+    with pytest.raises(JournalCorruptError, match="passes its CRC but holds an invalid record"):
+        fmt.scan_journal(data, H, newest=True)
+
+
+def test_a_group_frame_inside_the_torn_region_counts_as_a_later_group():
+    """Where the last group's frame never landed, any valid GROUP record after it means a later group exists, so
+    the damage is not the last group's: refused (the safe side), never truncated."""
+    recs = records()
+    good = fmt.encode_file(INSTANCE, [recs])
+    later = fmt.group_record([recs[0]]) + recs[0]
+    with pytest.raises(JournalCorruptError, match=f"followed by more of the journal at offset {len(good) + 512}"):
+        fmt.scan_journal(good + bytes(512) + later, H, newest=True)
+    torn = fmt.scan_journal(good + bytes(512) + recs[0], H, newest=True)  # records alone carry no frame
+    assert torn.end == len(good) and "torn last group" in torn.torn
+
+
+def test_skip_corruption_keeps_the_records_of_a_damaged_group_that_pass_their_own_crc():
+    recs = records()
+    data = bytearray(fmt.encode_file(INSTANCE, [recs, [recs[0]]]))
+    bad = H + fmt.GROUP_RECORD_BYTES + len(recs[0])  # the first ENTRY record of group 1
+    data[bad + fmt.RECORD_PREFIX_BYTES + 3] ^= 0xFF
+    with pytest.raises(JournalCorruptError, match=f"group at offset {H} fails its CRC, followed by more"):
+        fmt.scan_journal(bytes(data), H, newest=True)
+    result = fmt.scan_journal(bytes(data), H, newest=True, skip_corruption=True)
+    assert [r.type for r in result.records] == [r.type for r in fmt.scan_records(journal(*recs), H, False).records
+                                                if r.offset != offsets(recs)[1]] + [fmt.RecordType.MASTER_KEY]
+    assert len(result.skipped) == 1 and "kept 5 records" in result.skipped[0] and result.torn is None
