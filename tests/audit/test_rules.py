@@ -146,7 +146,8 @@ def test_journal_damage_crc_failure_garbage_and_torn_tail(synth, tmp_path):
                    ("journal_garbage", B2, paths[(B2, 1)], b2[3].offset)]
     assert "claims ledger 1 entry 2" in report["violations"][0]["detail"]
     # the records after the garbage still count: entry 3 of ledger 1 (B2's 4th record) is fully replicated
-    assert [(b["rule"], b["bookie"], b["offset"]) for b in report["benign"]] == [("torn_tail", B3, b3[-1].offset)]
+    # the torn tail starts at the last group write (its frame), not at the record in it that was cut
+    assert [(b["rule"], b["bookie"], b["offset"]) for b in report["benign"]] == [("torn_tail", B3, b3[-1].group)]
     # what the damage cost: entry 2 of ledger 1 on B1 and entry 7 of ledger 2 on B3, each still on 2 of 3
     assert findings(report, "reported") == [("under_replicated", 1, 2, 2), ("under_replicated", 2, 7, 7)]
 
@@ -169,9 +170,9 @@ def test_torn_tail_rules_follow_the_checkpoint_mark_and_replay(synth, tmp_path):
     report, status = audit([synth.root], synth.snapshot_path, tmp_path / "out")
     got = [(v["rule"], v["bookie"], v["offset"]) for v in report["violations"]]
     assert got == [("journal_garbage", B3, b3[2].offset), ("journal_corrupt_tail", B2, b2[-1].offset),
-                   ("torn_tail_below_checkpoint", B1, b1[-1].offset)]
+                   ("torn_tail_below_checkpoint", B1, b1[-1].group)]
     assert status == 1
-    assert "replay would truncate" in report["violations"][0]["detail"]
+    assert f"then valid records from offset {b3[2].offset + jfmt.RECORD_PREFIX_BYTES}" in report["violations"][0]["detail"]
 
     synth.lastmarks[B2] = (2, 0)  # now journal 1 lies below B2's mark: replay has moved past it
     del synth.lastmarks[B1]
