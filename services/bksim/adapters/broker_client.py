@@ -49,18 +49,21 @@ LEDGER_STATUSES = frozenset(broker_pb2.LedgerStatus.keys())
 
 class BrokerCallError(BksimError):
     """A broker call failed. `status`: the LedgerStatus name from the trailer "bksim-status", or the gRPC code
-    name when the broker did not answer; `grpc_code`: the gRPC status code name; `message`: the details."""
+    name when the broker did not answer; `grpc_code`: the gRPC status code name; `message`: the details;
+    `answered`: False when the status is only the transport's gRPC code (no trailer: the broker said nothing)."""
 
-    def __init__(self, status: str, grpc_code: str, message: str) -> None:
+    def __init__(self, status: str, grpc_code: str, message: str, *, answered: bool = True) -> None:
         self.status = status
         self.grpc_code = grpc_code
         self.message = message
+        self.answered = answered
         super().__init__(f"{status}: {message}")
 
     @property
     def from_broker(self) -> bool:
-        """True when the broker refused with a LedgerStatus (not a transport failure)."""
-        return self.status in LEDGER_STATUSES
+        """True when the broker refused with a LedgerStatus (not a transport failure: a gRPC INTERNAL without
+        the trailer is the transport's, although INTERNAL is also a LedgerStatus name)."""
+        return self.answered and self.status in LEDGER_STATUSES
 
 
 def call_error(e: grpc.aio.AioRpcError, address: str) -> BrokerCallError:
@@ -75,7 +78,8 @@ def call_error(e: grpc.aio.AioRpcError, address: str) -> BrokerCallError:
     code = e.code().name
     details = e.details() or ""
     if status is None:
-        return BrokerCallError(code, code, f"broker {address}: {details}" if details else f"broker {address}")
+        return BrokerCallError(code, code, f"broker {address}: {details}" if details else f"broker {address}",
+                               answered=False)
     return BrokerCallError(status, code, details)
 
 

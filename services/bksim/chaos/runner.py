@@ -26,6 +26,7 @@ verdicts, median recovery time.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import random
@@ -505,6 +506,8 @@ class _Run:
                 ledgers = asyncio.run(check.check_ledgers([r for w in writers for r in w.ledgers], addresses))
                 topic_counts = check.check_topic(addresses, receipts, duplicate_receipts, topic.sent)
                 topic_counts["failed_sends"] = len(failed)
+                reasons = collections.Counter(failed.values())
+                topic_counts["failed_send_reasons"] = [{"reason": r, "sends": n} for r, n in reasons.most_common(3)]
                 report["entrylog_flips"] = [self._check_flip(v, flip, addresses) for v, flip in self.flips]
                 report["check_s"] = round(time.monotonic() - t, 2)
                 rec.event("check", "checks done")

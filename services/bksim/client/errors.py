@@ -57,7 +57,7 @@ class ClientError(BksimError):
 def from_rpc_error(e: grpc.RpcError, address: str) -> ClientError:
     """A ClientError from a failed gRPC call to the broker at `address`."""
     failed = call_error(e, address)  # reads the "bksim-status" trailer (grpc.aio and blocking calls alike)
-    if failed.status in STATUSES:
+    if failed.answered and failed.status in STATUSES:
         return ClientError(failed.status, failed.message, from_broker=True, grpc_code=failed.grpc_code)
     status = _GRPC_TO_STATUS.get(failed.grpc_code, "INTERNAL")
     return ClientError(status, f"{failed.grpc_code}: {failed.message}", grpc_code=failed.grpc_code)
