@@ -14,8 +14,11 @@ what the Disk port promises):
 - `crash(rng)`: every name goes back to its durable state; every file loses its unsynced bytes, except
   that (seeded, per file, with `torn_tail_probability`) a prefix of its unsynced appended bytes survives,
   cut at a sector boundary (devices write whole sectors) or at their end (the data reached the device but
-  the fsync had not returned), sometimes followed by one or two sectors of zeros (blocks allocated but not
-  written): a torn tail. `sector_bytes=1` tears anywhere, a harsher model than real devices.
+  the fsync had not returned): a torn tail. Sometimes (`torn_zeros_probability`) its sectors also reached the
+  device in any order: each sector of the kept prefix is then left as zeros with probability 1/2 (written
+  later than the crash), and one or two sectors of zeros follow it (blocks allocated but not written). So
+  "zeros, then valid bytes" is a torn tail too. `sector_bytes=1` tears anywhere, a harsher model than real
+  devices.
   Unsynced overwrites in place (pwrite) are lost. What is left after a crash is durable.
 - A crash ends the process that used the disk: every call through this SimDisk, and through files opened
   with it, raises ProcessCrashed afterwards (so a dead engine's leftover tasks cannot write after the
@@ -62,7 +65,7 @@ class DiskFaults:
     latency_ms_min: float = 0.0
     latency_ms_max: float = 0.0
     torn_tail_probability: float = 0.0  # per file with unsynced appended bytes, at a crash
-    torn_zeros_probability: float = 0.0  # a kept torn prefix is followed by zeros
+    torn_zeros_probability: float = 0.0  # a kept torn prefix has sectors that never landed, and zeros after it
     sector_bytes: int = 512  # a torn tail is cut at a multiple of this (file offset), or at its end
     capacity_bytes: int = GiB
 
@@ -153,7 +156,8 @@ class SimDisk:
             if pending > 0 and f.torn_tail_probability > 0 and rng.random() < f.torn_tail_probability:
                 kept = bytes(inode.data[durable_len:_torn_cut(durable_len, len(inode.data), f.sector_bytes, rng)])
                 if f.torn_zeros_probability > 0 and rng.random() < f.torn_zeros_probability:
-                    kept += bytes(f.sector_bytes * rng.randint(1, TORN_ZEROS_SECTORS_MAX))
+                    kept = _sectors_lost(kept, durable_len, f.sector_bytes, rng) \
+                        + bytes(f.sector_bytes * rng.randint(1, TORN_ZEROS_SECTORS_MAX))
             if pending > 0 or kept or inode.data[:durable_len] != inode.durable:
                 lost.append(f"{path}: {len(inode.data)} bytes -> {durable_len} durable"
                             + (f" + torn tail of {len(kept)} bytes" if kept else ""))
@@ -299,6 +303,19 @@ def _torn_cut(start: int, end: int, sector_bytes: int, rng: random.Random) -> in
     first = (start // sector_bytes + 1) * sector_bytes
     cuts = list(range(first, end, sector_bytes)) + [end]
     return cuts[rng.randrange(len(cuts))]
+
+
+def _sectors_lost(kept: bytes, start: int, sector_bytes: int, rng: random.Random) -> bytes:
+    """`kept` (the torn bytes from file offset `start`) with each sector, independently with probability 1/2,
+    left as zeros: a write whose sectors reach the device in any order, cut by the crash. Bytes before `start`
+    were durable already and stay."""
+    out = bytearray(kept)
+    first = start // sector_bytes * sector_bytes
+    for a in range(first, start + len(kept), sector_bytes):
+        if rng.random() < 0.5:
+            lo, hi = max(a, start) - start, min(a + sector_bytes, start + len(kept)) - start
+            out[lo:hi] = bytes(hi - lo)
+    return bytes(out)
 
 
 class SimFile:
