@@ -53,17 +53,20 @@ def test_write_synced_and_write_synced_now_are_durable_when_they_return():
     assert run(main()) == b"one.two."
 
 
+async def torn_results(faults: DiskFaults, seeds: int, unsynced: bytes) -> set[bytes]:
+    """What "/d/a" holds after a crash, over `seeds` seeds: 2 durable bytes "ab", then `unsynced` written."""
+    kept = set()
+    for seed in range(seeds):
+        disk = disk_with_dir(faults)
+        f = await durable_file(disk, "/d/a", b"ab")
+        f.write(unsynced)
+        disk.crash(random.Random(seed))
+        kept.add(disk.reopen().read_all("/d/a"))
+    return kept
+
+
 def test_a_torn_tail_keeps_a_sector_aligned_prefix_of_the_unsynced_bytes():
-    async def main():
-        kept = set()
-        for seed in range(40):
-            disk = disk_with_dir(ALWAYS_TORN)
-            f = await durable_file(disk, "/d/a", b"ab")  # durable: 2 bytes; sectors of 4
-            f.write(b"cdefghij")
-            disk.crash(random.Random(seed))
-            kept.add(disk.reopen().read_all("/d/a"))
-        return kept
-    kept = run(main())
+    kept = run(torn_results(ALWAYS_TORN, 40, b"cdefghij"))  # sectors of 4
     # cut at file offsets 4 or 8 (sector boundaries) or at the end (10): never mid-sector
     assert {k for k in kept if not k.endswith(b"\0")} == {b"abcd", b"abcdefgh", b"abcdefghij"}
 
@@ -229,17 +232,8 @@ def test_flip_bit_changes_durable_bytes_and_the_page_cache():
 
 
 def test_a_torn_tail_may_have_sectors_that_never_landed_before_ones_that_did():
-    async def main():
-        shapes = set()
-        for seed in range(60):
-            faults = DiskFaults(torn_tail_probability=1.0, torn_zeros_probability=1.0, sector_bytes=4)
-            disk = disk_with_dir(faults)
-            f = await durable_file(disk, "/d/a", b"ab")  # durable: 2 bytes; sectors of 4
-            f.write(b"cdefghijklmn")
-            disk.crash(random.Random(seed))
-            shapes.add(disk.reopen().read_all("/d/a"))
-        return shapes
-    shapes = run(main())
+    faults = DiskFaults(torn_tail_probability=1.0, torn_zeros_probability=1.0, sector_bytes=4)
+    shapes = run(torn_results(faults, 60, b"cdefghijklmn"))
     assert all(s.startswith(b"ab") for s in shapes)  # durable bytes are never lost
     for s in shapes:  # every torn byte is either what was written there, or a zero
         assert all(b in (0, w) for b, w in zip(s[2:], b"cdefghijklmn"))
