@@ -9,6 +9,9 @@ Public API (LEAD's subscription code calls these):
     cursor = await ManagedCursor.open(name=, path=, layout=, ledgers=, store=, clock=, config=,
                                       initial_position="latest"|"earliest", log=, on_fenced=)
     cursor.mark_delete                          everything <= it is acknowledged
+    cursor.persisted_mark_delete                the mark-delete of the last completed persist (or of the state
+                                                recovered at open): where the cursor comes back after a crash;
+                                                retention trims only below it
     cursor.read_position  (settable)            next entry to dispatch; cursor.rewind() -> after mark_delete
     cursor.ack(positions) -> int                individual acks (INVALID_ACK for a position the topic lacks)
     cursor.ack_cumulative(pos, properties=None) mark-delete to pos (an older pos is a no-op)
@@ -103,6 +106,7 @@ class ManagedCursor:
         self._ledger_entries = 0        # entries in our handle's ledger
         self._seq = 0                   # snapshot number
         self._persisted_changes = -1    # state.changes at the last complete persist
+        self._persisted_md = self.state.mark_delete  # the mark-delete the znode or cursor ledger holds
         self._lock = asyncio.Lock()
         self._flusher: asyncio.Task | None = None
         self._status = NO_LEDGER
@@ -153,6 +157,7 @@ class ManagedCursor:
                 await self._store.create(self.path, raw)
                 self._znode_version = 0
                 self._persisted_changes = self.state.changes
+                self._persisted_md = md
                 self.recovery = {"source": "new", "initialPosition": initial_position}
                 self._log(f"cursor {self.name}: created {self.path} at {md} ({initial_position})")
                 return
@@ -190,6 +195,7 @@ class ManagedCursor:
         for note in notes:
             self._log(f"cursor {self.name}: on recovery: {note}")
         self._persisted_changes = self.state.changes
+        self._persisted_md = self.state.mark_delete
         self.recovery = {"source": source, "cursorLedger": znode.cursor_ledger,
                          "durationMs": round(self._clock.monotonic_ms() - started, 3)}
         if reason:
@@ -229,6 +235,10 @@ class ManagedCursor:
     @property
     def mark_delete(self) -> Position:
         return self.state.mark_delete
+
+    @property
+    def persisted_mark_delete(self) -> Position:
+        return self._persisted_md
 
     @property
     def read_position(self) -> Position:
@@ -373,6 +383,7 @@ class ManagedCursor:
             await self._fallback_to_znode(snap, changes, started, f"cursor ledger append failed: {e}")
             return
         self._persisted_changes = changes
+        self._persisted_md = snap.mark_delete
         self._last_persist_ms = self._clock.monotonic_ms()
         self._last_persist = {"to": "ledger", "ledger": self._ledger_id, "seq": self._seq,
                               "timestampMs": self._clock.wall_ms(), "entries": written,
@@ -420,6 +431,7 @@ class ManagedCursor:
         raw, left_out = codec.encode_znode(snap, -1, self.config.ranges_in_metadata_max)
         old_id, old_handle = self._ledger_id, self._handle
         await self._cas(raw)
+        self._persisted_md = snap.mark_delete  # the znode always holds the mark-delete (ranges may be left out)
         self._ledger_id, self._handle, self._ledger_entries = -1, None, 0
         self._status = NO_LEDGER
         self._persist_errors += 1
@@ -539,6 +551,7 @@ class ManagedCursor:
                     self._log(f"cursor {self.name}: closed; its cursor ledger failed: the znode holds what fits "
                               f"({self._last_persist.get('notPersisted')} left out)")
             self._persisted_changes = self.state.changes
+            self._persisted_md = self.state.mark_delete
             self._status = CLOSED
 
     async def delete(self) -> None:
@@ -584,6 +597,7 @@ class ManagedCursor:
             shown.append(f"...({ranges - len(shown)} more)")
         return {
             "markDeletePosition": str(s.mark_delete),
+            "persistentMarkDeletePosition": str(self._persisted_md),
             "readPosition": str(s.read_position),
             "cursorLedger": self._ledger_id,
             "cursorLedgerLastEntry": self._ledger_entries - 1 if self._handle is not None else -1,

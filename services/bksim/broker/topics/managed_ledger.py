@@ -14,7 +14,8 @@ Invariants:
   next ledger (duplicates in the log), we first recover the failed ledger: an append whose entry id is at or
   below the recovered last_entry_id is durable there and is acknowledged with that position; only the others
   are re-sent, in order, to the next ledger. No duplicate enters the log on this path.
-- trimming removes only a contiguous prefix of closed ledgers, metadata first, then the ledgers.
+- trimming removes only a contiguous prefix of closed ledgers below every cursor's persisted mark-delete,
+  metadata first, then the ledgers.
 """
 from __future__ import annotations
 
@@ -78,11 +79,13 @@ class ManagedLedgerInfo:
 
 
 class _PendingAdd:
-    __slots__ = ("payload", "future", "ledger_id", "sent_id", "entry_id")
+    __slots__ = ("payload", "future", "on_confirmed", "ledger_id", "sent_id", "entry_id")
 
-    def __init__(self, payload: bytes, future: asyncio.Future) -> None:
+    def __init__(self, payload: bytes, future: asyncio.Future,
+                 on_confirmed: Callable[[Position], None] | None) -> None:
         self.payload = payload
         self.future = future
+        self.on_confirmed = on_confirmed
         self.ledger_id = -1   # the ledger it was sent to (-1: waiting for a ledger)
         self.sent_id = -1     # the entry id the ledger's writer gave it
         self.entry_id = -1    # its entry id there, once confirmed
@@ -197,15 +200,21 @@ class ManagedLedger:
         """The largest entry a topic takes: topic.message_bytes_max capped by the ledger's payload_bytes_max."""
         return min(self.config.message_bytes_max, self._broker_config.payload_bytes_max)
 
-    def append(self, payload: bytes) -> asyncio.Future:
-        """Append one entry; the future resolves with its Position once it and every earlier append are durable."""
+    def append(self, payload: bytes, on_confirmed: Callable[[Position], None] | None = None) -> asyncio.Future:
+        """Append one entry; the future resolves with its Position once it and every earlier append are durable.
+
+        `on_confirmed(position)` runs inside the confirmation itself: after last_confirmed moved to the entry,
+        before the future resolves and before any later entry is confirmed. State that must never lag the log
+        (dedup's persisted sequence ids, which a dedup snapshot at last_confirmed claims to cover) is recorded
+        there, as Pulsar records them in the add-complete callback; a continuation of the future runs later, after
+        other appends may have been confirmed and snapshotted."""
         if self.state in ("Fenced", "Closed"):
             raise self._not_writable()
         if len(self._pending) >= self.config.pending_adds_max:
             raise TopicError("TOO_MANY_REQUESTS", f"topic {self.name} has {len(self._pending)} appends pending "
                                                   f"(topic.pending_adds_max)")
         future = asyncio.get_running_loop().create_future()
-        op = _PendingAdd(payload, future)
+        op = _PendingAdd(payload, future, on_confirmed)
         self._pending.append(op)
         if self._roll_task is None and self._handle is not None:
             self._send(op)
@@ -257,6 +266,11 @@ class ManagedLedger:
             self.entries_added += 1
             self.bytes_added += len(op.payload)
             self._cache_put(pos, op.payload)
+            if op.on_confirmed is not None:
+                try:
+                    op.on_confirmed(pos)
+                except Exception as e:  # a bug in the caller's hook must not stop the confirmation of later entries
+                    self._log(f"topic {self.name}: confirmation hook of {pos} failed: {e!r}")
             if not op.future.done():
                 op.future.set_result(pos)
             confirmed = True
@@ -447,8 +461,10 @@ class ManagedLedger:
     # ---- trimming --------------------------------------------------------------------------------------------
     async def trim(self, slowest: Position | None, *, retention_ms: int, retention_bytes: int) -> list[int]:
         """Delete the contiguous prefix of closed ledgers that lie entirely at or below `slowest` (the slowest
-        durable cursor's mark-delete; None = no cursors) and are older than retention_ms or beyond
-        retention_bytes (-1 = no limit of that kind). Metadata first, then the ledgers. Returns deleted ids."""
+        durable cursor's PERSISTED mark-delete, as Pulsar's slowest-reader bound; None = no cursors) and are older
+        than retention_ms or beyond retention_bytes (-1 = no limit of that kind). Metadata first, then the
+        ledgers. Returns deleted ids. An in-memory mark-delete is not enough: after a crash the cursor comes
+        back at its persisted position, which must still name entries that exist (dedup replays from it)."""
         if self.state in ("Fenced", "Closed") or (retention_ms < 0 and retention_bytes < 0):
             return []
         async with self._metadata_lock:

@@ -5,10 +5,14 @@ znode), message deduplication, and the periodic maintenance (age rollover, reten
 
 Deduplication (namespace policy `dedup`): per producer name, the highest sequence id pushed (sent to the ledger)
 and persisted (acknowledged). A Send whose highest sequence id is <= persisted is a duplicate: it is answered
-as such and not written. One that is <= pushed waits for the in-flight one to settle. The persisted map is
+as such and not written. One that is <= pushed waits for the in-flight one to settle. The persisted id is
+recorded in the managed ledger's confirmation of the entry itself (ManagedLedger.append's on_confirmed, Pulsar's
+add-complete callback), so the map always covers every entry up to last_confirmed. The persisted map is
 snapshotted into the properties of the cursor `bksim.dedup` every `dedup_snapshot_entries` entries (the cursor's
-mark-delete moves to the snapshot's position); a new owner loads the snapshot and replays the entries after it,
-reading only their headers. So dedup survives broker failover (as in Pulsar's MessageDeduplication).
+mark-delete moves to last_confirmed with it); a new owner loads the last persisted snapshot and replays the
+entries after it, reading only their headers. Trimming never deletes a ledger past a cursor's persisted
+mark-delete, so those entries are still there. So dedup survives broker failover (as in Pulsar's
+MessageDeduplication).
 """
 from __future__ import annotations
 
@@ -188,8 +192,14 @@ class Topic:
             if len(self._pushed) >= self.config.dedup_producers_max and producer not in self._pushed:
                 self._forget_one_producer()
             self._pushed[producer] = max(seq, self._pushed.get(producer, -1))
+        on_confirmed = None
+        if self.policies.dedup:
+            def on_confirmed(_pos: Position, producer: str = producer, seq: int = seq) -> None:
+                self._persisted[producer] = max(seq, self._persisted.get(producer, -1))
+                self._since_snapshot += 1
+                self._settled.set()
         try:
-            pos = await self.ml.append(entry)
+            pos = await self.ml.append(entry, on_confirmed)
         except TopicError:
             if self.policies.dedup:  # not written: a retry of the same sequence id must go through
                 self._pushed[producer] = self._persisted.get(producer, -1)
@@ -201,12 +211,8 @@ class Topic:
         if p is not None:
             p.messages_in += len(messages)
             p.bytes_in += len(entry)
-        if self.policies.dedup:
-            self._persisted[producer] = max(seq, self._persisted.get(producer, -1))
-            self._settled.set()
-            self._since_snapshot += 1
-            if self._since_snapshot >= self.config.dedup_snapshot_entries:
-                await self._snapshot_dedup(force=False)
+        if self.policies.dedup and self._since_snapshot >= self.config.dedup_snapshot_entries:
+            await self._snapshot_dedup(force=False)
         return pos
 
     def _forget_one_producer(self) -> None:
@@ -246,6 +252,8 @@ class Topic:
         self._log(f"topic {self.name}: dedup state of {len(self._persisted)} producers (replayed {replayed} entries)")
 
     async def _snapshot_dedup(self, *, force: bool) -> None:
+        """The persisted ids (complete up to last_confirmed: they are recorded as entries are confirmed) as the
+        dedup cursor's properties, its mark-delete at last_confirmed; written by the cursor's next persist."""
         cursor = self._dedup_cursor
         if cursor is None or self.ml.last_confirmed.entry < 0:
             return
@@ -309,7 +317,8 @@ class Topic:
                     await self.fence(e.message)
 
     async def run_trim(self) -> list[int]:
-        """TTL first (cursors move past expired messages), then retention trimming below the slowest cursor."""
+        """TTL first (cursors move past expired messages), then retention trimming below the slowest cursor's
+        persisted mark-delete (TTL and acks free ledgers once the cursors have persisted them)."""
         if self.policies.ttl_ms > 0:
             cutoff = self._clock.wall_ms() - self.policies.ttl_ms
             newest = await self.ml.find_newest_before(_publish_time, cutoff)
@@ -321,7 +330,7 @@ class Topic:
         cursors = [s.cursor for s in self.subscriptions.values()]
         if self._dedup_cursor is not None:
             cursors.append(self._dedup_cursor)
-        slowest = min((c.mark_delete for c in cursors), default=None)
+        slowest = min((c.persisted_mark_delete for c in cursors), default=None)
         return await self.ml.trim(slowest, retention_ms=self.policies.retention_ms,
                                   retention_bytes=self.policies.retention_bytes)
 

@@ -1,5 +1,5 @@
-"""MemoryCursor: a NON-durable, in-memory test stand-in for ManagedCursor (CursorState with no-op persistence),
-so subscription and topic tests run without cursor ledgers. Durable cursors are tested in test_managed_cursor.py
+"""MemoryCursor: a NON-durable, in-memory test stand-in for ManagedCursor (CursorState whose persist() only
+records the mark-delete as persisted_mark_delete), so subscription and topic tests run without cursor ledgers. Durable cursors are tested in test_managed_cursor.py
 and on the real cluster."""
 from __future__ import annotations
 
@@ -14,12 +14,14 @@ class MemoryCursor(CursorState):
         self.persists = 0
         self.closed = False
         self.deleted = False
+        self.persisted_mark_delete = self.mark_delete
 
     async def seek(self, pos: Position) -> None:  # noqa: D401 - async like ManagedCursor.seek
         CursorState.seek(self, pos)
 
     async def persist(self, force: bool = False) -> None:
         self.persists += 1
+        self.persisted_mark_delete = self.mark_delete
 
     async def close(self) -> None:
         self.closed = True

@@ -22,40 +22,11 @@ from bksim.model.errors import ConnectionLossError, LedgerError
 from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies
 from tests.unit.broker.topics.fake_layout import FakeLayout
+from tests.unit.broker.topics.manual_clock import ManualClock
 
 ML = "/managed-ledgers/t/ns/persistent/topic"
 PATH = f"{ML}/sub"
 CONFIG = TopicConfig(cursor_persist_interval_ms=1000)
-
-
-class ManualClock:
-    """Time moves only when the test calls advance(); sleepers wake when their deadline has passed."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._sleepers: list[tuple[float, asyncio.Future]] = []
-
-    def monotonic_ms(self) -> float:
-        return self.now
-
-    def wall_ms(self) -> int:
-        return 1_700_000_000_000 + int(self.now)
-
-    async def sleep_ms(self, ms: float) -> None:
-        future = asyncio.get_running_loop().create_future()
-        self._sleepers.append((self.now + ms, future))
-        await future
-
-    def advance(self, ms: float) -> None:
-        self.now += ms
-        for item in list(self._sleepers):
-            if item[0] <= self.now and not item[1].done():
-                item[1].set_result(None)
-                self._sleepers.remove(item)
-
-    @property
-    def sleepers(self) -> int:
-        return len(self._sleepers)
 
 
 class World:

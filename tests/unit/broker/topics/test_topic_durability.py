@@ -1,0 +1,151 @@
+"""Topics over durable ManagedCursors (FakeBookies, the in-memory metadata store, a manual clock), taken over by
+a second broker the way a kill -9 leaves them (the old owner is aborted: it writes nothing more, the new one
+recovers the ledgers and cursors): dedup state that crosses the takeover, and retention trimming bounded by
+what the cursors persisted."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from bksim.broker.ledgers import LedgerService
+from bksim.broker.topics.errors import TopicError
+from bksim.broker.topics.managed_cursor import ManagedCursor
+from bksim.broker.topics.managed_ledger import ManagedLedger
+from bksim.broker.topics.names import TopicName
+from bksim.broker.topics.positions import Position
+from bksim.broker.topics.topic import DEDUP_CURSOR, Policies, Topic
+from bksim.formats.message import Message, read_header
+from bksim.metadata.memory import InMemoryMetadataStore
+from bksim.metadata.paths import bookie_path
+from bksim.model.config import BrokerConfig, TopicConfig
+from helpers import wait_until_async
+from tests.unit.broker.fake_bookies import FakeBookies
+from tests.unit.broker.topics.manual_clock import ManualClock
+
+TOPIC = TopicName.parse("persistent://acme/orders/o1")
+BOOKIES = ("b0", "b1", "b2")
+
+
+class World:
+    def __init__(self) -> None:
+        self.store = InMemoryMetadataStore()
+        self.fake = FakeBookies(BOOKIES)
+        self.clock = ManualClock()
+        self.logs: list[str] = []
+        self.brokers = 0
+
+    async def start(self) -> "World":
+        reg = self.store.session("bookies")
+        for b in BOOKIES:
+            await reg.create(bookie_path(b), b"{}", ephemeral=True, make_parents=True)
+        await ManagedLedger.create_znode(self.store.session("admin"), TOPIC)
+        return self
+
+    async def load(self, policies: Policies, config: TopicConfig) -> Topic:
+        """A broker of its own (metadata session, ledger client) loads the topic, as a new owner does."""
+        self.brokers += 1
+        session = self.store.session(f"broker-{self.brokers}")
+        ledgers = LedgerService(store=session, transport=self.fake, rng=random.Random(self.brokers), clock=self.clock,
+                                config=BrokerConfig(), log=self.logs.append)
+        ml = ManagedLedger(TOPIC, ledgers=ledgers, store=session, clock=self.clock, config=config,
+                           log=self.logs.append)
+
+        async def open_cursor(name: str, initial_position: str, create: bool) -> ManagedCursor:
+            # no background flush: a cursor persists exactly when the test says (its flusher's part)
+            return await ManagedCursor.open(name=name, path=TOPIC.cursor_path(name), layout=ml, ledgers=ledgers,
+                                            store=session, clock=self.clock, config=config,
+                                            initial_position=initial_position, log=self.logs.append,
+                                            background_flush=False)
+
+        topic = Topic(TOPIC, ml=ml, open_cursor=open_cursor, clock=self.clock, policies=policies, config=config,
+                      log=self.logs.append)
+        await topic.load()
+        return topic
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def msgs(seq: int) -> list[Message]:
+    return [Message(b"v%d" % seq, sequence_id=seq)]
+
+
+async def stored(topic: Topic) -> list[tuple[str, int]]:
+    """(producer, sequence id) of every entry the topic holds, in order."""
+    ml, out = topic.ml, []
+    for ledger_id in ml.ledger_ids():
+        count = ml.entries_in(ledger_id) or 0
+        if count:
+            for _, entry in await ml.read(Position(ledger_id, 0), count):
+                h = read_header(entry)
+                out.append((h.producer_name, h.highest_sequence_id))
+    return out
+
+
+def test_sends_confirmed_together_are_all_in_the_dedup_snapshot_a_new_owner_loads():
+    async def main():
+        w = await World().start()
+        config = TopicConfig(dedup_snapshot_entries=2)
+        a = await w.load(Policies(dedup=True), config)
+        a.add_producer("p1", "br1")
+        a.add_producer("p2", "br1")
+        await a.publish("p1", msgs(0))
+        # two sends answered by one bookie round: both are confirmed before either publish call resumes
+        for b in BOOKIES:
+            w.fake[b].gate = asyncio.Event()
+        sends = [asyncio.ensure_future(a.publish("p1", msgs(1))), asyncio.ensure_future(a.publish("p2", msgs(0)))]
+        await wait_until_async(lambda: a.ml.pending_count == 2 and sum(w.fake[b].waiting for b in BOOKIES) >= 2, 5,
+                               0.001, "both adds waiting at the bookies")
+        for b in BOOKIES:
+            w.fake[b].gate.set()
+        p1_pos, p2_pos = await asyncio.gather(*sends)
+        dedup = a._dedup_cursor
+        # the snapshot (p1's second send made it due) covers both entries, so it must hold both producers' ids
+        assert dedup.mark_delete >= p2_pos > p1_pos
+        assert dedup.properties == {"p1": 1, "p2": 0}
+        await dedup.persist(force=True)  # the cursor's flusher writes the snapshot
+        await a.fence("kill -9")  # the owner dies: nothing more is written
+        b = await w.load(Policies(dedup=True), config)
+        assert b.add_producer("p2", "br2") == ("p2", 0)
+        assert await b.publish("p2", msgs(0)) is None  # the producer's re-send of what had no receipt
+        assert await stored(b) == [("p1", 0), ("p1", 1), ("p2", 0)]
+    run(main())
+
+
+def test_trimming_waits_for_the_persisted_mark_delete_and_dedup_keeps_what_it_has_not_persisted():
+    async def main():
+        w = await World().start()
+        config = TopicConfig(ledger_entries_max=5, dedup_snapshot_entries=5)
+        policies = Policies(retention_ms=0, dedup=True)
+        a = await w.load(policies, config)
+        a.add_producer("p", "br1")
+        for seq in range(10):  # two full ledgers of 5 (the third, empty, is being written)
+            await a.publish("p", msgs(seq))
+        await wait_until_async(lambda: a.ml.state == "LedgerOpened" and len(a.ml.ledger_ids()) == 3, 5, 0.001,
+                               "the roll after the tenth entry")
+        ledgers = a.ml.ledger_ids()
+        dedup = a._dedup_cursor
+        assert dedup.mark_delete == a.ml.last_confirmed  # the in-memory snapshot (every 5 entries)
+        # nothing is persisted yet: the dedup cursor's persisted position is still before the first ledger,
+        # so the ledgers it has not persisted past must stay (a new owner replays them)
+        assert await a.run_trim() == []
+        assert a.ml.ledger_ids() == ledgers
+        await a.fence("kill -9")
+        b = await w.load(policies, config)
+        assert b.add_producer("p", "br2") == ("p", 9)
+        assert await b.publish("p", msgs(9)) is None  # the re-send of the last message is known
+        for seq in range(10, 15):  # the next snapshot (in memory) covers everything: nothing trimmed yet
+            await b.publish("p", msgs(seq))
+        await wait_until_async(lambda: b.ml.state == "LedgerOpened", 5, 0.001, "the roll after five entries")
+        closed = b.ml.ledger_ids()[:-1]
+        assert closed[:2] == ledgers[:2] and b._dedup_cursor.mark_delete == b.ml.last_confirmed
+        assert await b.run_trim() == []
+        # once the cursor persisted past them, the consumed ledgers go
+        await b._dedup_cursor.persist(force=True)
+        assert b._dedup_cursor.persisted_mark_delete == b.ml.last_confirmed
+        assert await b.run_trim() == closed
+        assert await stored(b) == []
+    run(main())
