@@ -37,9 +37,13 @@ Persistence (each step logged; stats_internal()["lastPersist"] says where the la
 - open: read the znode; create it if missing (cursor_ledger -1, mark-delete at the initial position:
   "earliest" = before the first entry, "latest" = the last confirmed entry). If the znode names a cursor
   ledger: open it WITH RECOVERY (fences a previous owner still writing it) and restore its last complete
-  snapshot (cursor_codec.find_last_snapshot). If that ledger is unreadable, or holds no complete snapshot,
-  restore the znode's own (bounded) state instead, and say so: a log line and stats_internal()["recovery"]
-  = {"source": "znode", "reason": ...}. Never "earliest" silently.
+  snapshot (cursor_codec.find_last_snapshot). If that ledger is gone (NO_SUCH_LEDGER: its metadata was
+  deleted), or holds no complete snapshot, restore the znode's own (bounded) state instead, and say so: a log
+  line and stats_internal()["recovery"] = {"source": "znode", "reason": ...}. Never "earliest" silently. Any
+  other ledger error (bookies down or failing, recovery or reads not completing) fails the open with
+  SERVICE_UNAVAILABLE and writes nothing: the topic load fails, the client retries, and the ledger is read
+  once its bookies serve it again. Falling back then would move the mark-delete backwards, and the next
+  persist would delete the ledger holding the newer state (acknowledged messages delivered again).
 - persist: append the snapshot to the cursor ledger (chunks + marker when larger than
   topic.cursor_snapshot_chunk_bytes). The first persist after open creates a NEW ledger (never appends to
   a recovered one), writes the snapshot into it, CASes the znode to name it, then deletes the old ledger.
@@ -75,9 +79,11 @@ from bksim.ports.metadata import MetadataStore
 
 CURSOR_PASSWORD = b"bksim-cursor"
 STATS_RANGES_MAX = 100  # ranges individuallyDeletedMessages lists (the count is always given)
-# ledger errors on recovery that mean "this ledger cannot give the state": fall back to the znode. Others
-# (METADATA_ERROR, UNAUTHORIZED, ...) fail the open: a retry may succeed and nothing is rolled back meanwhile.
-UNREADABLE = ("NO_SUCH_LEDGER", "READ_FAILED", "RECOVERY_FAILED", "READ_BEYOND_LAC", "BAD_REQUEST")
+# the ledger errors on recovery that mean "this ledger will never give the state": fall back to the znode.
+# Every other one (READ_FAILED, RECOVERY_FAILED, NOT_ENOUGH_BOOKIES, METADATA_ERROR, ...) fails the open: a retry
+# may succeed, and nothing is rolled back meanwhile (Pulsar falls back on read and recovery errors too; a
+# transient outage then costs the acks only the ledger held).
+GONE = ("NO_SUCH_LEDGER",)
 INITIAL_POSITIONS = ("earliest", "latest")
 
 OPEN, NO_LEDGER, CLOSED, DELETED, FENCED = "Open", "NoLedger", "Closed", "Deleted", "Fenced"
@@ -223,8 +229,10 @@ class ManagedCursor:
 
             found = await codec.find_last_snapshot(read, metadata.last_entry_id)
         except LedgerError as e:
-            if e.status not in UNREADABLE:
-                raise TopicError("SERVICE_UNAVAILABLE", f"cursor {self.name}: cursor ledger {ledger_id}: {e}") from None
+            if e.status not in GONE:
+                raise TopicError("SERVICE_UNAVAILABLE", f"cursor {self.name}: cursor ledger {ledger_id} cannot be "
+                                                        f"read now ({e}); the open fails so that no acknowledgement "
+                                                        f"is rolled back: retry once its bookies serve it") from None
             return None, f"cursor ledger {ledger_id} is unreadable ({e})"
         if found is None:
             return None, (f"cursor ledger {ledger_id} has no complete snapshot "

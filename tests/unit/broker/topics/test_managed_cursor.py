@@ -19,6 +19,7 @@ from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig, TopicConfig
 from bksim.model.errors import ConnectionLossError, LedgerError
+from bksim.model.status import StatusCode
 from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies
 from tests.unit.broker.topics.fake_layout import FakeLayout
@@ -523,4 +524,37 @@ def test_a_lost_answer_to_a_znode_write_is_settled_by_reading_it_back():
         assert (await w.znode())["mark_delete"] == [100, 4]
         await a.seek(P(100, 7))  # and the cursor goes on
         assert (await w.znode())["mark_delete"] == [100, 6]
+    run(main())
+
+
+@pytest.mark.parametrize("outage", ["bookies down", "bookies answer an error", "reads fail on the closed ledger"])
+def test_a_cursor_ledger_that_cannot_be_read_now_fails_the_open_and_loses_nothing(outage):
+    async def main():
+        w = await world()
+        a = await w.open(w.broker(), initial_position="earliest")
+        a.ack([P(100, 0), P(100, 1), P(100, 5)])
+        await a.persist(force=True)  # the znode names the ledger (mark-delete 100:1 then)
+        a.ack([P(100, 2), P(100, 3)])  # mark-delete 100:3: only in the cursor ledger
+        await a.persist(force=True)
+        ledger = a.stats_internal()["cursorLedger"]
+        a.abort("kill -9")
+        if outage == "reads fail on the closed ledger":  # recovered (closed) by a broker that died at once
+            (await w.open(w.broker())).abort("kill -9")
+        for b in w.bookie_ids:  # a transient outage: the ledger exists, its bookies cannot serve it now
+            if outage == "bookies down":
+                w.fake[b].down = True
+            else:
+                w.fake[b].error = StatusCode.IO_ERROR
+        svc = w.broker()
+        with pytest.raises(TopicError) as info:
+            await w.open(svc)
+        assert info.value.status == "SERVICE_UNAVAILABLE" and f"cursor ledger {ledger}" in info.value.message
+        znode = await w.znode()
+        assert znode["cursor_ledger"] == ledger and znode["mark_delete"] == [100, 1]  # untouched
+        for b in w.bookie_ids:
+            w.fake[b].down = False
+            w.fake[b].error = None
+        c = await w.open(svc)  # the retry, once the bookies serve again
+        assert c.stats_internal()["recovery"]["source"] == "ledger"
+        assert c.mark_delete == P(100, 3) and c.is_acked(P(100, 5))
     run(main())
