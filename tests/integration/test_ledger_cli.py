@@ -56,6 +56,7 @@ session_timeout_ms = 2000
 heap_mb = 64
 [bookie]
 shutdown_grace_ms = 2000
+write_cache_throttle_ms_max = 1000
 [broker]
 shutdown_grace_ms = 2000
 bookie_timeout_ms = 2000

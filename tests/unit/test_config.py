@@ -110,3 +110,22 @@ def test_unknown_options_and_sections_are_rejected(tmp_path):
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read config file"):
         loader.load(str(tmp_path / "absent.toml"), env={})
+
+
+def test_a_throttled_add_is_answered_before_the_broker_gives_up_on_the_bookie(tmp_path):
+    """An add the write cache holds back waits up to bookie.write_cache_throttle_ms_max and then still needs its
+    journal sync; a broker that stops waiting first (broker.bookie_timeout_ms) replaces a healthy, busy bookie.
+    The relation is checked for the combined configuration every process loads."""
+    defaults = schema.Config()
+    assert 2 * defaults.bookie.write_cache_throttle_ms_max <= defaults.broker.bookie_timeout_ms
+    timeout = defaults.broker.bookie_timeout_ms
+    for env in ({"BKSIM_BOOKIE_WRITE_CACHE_THROTTLE_MS_MAX": "10000"},  # BookKeeper's dbStorage_maxThrottleTimeMs
+                {"BKSIM_BOOKIE_WRITE_CACHE_THROTTLE_MS_MAX": str(timeout)},
+                {"BKSIM_BROKER_BOOKIE_TIMEOUT_MS": str(defaults.bookie.write_cache_throttle_ms_max)}):
+        with pytest.raises(ConfigError) as e:
+            loader.load(TOML_PATH, env=env)
+        assert "bookie.write_cache_throttle_ms_max" in str(e.value) and "broker.bookie_timeout_ms" in str(e.value)
+    path = tmp_path / "c.toml"  # lowering both together is fine
+    path.write_text("[bookie]\nwrite_cache_throttle_ms_max = 500\n[broker]\nbookie_timeout_ms = 1000\n")
+    config = loader.load(str(path), env={})
+    assert (config.bookie.write_cache_throttle_ms_max, config.broker.bookie_timeout_ms) == (500, 1000)

@@ -69,7 +69,8 @@ class BookieConfig:
     # ledger storage
     flush_interval_ms: int = option(10_000, "checkpoint period (also runs when a write cache half fills)")
     write_cache_bytes_max: int = option(64 * MiB, "write cache, both halves together; an entry > half is BAD_REQUEST")
-    write_cache_throttle_ms_max: int = option(10_000, "an add waits this long for write-cache space, then TOO_MANY_REQUESTS")
+    write_cache_throttle_ms_max: int = option(2_500, "an add waits this long for write-cache space, then "
+                                              "TOO_MANY_REQUESTS; must be < broker.bookie_timeout_ms (default: half)")
     read_cache_bytes_max: int = option(16 * MiB, "read cache (entries read from entry logs)")
     entry_log_bytes_max: int = option(256 * MiB, "roll the entry log after this many bytes")
     # limits on requests
@@ -94,7 +95,7 @@ class BrokerConfig:
     port: int = option(6650, "broker gRPC port")
     broker_id: str = option("", "broker id registered in ZooKeeper (/brokers/available); empty = <host>:<port>")
     bookie_timeout_ms: int = option(5_000, "a bookie call unanswered this long fails; for an add that means an "
-                                           "ensemble change")
+                                           "ensemble change; must be > bookie.write_cache_throttle_ms_max")
     speculative_read_ms: int = option(2_000, "a read unanswered this long also asks the next replica")
     metadata_cas_attempts_max: int = option(10, "read-modify-CAS rounds of one metadata update before giving up")
     add_batch_entries_max: int = option(512, "entries sent to one bookie in one AddEntries request")
@@ -182,6 +183,15 @@ class Config:
                      "read_window_max", "read_entries_max", "requests_inflight_max"):
             _require(getattr(r, name) > 0, f"broker.{name} must be > 0")
         parse_address_overrides(r.bookie_address_overrides)  # raises ConfigError naming the bad pair
+        # A throttled add is answered (OK, or TOO_MANY_REQUESTS) after its wait plus a journal sync: a broker that
+        # gives up on the bookie before that replaces a healthy, busy bookie. BookKeeper's defaults get this wrong
+        # (dbStorage_maxThrottleTimeMs 10 s > addEntryTimeoutSec 5 s); the defaults here keep the wait at half the
+        # timeout. Bookies and brokers are separate processes, but each loads this one configuration (the same
+        # file for `bksim cluster up` and compose), so each checks the pair.
+        _require(b.write_cache_throttle_ms_max < r.bookie_timeout_ms,
+                 f"bookie.write_cache_throttle_ms_max ({b.write_cache_throttle_ms_max}) must be < "
+                 f"broker.bookie_timeout_ms ({r.bookie_timeout_ms}): a bookie holding an add for write-cache room "
+                 f"would be timed out and replaced by the broker while healthy (half the timeout is the default)")
         t = self.topic
         for name in ("ensemble_size", "write_quorum_size", "ack_quorum_size", "ledger_entries_max", "ledger_bytes_max",
                      "ledger_age_ms_max", "pending_adds_max", "trim_interval_ms", "message_bytes_max",
