@@ -18,7 +18,11 @@ Rules:
   its old consumer still holds some, its new messages wait in the replay set, so per-key order holds;
 - every (re)delivery carries the cursor's redelivery count, which the cursor persists;
 - cumulative acks are refused on Shared and Key_Shared (NOT_ALLOWED); acks of ids the topic does not hold are
-  INVALID_ACK.
+  INVALID_ACK;
+- a reset of the read position (a seek, or the rewind when the last consumer leaves) discards the dispatch read
+  in flight: its entries are not delivered and it does not move the read position, which would skip from the
+  reset target to the end of that read (Pulsar cancels pending reads on a cursor reset). No read starts while
+  a seek is being persisted.
 """
 from __future__ import annotations
 
@@ -123,6 +127,8 @@ class Subscription:
         self._active: Consumer | None = None
         self._switch_not_before = 0.0
         self._last_order = 0  # Shared: the consumer served last (round robin)
+        self._epoch = 0       # moves on every read-position reset: a read started under an older one is stale
+        self._seeking = 0     # seeks under way (no dispatch read starts meanwhile)
         self.messages_out = 0
         self.bytes_out = 0
         self.closed = False
@@ -165,6 +171,7 @@ class Subscription:
             self._replay_set.clear()
             self._entry_hash.clear()
             self._hash_holder.clear()
+            self._epoch += 1
             self.cursor.rewind()
         self._membership_changed()
         self.wake()
@@ -286,8 +293,14 @@ class Subscription:
             bisect.insort(self._replay, pos)
 
     async def seek(self, pos: Position) -> None:
-        """Reset the cursor: the next message delivered is `pos`; holds and replays are forgotten."""
-        await self.cursor.seek(pos)
+        """Reset the cursor: the next message delivered is `pos`; holds and replays are forgotten, and so is a
+        dispatch read in flight."""
+        self._epoch += 1
+        self._seeking += 1
+        try:
+            await self.cursor.seek(pos)
+        finally:
+            self._seeking -= 1
         self._replay.clear()
         self._replay_set.clear()
         self._entry_hash.clear()
@@ -338,25 +351,6 @@ class Subscription:
     def _subscription_unacked(self) -> int:
         return sum(c.unacked_messages for c in self.consumers)
 
-    async def _dispatch_once(self) -> bool:
-        if not self.consumers or self.ml.state == "Fenced":
-            return False
-        if self._switch_not_before > self._clock.monotonic_ms():
-            return False
-        if self._subscription_unacked() >= self.config.subscription_unacked_max:
-            return False
-        out: dict[int, list[Delivery]] = collections.defaultdict(list)
-        sent = self._dispatch_replay(out)
-        replay_room = self.config.dispatch_read_entries_max * REPLAY_MAX_FACTOR - len(self._replay)
-        if replay_room > 0 and self._any_permits():
-            sent |= await self._dispatch_new(out, min(self.config.dispatch_read_entries_max, replay_room))
-        by_order = {c.order: c for c in self.consumers}
-        for order, deliveries in out.items():
-            consumer = by_order.get(order)
-            if consumer is not None and deliveries:
-                consumer.sink.deliver(deliveries)
-        return sent
-
     def _any_permits(self) -> bool:
         return any(c.permits > 0 and c.unacked_messages < self.config.consumer_unacked_max for c in self.consumers)
 
@@ -373,14 +367,23 @@ class Subscription:
             i = j + 1
         return out
 
+    def _deliver(self, out: dict[int, list[Delivery]]) -> None:
+        by_order = {c.order: c for c in self.consumers}
+        for order, deliveries in out.items():
+            consumer = by_order.get(order)
+            if consumer is not None and deliveries:
+                consumer.sink.deliver(deliveries)
+        out.clear()
+
     async def _dispatch_once(self) -> bool:
-        if not self.consumers or self.ml.state == "Fenced":
+        if not self.consumers or self.ml.state == "Fenced" or self._seeking:
             return False
         if self._switch_not_before > self._clock.monotonic_ms():
             return False
         if self._subscription_unacked() >= self.config.subscription_unacked_max or not self._any_permits():
             return False
         n = self.config.dispatch_read_entries_max
+        epoch = self._epoch
         out: dict[int, list[Delivery]] = collections.defaultdict(list)
         blocked: set[int] = set()       # Key_Shared hashes that must wait in this pass (order per key)
         sent = False
@@ -395,7 +398,10 @@ class Subscription:
                     live.append(pos)
             self._replay = live
             delivered: set[Position] = set()
-            for pos, entry in await self._read_positions(live):
+            got = await self._read_positions(live)
+            if self._epoch != epoch:
+                return True  # the read position was reset meanwhile: this read is stale; dispatch again
+            for pos, entry in got:
                 consumer, count, h = self._choose(pos, entry, blocked)
                 if consumer is None:
                     if self.type != "Key_Shared":
@@ -407,12 +413,15 @@ class Subscription:
             if delivered:
                 self._replay = [p for p in self._replay if p not in delivered]
                 self._replay_set -= delivered
+            self._deliver(out)  # before the next read: a reset during it must find nothing undelivered
         # 2. new entries from the read position
         room = n * REPLAY_MAX_FACTOR - len(self._replay)
         if room > 0 and self._any_permits() and (self.type == "Key_Shared" or not self._replay):
             start = self._normalized_read_position()
             if start is not None:
                 entries = await self.ml.read(start, min(n, room))
+                if self._epoch != epoch:
+                    return True  # stale, as above
                 next_read = None
                 for pos, entry in entries:
                     if self.cursor.is_acked(pos):
@@ -433,11 +442,7 @@ class Subscription:
                 if next_read is not None:
                     self.cursor.read_position = self.ml.next_position(next_read)
                     sent = True
-        by_order = {c.order: c for c in self.consumers}
-        for order, deliveries in out.items():
-            consumer = by_order.get(order)
-            if consumer is not None and deliveries:
-                consumer.sink.deliver(deliveries)
+        self._deliver(out)
         return sent
 
     def _normalized_read_position(self) -> Position | None:

@@ -1,6 +1,6 @@
 """Subscriptions and dispatchers (broker/topics/subscription.py) over a real ManagedLedger on the in-memory
 metadata store and FakeBookies, with MemoryCursor (non-durable test cursor). Permits, each subscription type's
-rules, acks and redelivery."""
+rules, acks and redelivery, and read-position resets (seek, rewind) while a dispatch read is in flight."""
 from __future__ import annotations
 
 import asyncio
@@ -201,5 +201,79 @@ def test_a_batch_bigger_than_the_permits_waits_unless_it_exceeds_the_whole_queue
         sub.flow(ca, 3)  # ...until the consumer's whole queue (5) is free again; it can never hold 8
         await wait_until_async(lambda: len(a.got) == 2, 5)
         assert ca.permits == -3
+        await sub.close()
+    run(main())
+
+
+class HeldReads:
+    """The managed ledger with reads the test completes: read() takes the entries when it is called (as a read
+    sent to the bookies does) and returns them only once `gate` is set, so a test can act while it is in flight."""
+
+    def __init__(self, ml) -> None:
+        self._ml = ml
+        self.gate: asyncio.Event | None = None
+        self.waiting = 0
+
+    def __getattr__(self, name):
+        return getattr(self._ml, name)
+
+    async def read(self, start, max_entries):
+        got = await self._ml.read(start, max_entries)
+        if self.gate is not None:
+            self.waiting += 1
+            try:
+                await self.gate.wait()
+            finally:
+                self.waiting -= 1
+        return got
+
+
+async def held_setup(sub_type, n):
+    ml, _ = await setup(sub_type, n)
+    held = HeldReads(ml)
+    sub = Subscription(topic="persistent://t/ns/orders", name="sub", sub_type=sub_type,
+                       cursor=MemoryCursor(ml, "sub"), ml=held, clock=FakeClock(), config=CONFIG)
+    return ml, held, sub
+
+
+@pytest.mark.parametrize("sub_type", ["Exclusive", "Shared"])
+def test_a_seek_discards_the_dispatch_read_in_flight(sub_type):
+    async def main():
+        ml, held, sub = await held_setup(sub_type, 10)
+        everything = [p for p, _ in await ml.read(ml.first_position(), 10)]
+        a = Sink()
+        ca = sub.add_consumer("a", 0, a, sub_type)
+        sub.flow(ca, 3)
+        await wait_until_async(lambda: len(a.got) == 3 and sub.idle, 5)
+        held.gate = asyncio.Event()
+        sub.flow(ca, 3)  # the dispatcher reads entries 3..5; the read stays in flight
+        await wait_until_async(lambda: held.waiting == 1, 5, 0.001, "the dispatch read in flight")
+        await sub.seek(everything[0])
+        after_seek = len(a.got)
+        held.gate.set()  # the read from before the seek completes now
+        sub.flow(ca, 100)
+        await wait_until_async(lambda: sub.idle and held.waiting == 0, 5, 0.001, "the dispatcher done")
+        assert [d.position for d in a.got[after_seek:]] == everything
+        await sub.close()
+    run(main())
+
+
+def test_a_consumer_joining_while_the_departed_ones_read_is_in_flight_gets_everything():
+    async def main():
+        ml, held, sub = await held_setup("Shared", 10)
+        everything = [p for p, _ in await ml.read(ml.first_position(), 10)]
+        a, b = Sink(), Sink()
+        ca = sub.add_consumer("a", 0, a, "Shared")
+        sub.flow(ca, 3)
+        await wait_until_async(lambda: len(a.got) == 3 and sub.idle, 5)
+        held.gate = asyncio.Event()
+        sub.flow(ca, 3)
+        await wait_until_async(lambda: held.waiting == 1, 5, 0.001, "the dispatch read in flight")
+        sub.remove_consumer(ca)  # its stream broke: the subscription starts again after the mark-delete
+        cb = sub.add_consumer("b", 0, b, "Shared")  # the same client reconnected
+        sub.flow(cb, 100)
+        held.gate.set()
+        await wait_until_async(lambda: sub.idle and held.waiting == 0, 5, 0.001, "the dispatcher done")
+        assert sorted(d.position for d in b.got) == everything
         await sub.close()
     run(main())
