@@ -95,17 +95,45 @@ def test_a_normal_add_after_the_bookies_fence_is_a_write_after_fence(synth, tmp_
 
 def test_lac_order_and_lac_above_the_close(synth, tmp_path):
     synth.ledger(1, 3, 3, 2, 6)
-    synth.add(B1, 1, 6, lac=1)  # after entry 5 carried LAC 4: the bookie's LAC went back (6 is above the end)
+    synth.add(B1, 1, 6, lac=1)  # entry 5 carried LAC 4: the writer's LAC went back (6 is above the end)
     synth.recovery_add(B2, 1, 2)  # write-backs carry their entry's old LAC (1): not the bookie's progress
     synth.add(B3, 1, 2)  # a re-add of entry 2 (identical, LAC 1): not progress either
-    synth.explicit_lac(B3, 1, 2)  # an explicit LAC below 4: went back
+    synth.explicit_lac(B3, 1, 2)  # an explicit LAC sent before entry 5 may be journaled after it
     synth.ledger(2, 3, 3, 2, 5)
     synth.add(B1, 2, 7, lac=6)  # ledger 2 is CLOSED at 4, but a writer confirmed 6
     report, status = run(synth, tmp_path)
     assert status == 1
-    got = sorted((f["rule"], f["ledger"], f["bookie"]) for f in report["violations"])
-    assert got == [("lac_above_last_entry", 2, B1), ("lac_decreased", 1, B1), ("lac_decreased", 1, B3)]
-    assert report["rule_counts"]["lac_decreased"]["findings"] == 2
+    got = sorted((f["rule"], f["ledger"], f["bookie"], f.get("first_entry")) for f in report["violations"])
+    assert got == [("lac_above_last_entry", 2, B1, None), ("lac_decreased", 1, B1, 6)]
+    assert report["rule_counts"]["lac_decreased"]["findings"] == 1
+    lac = next(f for f in report["violations"] if f["rule"] == "lac_decreased")
+    assert lac["detail"].startswith("entry 6 carries LAC 1 below LAC 4 of entry 5 (")
+
+
+def test_lac_is_checked_by_entry_id_not_journal_order(synth, tmp_path):
+    """Adds reach a bookie's journal out of id order (a batch held by the write-cache throttle while the next
+    one journals; a pending entry resent to a replacement bookie after newer entries): legal. The writer's LAC
+    never decreases and it pushes entries in id order, so a LAC lower than a lower id's is a regression wherever
+    it sits in the journal."""
+    md = synth.ledger(1, 3, 3, 2, 0, close=False)
+    for entry_id in range(8):
+        for bookie in (B1, B2):
+            synth.add(bookie, 1, entry_id)  # in id order, entry e carries LAC e - 1
+    for entry_id in (0, 1, 2, 3, 5, 4, 7, 6):  # B3 journals 5 before 4 and 7 before 6
+        synth.add(B3, 1, entry_id)
+    synth.explicit_lac(B3, 1, 3)  # a WriteLac sent when the LAC was 3, journaled after entry 6 (LAC 5)
+    synth.metadata[1] = md.closed(7, 800)
+    # ledger 2: the journal order looks monotonic, but entry 5 carries LAC 1 after entry 4 carried 3
+    synth.ledger(2, 3, 3, 2, 0, close=False)
+    for bookie in synth.bookies[:3]:
+        for entry_id, lac in ((0, -1), (1, 0), (2, 1), (5, 1), (3, 2), (4, 3)):
+            synth.add(bookie, 2, entry_id, lac=lac)
+    synth.metadata[2] = synth.metadata[2].closed(5, 600)
+    report, status = run(synth, tmp_path)
+    assert status == 1
+    got = sorted((f["rule"], f["ledger"], f["bookie"], f.get("first_entry")) for f in report["violations"])
+    assert got == [("lac_decreased", 2, b, 5) for b in (B1, B2, B3)]
+    assert all("entry 5 carries LAC 1 below LAC 3 of entry 4" in f["detail"] for f in report["violations"])
 
 
 def test_benign_facts_are_counted_never_flagged(synth, tmp_path):

@@ -20,11 +20,12 @@ copy carries (those entries were acknowledged, so they too must be on Qa bookies
 - `divergence`: two valid copies of one id with different bytes (any bookies, journal or entry log);
 - `lac_above_last_entry` (CLOSED): a piggybacked or explicit LAC above last_entry_id.
 
-Per bookie, in journal order (journal id, offset):
-- `write_after_fence`: a normal add after the bookie's first FENCE of the ledger, unless an earlier journal
-  copy on that bookie has identical bytes (an idempotent re-add);
-- `lac_decreased`: over first copies of normal adds and explicit LACs (write-backs and re-adds carry the LAC
-  their entry was written with, so they are not the bookie's progress).
+Per bookie:
+- `write_after_fence` (in journal order: journal id, offset): a normal add after the bookie's first FENCE of
+  the ledger, unless an earlier journal copy on that bookie has identical bytes (an idempotent re-add);
+- `lac_decreased`: over its normal adds ordered by entry id (not journal order: adds are journaled out of id
+  order legally), a LAC below the LAC of a lower id (the writer's LAC went back; write-backs and explicit LACs
+  are not the writer's piggybacked progress, so they are left out).
 
 Benign, counted: identical duplicates on one bookie's journals, copies above a CLOSED ledger's end, copies on
 bookies outside the entry's segment, an open ledger's tail (above its confirmed end), copies of ledgers the
@@ -500,28 +501,36 @@ def _in_order(j: _Copies):
 
 
 def _check_lac_order(ledger_id: int, bookie: str, j: _Copies, found: _Findings) -> None:
-    lacs = j.lacs.tolist()
-    if not j.explicit_lacs and j.flags.count(0) == len(j.flags) and len(set(j.ids)) == len(j.ids) \
-            and lacs == sorted(lacs):
-        return  # the common case: normal first adds only, LACs never decrease
-    # (position, lac, where) of first copies of normal adds and explicit LACs, in journal order
-    events = []
-    seen: set[int] = set()
-    for i, file_id, path, offset in _in_order(j):
-        entry_id = j.ids[i]
-        if not j.flags[i] & FLAG_RECOVERY_ADD and entry_id not in seen:
-            events.append(((file_id, offset), lacs[i], path, f"entry {entry_id}"))
-        seen.add(entry_id)
-    for file_id, offset, lac, path in j.explicit_lacs:
-        events.append(((file_id, offset), lac, path, "explicit LAC"))
-    events.sort(key=lambda e: e[0])
-    top, top_at = -1, None
-    for (file_id, offset), lac, path, what in events:
+    """LacMonotonic as the journal can show it: the writer piggybacks its LAC at the moment it assigns an entry
+    id (ids in order, LAC never decreasing), so over one bookie's normal adds the LAC is non-decreasing in the
+    entry id. Journal order is not send order (a batch held by the write-cache throttle journals after the next
+    one; a pending entry is resent to a replacement bookie after newer ones), so order by id, not by offset.
+    RECOVERY_ADDs are left out: they are written by the recovering client, not the ledger's writer. Explicit
+    LACs are left out: a WriteLac sent before an add may be journaled after it, and the bookie keeps their max."""
+    ids, lacs = j.ids, j.lacs
+    if j.flags.count(0) == len(j.flags):  # no write-backs: C-speed sort of every copy
+        normal: range | list[int] = range(len(ids))
+        pairs = sorted(zip(ids, lacs))
+    else:
+        normal = [i for i, flag in enumerate(j.flags) if not flag & FLAG_RECOVERY_ADD]
+        pairs = sorted((ids[i], lacs[i]) for i in normal)
+    by_id = [lac for _, lac in pairs]
+    if by_id == sorted(by_id):
+        return  # the common case: no LAC below a lower id's
+    first: dict[tuple[int, int], int] = {}  # (entry id, lac) -> index of its first copy in journal order
+    for i in normal:
+        first.setdefault((ids[i], lacs[i]), i)
+    top, top_entry, top_index = -1, -1, -1
+    for entry_id, lac in dict.fromkeys(pairs):
         if lac < top:
-            found.add(Finding("lac_decreased", ledger=ledger_id, bookie=bookie, file=path, offset=offset,
-                              detail=f"{what} carries LAC {lac} after LAC {top} ({top_at})"))
+            _, path, offset = j.where(first[(entry_id, lac)])
+            _, top_path, top_offset = j.where(top_index)
+            found.add(Finding("lac_decreased", ledger=ledger_id, first_entry=entry_id, last_entry=entry_id,
+                              bookie=bookie, file=path, offset=offset,
+                              detail=f"entry {entry_id} carries LAC {lac} below LAC {top} of entry {top_entry} "
+                                     f"({top_path}@{top_offset}): the writer's LAC went back"))
         elif lac > top:
-            top, top_at = lac, f"{path}@{offset}"
+            top, top_entry, top_index = lac, entry_id, first[(entry_id, lac)]
 
 
 def _lac_above(ledger_id: int, last_entry_id: int, journals: dict[str, _Copies], logs: dict[str, _Copies],
