@@ -2,12 +2,31 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 
+import pytest
+from kazoo.client import KazooClient
+
 from bksim.adapters import processes
-from bksim.adapters.zookeeper_server import MAIN_CLASS, ZooKeeperServer
+from bksim.adapters.zookeeper_server import MAIN_CLASS, ZooKeeperError, ZooKeeperServer
 from helpers import free_port, wait_until
+
+READY_TIMEOUT_S = 30.0
+
+
+def four_letter_word(host: str, port: int, word: bytes, timeout_s: float = 5.0) -> bytes:
+    """ZooKeeper's four-letter-word admin command: the whole answer (the server closes after it)."""
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        sock.sendall(word)
+        answer = b""
+        while len(answer) < 65536:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    return answer
 
 
 def test_shared_server_serves_and_expires_sessions_quickly(zookeeper, zk_client, zk_root, tmp_path):
@@ -40,10 +59,32 @@ def test_start_writes_config_and_pid_file_and_stop_removes_it(tmp_path):
         assert f"clientPort={server.port}" in cfg and "clientPortAddress=127.0.0.1" in cfg
         assert "admin.enableServer=false" in cfg and f"dataDir={tmp_path / 'zookeeper'}" in cfg
         assert processes.read_pid(server.pid_path) == pid
-        assert server.wait_ready(30.0) >= 0
+        waited = server.wait_ready(READY_TIMEOUT_S)
+        assert 0 <= waited < READY_TIMEOUT_S
+        # ready means serving: the server answers ruok, and a client writes and reads back a node
+        assert four_letter_word(server.host, server.port, b"ruok") == b"imok"
+        client = KazooClient(hosts=server.connect, timeout=5.0)
+        client.start(timeout=10.0)
+        try:
+            client.create("/ready-probe", b"served", makepath=True)
+            assert client.get("/ready-probe")[0] == b"served"
+        finally:
+            client.stop()
+            client.close()
         assert server.is_running()
         assert MAIN_CLASS in processes.cmdline(pid)
     finally:
         assert server.stop(10.0)
     assert not processes.is_alive(pid)
     assert not os.path.exists(server.pid_path)
+
+
+def test_wait_ready_on_a_port_nobody_serves_fails_with_a_clear_error_by_its_deadline(tmp_path):
+    server = ZooKeeperServer("127.0.0.1", free_port(), str(tmp_path / "zookeeper"), 200, 64, str(tmp_path / "zk.log"))
+    assert server.pid is None and not server.is_running()  # never started: nothing listens on the port
+    started = time.monotonic()
+    with pytest.raises(ZooKeeperError) as e:
+        server.wait_ready(1.0)
+    elapsed = time.monotonic() - started
+    assert 1.0 <= elapsed < 5.0, elapsed
+    assert f"ZooKeeper at {server.connect} not ready after 1.0s" in str(e.value)
