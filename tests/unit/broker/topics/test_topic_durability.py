@@ -1,7 +1,7 @@
 """Topics over durable ManagedCursors (FakeBookies, the in-memory metadata store, a manual clock), taken over by
 a second broker the way a kill -9 leaves them (the old owner is aborted: it writes nothing more, the new one
-recovers the ledgers and cursors): dedup state that crosses the takeover, and retention trimming bounded by
-what the cursors persisted."""
+recovers the ledgers and cursors): dedup state that crosses the takeover, retention trimming bounded by what
+the cursors persisted, and a load that fails with a retriable status while a cursor ledger cannot be read."""
 from __future__ import annotations
 
 import asyncio
@@ -15,11 +15,13 @@ from bksim.broker.topics.managed_cursor import ManagedCursor
 from bksim.broker.topics.managed_ledger import ManagedLedger
 from bksim.broker.topics.names import TopicName
 from bksim.broker.topics.positions import Position
-from bksim.broker.topics.topic import DEDUP_CURSOR, Policies, Topic
+from bksim.broker.topics.topic import Policies, Topic
+from bksim.client.errors import RETRIABLE
 from bksim.formats.message import Message, read_header
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig, TopicConfig
+from bksim.model.errors import LedgerError
 from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies
 from tests.unit.broker.topics.manual_clock import ManualClock
@@ -43,18 +45,20 @@ class World:
         await ManagedLedger.create_znode(self.store.session("admin"), TOPIC)
         return self
 
-    async def load(self, policies: Policies, config: TopicConfig) -> Topic:
-        """A broker of its own (metadata session, ledger client) loads the topic, as a new owner does."""
+    async def load(self, policies: Policies, config: TopicConfig, cursor_ledgers=None) -> Topic:
+        """A broker of its own (metadata session, ledger client) loads the topic, as a new owner does.
+        `cursor_ledgers(ledgers)`: what the cursors use in place of the broker's ledger client."""
         self.brokers += 1
         session = self.store.session(f"broker-{self.brokers}")
         ledgers = LedgerService(store=session, transport=self.fake, rng=random.Random(self.brokers), clock=self.clock,
                                 config=BrokerConfig(), log=self.logs.append)
+        for_cursors = cursor_ledgers(ledgers) if cursor_ledgers else ledgers
         ml = ManagedLedger(TOPIC, ledgers=ledgers, store=session, clock=self.clock, config=config,
                            log=self.logs.append)
 
         async def open_cursor(name: str, initial_position: str, create: bool) -> ManagedCursor:
             # no background flush: a cursor persists exactly when the test says (its flusher's part)
-            return await ManagedCursor.open(name=name, path=TOPIC.cursor_path(name), layout=ml, ledgers=ledgers,
+            return await ManagedCursor.open(name=name, path=TOPIC.cursor_path(name), layout=ml, ledgers=for_cursors,
                                             store=session, clock=self.clock, config=config,
                                             initial_position=initial_position, log=self.logs.append,
                                             background_flush=False)
@@ -148,4 +152,53 @@ def test_trimming_waits_for_the_persisted_mark_delete_and_dedup_keeps_what_it_ha
         assert b._dedup_cursor.persisted_mark_delete == b.ml.last_confirmed
         assert await b.run_trim() == closed
         assert await stored(b) == []
+    run(main())
+
+
+class UnreadableCursorLedgers:
+    """The broker's ledger client as the cursors see it, with recovery-opens failing as while the cursor ledger's
+    bookies are unreachable (a transient READ_FAILED); everything else goes through."""
+
+    def __init__(self, ledgers: LedgerService) -> None:
+        self._ledgers = ledgers
+
+    def __getattr__(self, name):
+        return getattr(self._ledgers, name)
+
+    async def open_ledger(self, ledger_id: int, **kw):
+        raise LedgerError("READ_FAILED", f"ledger {ledger_id}: no bookie of the ensemble answered")
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.got = []
+
+    def deliver(self, deliveries):
+        self.got += deliveries
+
+    def active_changed(self, active):
+        pass
+
+    def drop(self, error):
+        pass
+
+
+def test_a_load_fails_retriably_while_a_cursor_ledger_cannot_be_read_and_the_retry_keeps_every_ack():
+    async def main():
+        w = await World().start()
+        config = TopicConfig()
+        a = await w.load(Policies(), config)
+        sub, consumer = await a.subscribe("s", "Exclusive", "earliest", "c", 0, Sink())
+        name, _ = a.add_producer("p", "br1")
+        positions = [await a.publish(name, msgs(seq)) for seq in range(6)]
+        sub.ack(consumer, [(positions[3], -1, 0)], cumulative=True)
+        await sub.cursor.persist(force=True)  # the cursor ledger holds mark-delete positions[3]
+        await a.fence("kill -9")
+        with pytest.raises(TopicError) as info:
+            await w.load(Policies(), config, cursor_ledgers=UnreadableCursorLedgers)
+        assert info.value.status == "SERVICE_UNAVAILABLE" and info.value.status in RETRIABLE
+        assert "cannot be read now" in info.value.message
+        b = await w.load(Policies(), config)  # the client's retry, once the bookies answer
+        assert b.subscriptions["s"].cursor.mark_delete == positions[3]
+        assert b.subscriptions["s"].cursor.stats_internal()["recovery"]["source"] == "ledger"
     run(main())
