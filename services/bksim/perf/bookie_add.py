@@ -26,7 +26,7 @@ from bksim.gen import bookie_pb2
 from bksim.model.config import Config
 from bksim.perf.grpc_baseline import RESPONSE_TIMEOUT_S, EntryFactory, drive, drive_result
 from bksim.perf.machine import process_cpu_s
-from bksim.perf.procs import Child, ProcessGroup, free_port, interrupts_deferred
+from bksim.perf.procs import Child, ProcessGroup, free_port, interrupts_deferred, run_interruptible
 from bksim.perf.stats import Result
 
 TARGET_RATIO = 0.5
@@ -72,8 +72,8 @@ def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds:
         argv = [sys.executable, "-m", "bksim.cli.main"] + (["--config", config_path] if config_path else [])
         bookie = group.spawn("bookie", argv + ["bookie", "run"], os.path.join(run_dir, "bookie.log"), env)
         profiler = _profiler(group, bookie, py_spy_out, seconds, run_dir)
-        result, bookie_cpu_s, idle = asyncio.run(_measure(bookie, port, record_bytes, batch, inflight, seconds,
-                                                          records_max, idle_guard, profiler))
+        result, bookie_cpu_s, idle = run_interruptible(_measure(bookie, port, record_bytes, batch, inflight,
+                                                                seconds, records_max, idle_guard, profiler))
         stop_started = time.monotonic()
         stopped = group.stop(bookie)
         stop_s = time.monotonic() - stop_started

@@ -32,6 +32,7 @@ from typing import Awaitable, Callable
 from bksim.broker.topics.managed_cursor import ManagedCursor
 from bksim.broker.topics.positions import Position
 from bksim.model.config import Config, TopicConfig
+from bksim.perf.procs import run_interruptible
 from bksim.perf.stats import LatencyRecorder, Result, make_result
 
 TARGET_ENTRIES = 10_000_000
@@ -389,7 +390,7 @@ def measure(workdir: str, entries: int, ledger_entries: int, pattern: str, booki
                 await probe.close()
             return await roundtrip(lambda: InProcessBroker.connect(cluster.zk_hosts, config, log), layout, topic,
                                    pattern, log=log, idle=idle_guard)
-        report = asyncio.run(main())
+        report = run_interruptible(main())
     return results(report), report
 
 

@@ -36,7 +36,7 @@ from bksim.formats.entry import master_key
 from bksim.gen import perf_echo_pb2, perf_echo_pb2_grpc
 from bksim.model.config import BookieConfig
 from bksim.perf.machine import process_cpu_s
-from bksim.perf.procs import Child, ProcessGroup, free_port
+from bksim.perf.procs import Child, ProcessGroup, free_port, run_interruptible
 from bksim.perf.stats import LatencyRecorder, Result, make_result
 
 TARGET_RATIO = 0.5
@@ -186,7 +186,7 @@ def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds:
         server = group.spawn("perf-echo-server", [sys.executable, "-m", "bksim.perf.grpc_baseline", "serve",
                                                   "--port", str(port)],
                              os.path.join(workdir, f"echo-server-{port}.log"))
-        return asyncio.run(_measure(server, port, record_bytes, batch, inflight, seconds, records_max, idle_guard))
+        return run_interruptible(_measure(server, port, record_bytes, batch, inflight, seconds, records_max, idle_guard))
     finally:
         group.stop_all()
 

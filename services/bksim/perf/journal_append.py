@@ -29,6 +29,7 @@ from bksim.bookie.journal import Journal
 from bksim.formats import journal as journal_format
 from bksim.formats.crc import crc32c
 from bksim.model.config import BookieConfig
+from bksim.perf.procs import run_interruptible
 from bksim.perf.stats import LatencyRecorder, Result, make_result
 
 TARGET_RATIO = 0.5
@@ -44,8 +45,8 @@ def run(directory: str, record_bytes: int, group: int, seconds: float, records_m
         raise ValueError(f"group ({group}) must be a multiple of per_append ({per_append})")
     if seconds <= 0 and records_max <= 0:
         raise ValueError("need a bound: seconds > 0 or records_max > 0")
-    return asyncio.run(_run(directory, record_bytes, group, seconds, records_max, per_append, flush_when_idle,
-                            depth, cpu_idle_before))
+    return run_interruptible(_run(directory, record_bytes, group, seconds, records_max, per_append,
+                                  flush_when_idle, depth, cpu_idle_before))
 
 
 async def _run(directory: str, record_bytes: int, group: int, seconds: float, records_max: int, per_append: int,

@@ -46,7 +46,7 @@ from bksim.adapters.broker_client import BrokerCallError, BrokerClient
 from bksim.adapters.zookeeper_server import ZooKeeperServer
 from bksim.model.config import Config
 from bksim.perf.machine import idle_fraction, process_cpu_s, read_cpu_times
-from bksim.perf.procs import Child, ProcessGroup, free_port, interrupts_deferred
+from bksim.perf.procs import Child, ProcessGroup, free_port, interrupts_deferred, run_interruptible
 from bksim.perf.stats import LatencyRecorder, Result, make_result
 
 PASSWORD = b"bksim-perf"
@@ -316,8 +316,8 @@ def measure(workdir: str, shape: Shape, entry_bytes: int, batch: int, window: in
     each, stop the cluster; the Results in order. With `half_after_max`, after the closed-loop run an
     open-loop run follows at half of min(its entries/s, the 30,000 target) (the "both" mode)."""
     with LedgerCluster(workdir, shape.ensemble, config, config_path, keep) as cluster:
-        return asyncio.run(_measure_all(cluster, shape, entry_bytes, batch, window, seconds, records_max, rates,
-                                        idle_guard, half_after_max))
+        return run_interruptible(_measure_all(cluster, shape, entry_bytes, batch, window, seconds, records_max,
+                                              rates, idle_guard, half_after_max))
 
 
 async def _measure_all(cluster: LedgerCluster, shape: Shape, entry_bytes: int, batch: int, window: int,

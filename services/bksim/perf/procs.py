@@ -1,20 +1,33 @@
-"""The child processes of one benchmark run (echo server, ZooKeeper, bookie), over bksim.adapters.processes.
+"""The child processes of one benchmark run (echo server, ZooKeeper, bookie), over bksim.adapters.processes,
+and the benchmark's own event loops.
 
 Every process started through a `ProcessGroup` is stopped by `stop_all()` (SIGTERM, bounded wait, then
 SIGKILL, by pid), which the benchmarks call in a `finally`, so Ctrl-C or an exception never leaves a server
 behind. Only pids this group started are ever signalled.
+
+`run_interruptible(coro)` is the benchmarks' `asyncio.run`: Ctrl-C or SIGTERM cancels the coroutine at its
+next await instead of raising KeyboardInterrupt wherever the main thread happens to be. A KeyboardInterrupt
+raised inside gRPC aio's callbacks or its teardown (the channel's dealloc joins the completion-queue poller
+thread, an interruptible wait) leaves the completion queue half torn down while its poller thread still runs;
+the process then aborts in native code ("corrupted double-linked list", abseil "Mutex corrupt") before its
+`finally` blocks have stopped the children.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import signal
 import socket
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, Coroutine, TypeVar
 
 from bksim.adapters import processes
+
+T = TypeVar("T")
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 
 STOP_GRACE_S = 15.0  # a bookie drains and checkpoints on SIGTERM; give it time before SIGKILL
 
@@ -33,8 +46,7 @@ def interrupts_deferred():
         yield
         return
     caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in INTERRUPTS}
     try:
         yield
     finally:
@@ -42,6 +54,52 @@ def interrupts_deferred():
             signal.signal(sig, handler)
         for sig in dict.fromkeys(caught):
             signal.raise_signal(sig)
+
+
+def run_interruptible(coro: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(coro)`, where SIGINT and SIGTERM cancel the coroutine (at its next await: its `finally` and
+    `async with` blocks close their gRPC channels) and then raise KeyboardInterrupt, once the loop is closed and
+    the objects it made are collected. Until then a signal is only recorded: nothing is raised inside the loop,
+    a gRPC callback or a gRPC object's teardown. Off the main thread it is plain asyncio.run."""
+    if threading.current_thread() is not threading.main_thread():
+        return asyncio.run(coro)
+    caught: list[int] = []
+    running: dict[str, Any] = {}  # "loop", "task" while the coroutine runs
+
+    def on_signal(signum: int, frame) -> None:
+        # every signal cancels (again): Python 3.11's wait_for swallows a cancellation that arrives as its inner
+        # future completes, and the benchmark then runs on to its bound unless interrupted once more
+        caught.append(signum)
+        if running:
+            with contextlib.suppress(RuntimeError):  # the loop closed in the meantime: the record is enough
+                running["loop"].call_soon_threadsafe(running["task"].cancel)
+
+    async def main() -> T:
+        running.update(loop=asyncio.get_running_loop(), task=asyncio.current_task())
+        try:
+            if caught:  # interrupted while the loop was starting
+                raise asyncio.CancelledError
+            return await coro
+        finally:
+            running.clear()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in INTERRUPTS}
+    try:
+        try:
+            result = asyncio.run(main())
+        except BaseException:
+            if not caught:
+                raise
+            result = None  # what the interrupted coroutine raised is a consequence of the interrupt
+        finally:
+            coro.close()  # never started (interrupted early): no "never awaited" warning
+            gc.collect()  # gRPC objects of the closed loop are torn down here, while signals are only recorded
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if caught:
+        raise KeyboardInterrupt
+    return result
 
 
 @dataclass

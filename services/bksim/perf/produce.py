@@ -18,7 +18,6 @@ Target (issue 4, every process on this machine's 2 cores): >= 100,000 msgs/s of 
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import time
@@ -30,6 +29,7 @@ from bksim.adapters.broker_client import BrokerClient
 from bksim.client import Client
 from bksim.model.config import Config
 from bksim.perf.ledger_write import CALL_DEADLINE_S, CpuMeter, LedgerCluster, Shape
+from bksim.perf.procs import run_interruptible
 from bksim.perf.stats import LatencyRecorder, Result, make_result
 
 TARGET_MSGS_PER_S = 100_000.0
@@ -59,7 +59,7 @@ def topic_cluster(workdir: str, shape: Shape, config: Config, config_path: str |
             else:
                 os.environ[k] = v
     try:
-        asyncio.run(_wait_ready(cluster, shape.ensemble))
+        run_interruptible(_wait_ready(cluster, shape.ensemble))
         yield cluster
     finally:
         cluster.__exit__(None, None, None)

@@ -52,6 +52,7 @@ from bksim.formats.entry import HEADER_BYTES, encode_entry, master_key
 from bksim.ledger.quorum import write_set_indexes
 from bksim.model.config import Config
 from bksim.perf.ledger_write import CALL_DEADLINE_S, PASSWORD, CpuMeter, LedgerCluster, Shape
+from bksim.perf.procs import run_interruptible
 from bksim.perf.stats import LatencyRecorder, Result, make_result
 
 TARGET_S = 1.0
@@ -164,7 +165,7 @@ def measure(workdir: str, shape: Shape, entries: int, entry_bytes: int, lac: int
     if not -1 <= lac < entries - 1:
         raise ValueError(f"the piggybacked LAC must be in -1..{entries - 2}, got {lac}")
     with LedgerCluster(workdir, shape.ensemble, config, config_path, keep) as cluster:
-        return asyncio.run(_measure(cluster, shape, entries, entry_bytes, lac, batch, idle_guard))
+        return run_interruptible(_measure(cluster, shape, entries, entry_bytes, lac, batch, idle_guard))
 
 
 async def _measure(cluster: LedgerCluster, shape: Shape, entries: int, entry_bytes: int, lac: int, batch: int,
