@@ -43,11 +43,13 @@ def child_running(pid: int, marker: str) -> int | None:
 def test_interrupted_benchmark_leaves_nothing_behind(tmp_path, repo_root, command, marker, sig):
     base = tmp_path / "perf"
     env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
-    # bookie-add measures its baseline for --seconds first, then starts ZooKeeper and the bookie
-    seconds = "120" if command == "grpc-baseline" else "2"
+    # bookie-add measures its baseline for --seconds first, then starts ZooKeeper and the bookie and measures it
+    # for as long: the signal must land inside that second measurement, so it lasts long enough that a test
+    # process starved of CPU for a few seconds still signals in time (with 2 s, a late signal found the run over)
+    seconds = "120" if command == "grpc-baseline" else "8"
     proc = subprocess.Popen([sys.executable, "-m", "bksim.cli.main", "perf", command, "--seconds", seconds,
-                             "--idle-min", "0", "--idle-wait-s", "0", "--dir", str(base)],
-                            cwd=repo_root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             "--idle-min", "0", "--idle-wait-s", "0", "--dir", str(base), "--json"],
+                            cwd=repo_root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     started: list[int] = []
     survivors: list[str] = []
     try:
@@ -56,7 +58,7 @@ def test_interrupted_benchmark_leaves_nothing_behind(tmp_path, repo_root, comman
         started = children(proc.pid)
         assert list(base.iterdir()), "no temp dir while running"
         proc.send_signal(sig)
-        _, stderr = proc.communicate(timeout=EXIT_TIMEOUT_S)
+        stdout, stderr = proc.communicate(timeout=EXIT_TIMEOUT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -66,7 +68,9 @@ def test_interrupted_benchmark_leaves_nothing_behind(tmp_path, repo_root, comman
             if processes.is_alive(pid):
                 survivors.append(f"{processes.cmdline(pid)} (pid {pid})")
                 processes.kill9(pid, EXIT_TIMEOUT_S)
-    assert proc.returncode == 130, stderr.decode(errors="replace")
+    # a run that finished prints its result (JSON) on stdout: then the signal came too late, not unheard
+    assert proc.returncode == 130, (stdout.decode(errors="replace")[-2000:], stderr.decode(errors="replace")[-3000:])
+    assert stdout == b"", "an interrupted benchmark printed a result"
     assert target in started
     assert survivors == [], "survived the benchmark"
     assert list(base.iterdir()) == [], f"temp files left behind: {list(base.iterdir())}"
