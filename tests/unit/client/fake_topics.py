@@ -165,6 +165,18 @@ class FakeCluster:
             return n
         return self.run(go)
 
+    def break_streams(self, topic: str, code: grpc.StatusCode = grpc.StatusCode.INTERNAL) -> int:
+        """End every Subscribe stream of `topic` with a bare gRPC status (what a transport failure looks like to
+        grpc.aio: no bksim-status trailer); returns how many."""
+        def go():
+            n = 0
+            for sub in self.topics[topic].subs.values():
+                for c in list(sub.consumers):
+                    c.out.put_nowait(code)
+                    n += 1
+            return n
+        return self.run(go)
+
 
 @dataclass(eq=False)
 class _Consumer:
@@ -363,6 +375,8 @@ class FakeBroker(topic_pb2_grpc.TopicsServicer):
                 item = await consumer.out.get()
                 if item is None:
                     return
+                if isinstance(item, grpc.StatusCode):  # the transport fails: a gRPC status, no bksim-status trailer
+                    await context.abort(item, "Internal error from Core")
                 yield item
         finally:
             reader.cancel()

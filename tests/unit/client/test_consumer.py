@@ -177,6 +177,21 @@ def test_reconnect_resubscribes_and_regrants_permits(fake, client):
     consumer.acknowledge(a)
 
 
+def test_a_stream_broken_by_the_transport_with_internal_is_resubscribed(fake, client):
+    # grpc.aio ends a stream with INTERNAL "Internal error from Core" when the broker dies under a write: the
+    # consumer must subscribe again (it used to take INTERNAL for the broker's own refusal and stop for good)
+    fake.add_topic(TOPIC)
+    fake.publish(TOPIC, [Stored(b"a")])
+    consumer = _sub(client, receiver_queue_size=10)
+    consumer.acknowledge(consumer.receive(2000))
+    assert fake.break_streams(TOPIC) == 1
+    wait_until(lambda: len(fake.flows) >= 2 and fake.flows[-1] == 10, 5,
+               message=f"subscribed again after the transport failed, flows {fake.flows}")
+    fake.publish(TOPIC, [Stored(b"b")])
+    got = consumer.receive(5000)  # a, if its ack had not reached the broker before the stream broke, then b
+    assert (consumer.receive(5000) if got.data() == b"a" else got).data() == b"b"
+
+
 def test_partitioned_consumer_merges_partitions(fake, client):
     fake.add_topic(TOPIC, partitions=2)
     fake.publish(f"{TOPIC}-partition-0", [Stored(b"p0")])
