@@ -1,4 +1,4 @@
-"""The audit on a real cluster's journals (issue 5 §5): the end-to-end run is clean, every planted violation is
+"""The audit on a real cluster's journals: the end-to-end run is clean, every planted violation is
 found, every planted benign case is benign, and Spark local[2] and --local give the same report.
 
 One cluster run per module (corpus.run_cluster: write, kill -9 a bookie and a broker, recover); each test audits

@@ -1,4 +1,4 @@
-"""The broker's guarantees on a real cluster (issue 3 §6, PROTOCOL.md §4 and §7): real ZooKeeper, real
+"""The broker's guarantees on a real cluster (PROTOCOL.md §4 and §7): real ZooKeeper, real
 `bksim bookie run` and `bksim broker run` processes, clients over gRPC.
 
 - A bookie killed with -9 during an Append stream: writes go on after an ensemble change, the metadata has a

@@ -1,4 +1,4 @@
-"""Durable cursors on a real ZooKeeper and real bookie processes (issue 4 §4): a topic of 10,000,000 entries with
+"""Durable cursors on a real ZooKeeper and real bookie processes: a topic of 10,000,000 entries with
 every other one acked keeps all 5,000,000 holes across a kill (the cursor dropped without closing after a
 persist; the next broker recovery-opens its cursor ledger) and a clean close + reopen; the figures are printed.
 

@@ -1,4 +1,4 @@
-"""The journal audit (issue 5): prove, from the bytes on the bookies' disks, that the cluster kept its promises.
+"""The journal audit: prove, from the bytes on the bookies' disks, that the cluster kept its promises.
 
 Reads every bookie's journals (live and archived), optionally their entry logs, and a metadata snapshot;
 parses the records with the project's own `formats` code (one parser for the bookie and the audit) and

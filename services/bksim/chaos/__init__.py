@@ -1,4 +1,4 @@
-"""Chaos scenarios on real processes (issue 6): a fresh cluster per run, a recording workload, faults on a
+"""Chaos scenarios on real processes: a fresh cluster per run, a recording workload, faults on a
 seeded schedule, healing, then the checks of PROTOCOL.md section 7 and the journal audit.
 
 - cluster.py   ChaosCluster: ZooKeeper, bookies and brokers as child processes of this run (own run

@@ -1,4 +1,4 @@
-"""The "wiped bookie directory" fault (issue 6 §2): wipe a stopped bookie's directories, and judge the audit after
+"""The "wiped bookie directory" fault: wipe a stopped bookie's directories, and judge the audit after
 the operator re-initialised it.
 
 The fault, as a run does it: kill -9 a bookie; `wipe_bookie(home)` (its journal and ledger directories lose

@@ -17,7 +17,7 @@ Three measurements of the same files (in the page cache: they were just written)
   the ratio the run would have without its Parquet write (`ratio_without_parquet`: the write's JVM warm-up
   and per-row work are most of the Spark time on 2 cores).
 
-Targets (issue 5): Spark >= 0.4x the bare parse rate after the session is up; --local >= 0.8x.
+Targets: Spark >= 0.4x the bare parse rate after the session is up; --local >= 0.8x.
 The child is stopped by pid (its process group, the Spark JVM with it) if the run is interrupted.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ Same cluster and topic set-up as perf/produce.py. Two measurements:
    shows. Both run in this process (one clock); at `rate` they fit in its share of the CPU. Messages not
    received within the bound count as missing (an error).
 
-Target (issue 4): >= 100,000 msgs/s of 100 bytes (the throughput measurement).
+Target: >= 100,000 msgs/s of 100 bytes (the throughput measurement).
 """
 from __future__ import annotations
 

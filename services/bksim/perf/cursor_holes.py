@@ -1,4 +1,4 @@
-"""cursor-holes: a cursor with millions of ack holes survives a broker kill and a clean restart (issue 4 §4),
+"""cursor-holes: a cursor with millions of ack holes survives a broker kill and a clean restart,
 with the size of its snapshot and the time to persist and to recover it.
 
 The world: a real ZooKeeper and real bookie processes (perf.ledger_write.LedgerCluster; its broker process is

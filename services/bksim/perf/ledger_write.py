@@ -26,7 +26,7 @@ client (this process), as cores (CPU seconds / elapsed), plus the whole machine'
 them none of these used (`others_cpu_cores`: the idle guard checks only the start; on a shared machine
 this says whether someone else took CPU during the measurement).
 
-Targets (issue 3, with every process on this machine's 2 cores): >= 30,000 entries/s at 1 KiB (closed
+Targets (with every process on this machine's 2 cores): >= 30,000 entries/s at 1 KiB (closed
 loop), and p99 <= 20 ms at half that rate (open loop at 15,000 entries/s). `targets()` states each verdict;
 the grpc-baseline ratio's target is the same 30,000 entries/s expressed against the baseline of the run.
 """

@@ -14,7 +14,7 @@ publish latency is send_async() -> its receipt callback; msgs/s counts receipted
 last receipt. Every receipt must carry a message id and no message may fail; the topic's stats must then
 count every message (msgInCounter).
 
-Target (issue 4, every process on this machine's 2 cores): >= 100,000 msgs/s of 100 bytes, E3/Qw3/Qa2.
+Target (every process on this machine's 2 cores): >= 100,000 msgs/s of 100 bytes, E3/Qw3/Qa2.
 """
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ The time split (approximate; the figure is the client's total):
 A warm-up recovery of a 1-entry ledger first opens the broker's connections to the bookies, so neither figure
 pays for them.
 
-Target (issue 3): <= 1 s for a 10,000-entry window (E=3, Qw=3, Qa=2).
+Target: <= 1 s for a 10,000-entry window (E=3, Qw=3, Qa=2).
 """
 from __future__ import annotations
 
