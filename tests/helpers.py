@@ -1,4 +1,5 @@
-"""Test helpers shared by every kind of test: waiting on a condition with a deadline, free ports.
+"""Test helpers shared by every kind of test: waiting on a condition with a deadline, free ports (the product's
+bksim.adapters.ports.free_port: below the ephemeral range, never the same port twice in one process).
 
 Tests never sleep to synchronise: they wait for an observable condition with `wait_until`, which polls
 with a bounded deadline and fails with a message that says what did not happen.
@@ -7,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import socket
 import time
 from typing import Callable, TypeVar
+
+from bksim.adapters.ports import free_port  # noqa: F401 - tests take it from here
 
 T = TypeVar("T")
 
@@ -57,8 +59,3 @@ async def wait_until_async(pred: Callable[[], object], timeout_s: float, interva
         await asyncio.sleep(interval_s)  # poll interval of a bounded wait
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (bind port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

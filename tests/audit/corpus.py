@@ -132,6 +132,7 @@ class Record:
     journal_id: int
     newest: bool  # in the bookie's newest journal
     last: bool  # the last record of its file
+    last_group: bool  # in the last group write of its file (damage there reads as a torn group write)
     offset: int
     end: int
     type: jfmt.RecordType
@@ -187,7 +188,8 @@ class Corpus:
                 elif r.type in (jfmt.RecordType.FENCE, jfmt.RecordType.MASTER_KEY, jfmt.RecordType.EXPLICIT_LAC):
                     (ledger,) = jfmt.LEDGER_ID.unpack_from(r.body)
                 out.append(Record(bookie, path, journal_id, journal_id == files[-1][0], i == len(records) - 1,
-                                  r.offset, r.end, r.type, r.flags, ledger, entry, lac, r.body))
+                                  r.group == records[-1].group, r.offset, r.end, r.type, r.flags, ledger, entry,
+                                  lac, r.body))
         return out
 
     def newest_journal(self, bookie: str) -> str:
@@ -215,8 +217,10 @@ def _rewrite(path: str, start: int, end: int, data: bytes) -> None:
 
 
 def plant_flipped_byte(corpus: Corpus, ledger: int, bookie: str) -> Planted:
-    """A payload byte of a mid-file entry record flipped: its CRC fails, valid records follow."""
-    candidates = [r for r in corpus.entries(bookie, ledger) if not r.last and not r.flags]
+    """A payload byte of a mid-file entry record flipped: its CRC fails, valid records follow. Never in the last
+    group write of a file: replay cannot tell damage there from a group write torn by a crash (both fail the
+    group's CRC with nothing after it), so the audit rightly calls that a torn tail."""
+    candidates = [r for r in corpus.entries(bookie, ledger) if not r.last_group and not r.flags]
     r = candidates[len(candidates) // 2]
     with open(r.path, "rb") as f:
         f.seek(r.end - 1)
@@ -237,8 +241,9 @@ def plant_torn_tail(corpus: Corpus, bookie: str, ledger: int, last_entry_id: int
 
 
 def plant_garbage(corpus: Corpus, bookie: str) -> Planted:
-    """64 bytes that are no record inserted between two records in the middle of a journal."""
-    records = [r for r in corpus.records(bookie) if not r.last]
+    """64 bytes that are no record inserted between two records in the middle of a journal (never inside the
+    file's last group write, where they would read as a torn group: see plant_flipped_byte)."""
+    records = [r for r in corpus.records(bookie) if not r.last_group]
     r = records[len(records) // 3]
     garbage = bytes((37 * i + 11) % 251 + 1 for i in range(64))
     _rewrite(r.path, r.offset, r.offset, garbage)

@@ -78,9 +78,9 @@ def write_config(tmp_path, bookies: int, brokers: int = 0) -> str:
 [cluster]
 run_dir = "{tmp_path / 'run'}"
 bookies = {bookies}
-bookie_port_base = {free_port()}
+bookie_port_base = {free_port(count=max(1, bookies))}
 brokers = {brokers}
-broker_port_base = {free_port()}
+broker_port_base = {free_port(count=max(1, brokers))}
 start_timeout_ms = 20000
 [zookeeper]
 port = {free_port()}

@@ -45,9 +45,9 @@ def cluster(tmp_path_factory):
 [cluster]
 run_dir = "{base / 'run'}"
 bookies = {BOOKIES}
-bookie_port_base = {free_port()}
+bookie_port_base = {free_port(count=BOOKIES)}
 brokers = {BROKERS}
-broker_port_base = {free_port()}
+broker_port_base = {free_port(count=BROKERS)}
 start_timeout_ms = 30000
 [zookeeper]
 port = {free_port()}

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from kazoo.client import KazooClient
 
 from bksim.adapters import processes
+from bksim.adapters.ports import free_port
 from bksim.adapters.zookeeper_server import ZooKeeperServer
 from bksim.chaos.proxy import TcpProxy
 
@@ -48,12 +48,6 @@ BROKER_MARKER = "bksim.cli.main broker run"
 
 class ClusterError(RuntimeError):
     """A process of the chaos cluster could not be started, did not become ready, or exited."""
-
-
-def free_port(host: str = HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -18,25 +18,18 @@ import asyncio
 import contextlib
 import gc
 import signal
-import socket
 import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, TypeVar
 
 from bksim.adapters import processes
+from bksim.adapters.ports import free_port  # noqa: F401 - the benchmarks take it from here
 
 T = TypeVar("T")
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 
 STOP_GRACE_S = 15.0  # a bookie drains and checkpoints on SIGTERM; give it time before SIGKILL
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (bind to port 0, read it, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
