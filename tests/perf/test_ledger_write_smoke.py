@@ -17,7 +17,9 @@ def test_ledger_write_both_reports_figures_ratio_targets_and_stops_everything(ru
     assert abs(opened["rate_target_per_s"] - min(closed["records_per_s"], 30_000) / 2) <= 1
     assert opened["entries_unsent_behind_schedule"] == 0  # bounded by records, not time: everything is sent
     for r in (closed, opened):
-        assert r["broker_cpu_cores"] > 0 and r["bookies_cpu_cores"] > 0 and r["machine_busy_cores"] > 0
+        assert r["broker_cpu_cores"] > 0 and r["bookies_cpu_cores"] > 0
+        # None only where /proc/stat did not advance during the run (some sandboxes refresh it coarsely)
+        assert r["machine_busy_cores"] is None or r["machine_busy_cores"] > 0
         assert r["ledger_id"] >= 0
     assert closed["ledger_id"] != opened["ledger_id"]  # a fresh ledger per measurement
     [q] = report["ratios"]

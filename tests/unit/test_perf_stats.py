@@ -109,7 +109,7 @@ def test_idle_fraction_counts_idle_and_iowait():
     before = machine.CpuTimes(idle=100, total=1000)
     after = machine.CpuTimes(idle=190, total=1100)
     assert machine.idle_fraction(before, after) == pytest.approx(0.9)
-    assert machine.idle_fraction(after, after) == 1.0  # no time passed: call it idle
+    assert machine.idle_fraction(after, after) is None  # /proc/stat did not advance: not measured
 
 
 def test_proc_readers_work_on_this_machine():

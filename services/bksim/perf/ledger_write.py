@@ -24,7 +24,8 @@ response time:
 CPU: seconds used during the measurement by the broker, the bookies (sum and busiest), ZooKeeper and the
 client (this process), as cores (CPU seconds / elapsed), plus the whole machine's busy cores and what of
 them none of these used (`others_cpu_cores`: the idle guard checks only the start; on a shared machine
-this says whether someone else took CPU during the measurement).
+this says whether someone else took CPU during the measurement; both are None when /proc/stat did not
+advance during a short run).
 
 Targets (with every process on this machine's 2 cores): >= 30,000 entries/s at 1 KiB (closed
 loop), and p99 <= 20 ms at half that rate (open loop at 15,000 entries/s). `targets()` states each verdict;
@@ -201,11 +202,12 @@ class CpuMeter:
         bookies = [used[c.name] for c in self.cluster.bookies]
         cores = len(os.sched_getaffinity(0))
         per_s = (lambda s: s / elapsed_s) if elapsed_s > 0 else (lambda s: 0.0)
-        busy = (1.0 - idle_fraction(self._machine_before, machine_after)) * cores
+        idle = idle_fraction(self._machine_before, machine_after)
+        busy = None if idle is None else (1.0 - idle) * cores  # None: /proc/stat did not advance
         return {"broker_cpu_cores": per_s(used["broker"]), "bookies_cpu_cores": per_s(sum(bookies)),
                 "bookie_cpu_cores_max": per_s(max(bookies)), "zookeeper_cpu_cores": per_s(used["zookeeper"]),
                 "client_cpu_cores": per_s(used["client"]), "machine_busy_cores": busy,
-                "others_cpu_cores": max(0.0, busy - per_s(sum(used.values())))}
+                "others_cpu_cores": None if busy is None else max(0.0, busy - per_s(sum(used.values())))}
 
 
 # ---------------------------------------------------------------------------------------------- the driver

@@ -98,16 +98,22 @@ def read_cpu_times() -> CpuTimes:
     return CpuTimes(idle=values[3] + values[4], total=sum(values))
 
 
-def idle_fraction(before: CpuTimes, after: CpuTimes) -> float:
+def idle_fraction(before: CpuTimes, after: CpuTimes) -> float | None:
+    """Idle share of the CPU time between two readings; None when /proc/stat did not advance between them.
+
+    Some kernels and sandboxes refresh /proc/stat only every few hundred milliseconds, so a short
+    measurement can see no jiffies at all: that is "not measured", not "idle".
+    """
     total = after.total - before.total
-    return (after.idle - before.idle) / total if total > 0 else 1.0
+    return (after.idle - before.idle) / total if total > 0 else None
 
 
 def sample_idle(sample_s: float = IDLE_SAMPLE_S) -> float:
-    """Idle fraction of all CPUs over the next `sample_s` seconds."""
+    """Idle fraction of all CPUs over the next `sample_s` seconds (1.0 when /proc/stat did not advance)."""
     before = read_cpu_times()
     time.sleep(sample_s)
-    return idle_fraction(before, read_cpu_times())
+    idle = idle_fraction(before, read_cpu_times())
+    return 1.0 if idle is None else idle
 
 
 def wait_for_idle(idle_min: float = IDLE_MIN_DEFAULT, wait_s_max: float = IDLE_WAIT_S_DEFAULT,

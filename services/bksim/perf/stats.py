@@ -176,4 +176,4 @@ def format_table(results: list[Result], ratios: list[Ratio] = (), header: list[s
 def _fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.3f}"
-    return str(v)
+    return "n/a" if v is None else str(v)
