@@ -8,13 +8,14 @@ Layers, bottom to top (a module imports only from its own row or below):
                                               and chaos may import client (the topic client over gRPC), and
                                               chaos may import adapters (it drives real processes), and client
                                               may import adapters (shared gRPC channel helpers)
+    topics                                    managed ledgers, cursors, subscriptions over the ledger client
     bookie | metadata | broker                bookie never imports broker, and broker never imports bookie
     formats | ports | ledger
     model
 
 `gen` (generated gRPC/protobuf code) may be imported only by adapters, client, perf and cli.
 
-The pure layers (model, formats, ports, ledger, bookie, metadata, broker) import none of grpc,
+The pure layers (model, formats, ports, ledger, bookie, metadata, broker, topics) import none of grpc,
 google.protobuf, kazoo, rocksdict, pyspark, py4j, socket, threading, time, random, subprocess,
 multiprocessing (stdlib ones are allowed under `if TYPE_CHECKING:` for annotations), and never read a wall
 or monotonic clock (`time.time()`, `time.monotonic()`, `datetime.now()`, ...): time and randomness are
@@ -33,11 +34,12 @@ RANK = {
     "model": 0,
     "formats": 1, "ports": 1, "ledger": 1,
     "bookie": 2, "metadata": 2, "broker": 2,
-    "adapters": 3, "sim": 3, "audit": 3, "chaos": 3, "perf": 3, "gen": 3, "client": 3,
-    "cli": 4, "<root>": 4,  # bksim/__init__.py, bksim/__main__.py
+    "topics": 3,
+    "adapters": 4, "sim": 4, "audit": 4, "chaos": 4, "perf": 4, "gen": 4, "client": 4,
+    "cli": 5, "<root>": 5,  # bksim/__init__.py, bksim/__main__.py
 }
-PURE = {"model", "formats", "ports", "ledger", "bookie", "metadata", "broker"}
-NEVER = {("bookie", "broker"), ("broker", "bookie")}
+PURE = {"model", "formats", "ports", "ledger", "bookie", "metadata", "broker", "topics"}
+NEVER = {("bookie", "broker"), ("broker", "bookie"), ("topics", "bookie")}
 SIBLINGS = {"adapters", "sim", "audit", "chaos", "perf", "client"}
 SIBLING_EXCEPTIONS = {("perf", "adapters"), ("perf", "client"), ("chaos", "client"), ("chaos", "adapters"),
                       ("client", "adapters")}
@@ -145,7 +147,8 @@ def violations_in_source(source: str, module: str, is_package: bool = False, whe
             elif RANK[other] > RANK[layer]:
                 found.append(f"{at}: {layer} imports {target} from a higher layer ({other})")
             elif (layer, other) in NEVER:
-                found.append(f"{at}: {layer} imports {target}: bookie and broker never import each other")
+                found.append(f"{at}: {layer} imports {target}: the bookie is reached only through the "
+                             f"BookieTransport port, never imported by broker or topics")
             elif (layer != other and layer in SIBLINGS and other in SIBLINGS
                   and (layer, other) not in SIBLING_EXCEPTIONS):
                 found.append(f"{at}: {layer} imports {target}: {layer} and {other} are siblings and do not "
@@ -245,6 +248,10 @@ def test_scanner_catches_upward_and_sideways_imports():
     assert _v("from bksim.chaos import faults\n", "bksim.audit.job")
     assert _v("from bksim.perf import stats\n", "bksim.adapters.localdisk")
     assert _v("x = 1\n", "bksim.newthing.x")  # unknown layer
+    assert _v("from bksim.topics.topic import Topic\n", "bksim.broker.ledgers")  # topics sits above broker
+    assert _v("from bksim.bookie.engine import BookieEngine\n", "bksim.topics.topic")
+    assert _v("from bksim.adapters import rocks\n", "bksim.topics.topic")
+    assert _v("import time\n", "bksim.topics.cursor_state")
 
 
 def test_scanner_allows_what_the_rule_allows():
@@ -254,6 +261,7 @@ def test_scanner_allows_what_the_rule_allows():
     assert not _v("from bksim.metadata import layout\n", "bksim.bookie.cookie")
     assert not _v("from . import journal\nfrom .journal import Journal\n", "bksim.bookie.engine")
     assert not _v("from .errors import ConfigError\n", "bksim.model", is_package=True)
+    assert not _v("from bksim.broker.ledgers import LedgerService\n", "bksim.topics.managed_ledger")
     assert not _v("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import random\n", "bksim.ledger.x")
     assert not _v("import grpc, kazoo, time, threading\nfrom bksim.bookie import engine\n"
                   "from bksim.gen import bookie_pb2\n", "bksim.adapters.bookie_server")

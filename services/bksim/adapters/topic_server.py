@@ -1,4 +1,4 @@
-"""The broker's gRPC Topics service (proto/topic.proto) over a TopicService (broker/topics/service.py).
+"""The broker's gRPC Topics service (proto/topic.proto) over a TopicService (topics/service.py).
 
 Owns: translating wire messages to topic-layer calls and back; TopicError -> gRPC status (the mapping is at
 the top of proto/topic.proto; the TopicStatus name also travels in the trailer "bksim-status", and streams
@@ -18,11 +18,11 @@ from typing import Callable
 
 import grpc
 
-from bksim.broker.topics.errors import TopicError
-from bksim.broker.topics.positions import Position
-from bksim.broker.topics.service import TopicService
-from bksim.broker.topics.subscription import Delivery
-from bksim.broker.topics.topic import Policies
+from bksim.topics.errors import TopicError
+from bksim.topics.positions import Position
+from bksim.topics.service import TopicService
+from bksim.topics.subscription import Delivery
+from bksim.topics.topic import Policies
 from bksim.formats.message import Message
 from bksim.gen import topic_pb2, topic_pb2_grpc
 

@@ -1,4 +1,4 @@
-"""The broker's pure core: the ledger client (this issue) and, later, the topic layer (PROTOCOL.md §4, §5).
+"""The broker's pure core: the ledger client (PROTOCOL.md §4); the topic layer above it is bksim.topics (§5).
 
 Modules:
 - ledgers.py: LedgerService, what the broker's gRPC API calls (create, write, close, recover, read, delete).

@@ -161,8 +161,8 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
 
 def make_topic_service(config: Config, store, ledgers, clock, log):
     """The topic layer over this broker's ledger client, with durable cursors (ManagedCursor)."""
-    from bksim.broker.topics.managed_cursor import ManagedCursor
-    from bksim.broker.topics.service import TopicService
+    from bksim.topics.managed_cursor import ManagedCursor
+    from bksim.topics.service import TopicService
 
     async def open_cursor(ml, topic_name, subscription, initial_position, on_fenced):
         return await ManagedCursor.open(layout=ml, path=topic_name.cursor_path(subscription), name=subscription,

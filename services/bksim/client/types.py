@@ -1,6 +1,6 @@
 """Value types of the topic client: MessageId, the received Message, and the option enums.
 
-`MessageId` is the topic layer's own (broker/topics/positions.py): (ledger, entry, partition, batch_index),
+`MessageId` is the topic layer's own (topics/positions.py): (ledger, entry, partition, batch_index),
 partition -1 for a non-partitioned topic, batch_index -1 when the entry is not a batch. Ordered by its
 fields, so ids of one partition compare in log order.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 
-from bksim.broker.topics.positions import MessageId
+from bksim.topics.positions import MessageId
 from bksim.gen import topic_pb2
 
 __all__ = ["MessageId", "Message", "SubscriptionType", "InitialPosition", "RoutingMode"]

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
 
-from bksim.broker.topics.managed_cursor import ManagedCursor
-from bksim.broker.topics.positions import Position
+from bksim.topics.managed_cursor import ManagedCursor
+from bksim.topics.positions import Position
 from bksim.model.config import Config, TopicConfig
 from bksim.perf.procs import run_interruptible
 from bksim.perf.stats import LatencyRecorder, Result, make_result
@@ -45,7 +45,7 @@ ZK_CONNECT_TIMEOUT_S = 15.0
 
 
 class FixedLayout:
-    """A managed ledger as the cursor sees it (broker.topics.layout.LedgerLayout): ledgers first_ledger,
+    """A managed ledger as the cursor sees it (topics.layout.LedgerLayout): ledgers first_ledger,
     first_ledger + 1, ... of `ledger_entries` entries each (the last one shorter), all confirmed."""
 
     def __init__(self, entries: int, ledger_entries: int, first_ledger: int = 1_000) -> None:

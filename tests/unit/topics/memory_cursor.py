@@ -3,8 +3,8 @@ records the mark-delete as persisted_mark_delete), so subscription and topic tes
 and on the real cluster."""
 from __future__ import annotations
 
-from bksim.broker.topics.cursor_state import CursorState
-from bksim.broker.topics.positions import Position
+from bksim.topics.cursor_state import CursorState
+from bksim.topics.positions import Position
 
 
 class MemoryCursor(CursorState):

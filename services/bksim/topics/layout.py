@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from bksim.broker.topics.positions import Position
+from bksim.topics.positions import Position
 
 
 class LedgerLayout(Protocol):

@@ -10,16 +10,16 @@ import random
 import pytest
 
 from bksim.broker.ledgers import LedgerService
-from bksim.broker.topics.errors import TopicError
-from bksim.broker.topics.service import TopicService
-from bksim.broker.topics.topic import Policies
+from bksim.topics.errors import TopicError
+from bksim.topics.service import TopicService
+from bksim.topics.topic import Policies
 from bksim.formats.message import Message, decode_entry
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig, TopicConfig
 from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies, FakeClock
-from tests.unit.broker.topics.memory_cursor import MemoryCursor
+from tests.unit.topics.memory_cursor import MemoryCursor
 
 TOPIC = "persistent://acme/orders/o1"
 

@@ -11,10 +11,10 @@ from dataclasses import replace
 import pytest
 
 from bksim.broker.ledgers import LedgerService
-from bksim.broker.topics import cursor_codec as codec
-from bksim.broker.topics.errors import TopicError
-from bksim.broker.topics.managed_cursor import CURSOR_PASSWORD, ManagedCursor
-from bksim.broker.topics.positions import Position as P
+from bksim.topics import cursor_codec as codec
+from bksim.topics.errors import TopicError
+from bksim.topics.managed_cursor import CURSOR_PASSWORD, ManagedCursor
+from bksim.topics.positions import Position as P
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig, TopicConfig
@@ -22,8 +22,8 @@ from bksim.model.errors import ConnectionLossError, LedgerError
 from bksim.model.status import StatusCode
 from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies
-from tests.unit.broker.topics.fake_layout import FakeLayout
-from tests.unit.broker.topics.manual_clock import ManualClock
+from tests.unit.topics.fake_layout import FakeLayout
+from tests.unit.topics.manual_clock import ManualClock
 
 ML = "/managed-ledgers/t/ns/persistent/topic"
 PATH = f"{ML}/sub"

@@ -1,4 +1,4 @@
-"""Subscriptions and dispatchers (broker/topics/subscription.py) over a real ManagedLedger on the in-memory
+"""Subscriptions and dispatchers (topics/subscription.py) over a real ManagedLedger on the in-memory
 metadata store and FakeBookies, with MemoryCursor (non-durable test cursor). Permits, each subscription type's
 rules, acks and redelivery, and read-position resets (seek, rewind) while a dispatch read is in flight."""
 from __future__ import annotations
@@ -7,15 +7,15 @@ import asyncio
 
 import pytest
 
-from bksim.broker.topics.errors import TopicError
-from bksim.broker.topics.positions import Position
-from bksim.broker.topics.subscription import Subscription
+from bksim.topics.errors import TopicError
+from bksim.topics.positions import Position
+from bksim.topics.subscription import Subscription
 from bksim.formats.message import Message, encode_entry, read_header
 from bksim.model.config import TopicConfig
 from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeClock
-from tests.unit.broker.topics.memory_cursor import MemoryCursor
-from tests.unit.broker.topics.test_managed_ledger import world
+from tests.unit.topics.memory_cursor import MemoryCursor
+from tests.unit.topics.test_managed_ledger import world
 
 CONFIG = TopicConfig(failover_switch_delay_ms=1)
 

@@ -18,7 +18,7 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
-from bksim.broker.topics.errors import TopicError
+from bksim.topics.errors import TopicError
 
 SCHEME = "persistent://"
 PARTITION_SUFFIX = "-partition-"

@@ -27,9 +27,9 @@ from typing import AsyncIterator, Callable
 
 from bksim.broker.ledgers import LedgerService
 from bksim.broker.reading import read_entries
-from bksim.broker.topics.errors import TopicError
-from bksim.broker.topics.names import TopicName
-from bksim.broker.topics.positions import Position
+from bksim.topics.errors import TopicError
+from bksim.topics.names import TopicName
+from bksim.topics.positions import Position
 from bksim.metadata.ledger_metadata import LedgerMetadata
 from bksim.model.config import BrokerConfig, TopicConfig
 from bksim.model.errors import BadVersionError, LedgerError, MetadataError, NoNodeError
@@ -92,7 +92,7 @@ class _PendingAdd:
 
 
 class ManagedLedger:
-    """Implements broker.topics.layout.LedgerLayout for the topic's cursors."""
+    """Implements topics.layout.LedgerLayout for the topic's cursors."""
 
     def __init__(self, name: TopicName, *, ledgers: LedgerService, store: MetadataStore, clock: Clock,
                  config: TopicConfig = TopicConfig(), broker_config: BrokerConfig = BrokerConfig(),

@@ -1,4 +1,4 @@
-"""The managed ledger (broker/topics/managed_ledger.py) over the in-memory metadata store and FakeBookies (an
+"""The managed ledger (topics/managed_ledger.py) over the in-memory metadata store and FakeBookies (an
 in-memory fake of the bookie transport): order, rollover, the failed-add path (recover, acknowledge what is
 durable, re-send the rest), takeover fencing, trimming and the LedgerLayout arithmetic."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ import random
 import pytest
 
 from bksim.broker.ledgers import LedgerService
-from bksim.broker.topics.errors import TopicError
-from bksim.broker.topics.managed_ledger import ManagedLedger
-from bksim.broker.topics.names import TopicName
-from bksim.broker.topics.positions import Position
+from bksim.topics.errors import TopicError
+from bksim.topics.managed_ledger import ManagedLedger
+from bksim.topics.names import TopicName
+from bksim.topics.positions import Position
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig, TopicConfig

@@ -18,13 +18,13 @@ import json
 from typing import Callable
 
 from bksim.broker.ledgers import LedgerService
-from bksim.broker.topics.errors import TopicError
-from bksim.broker.topics.cursor_codec import CodecError, decode_znode
-from bksim.broker.topics.managed_cursor import CURSOR_PASSWORD
-from bksim.broker.topics.managed_ledger import LEDGER_PASSWORD, ManagedLedger
-from bksim.broker.topics.names import (PARTITIONS_MAX, TENANTS_ROOT, TopicName, check_name, namespace_managed_ledgers,
+from bksim.topics.errors import TopicError
+from bksim.topics.cursor_codec import CodecError, decode_znode
+from bksim.topics.managed_cursor import CURSOR_PASSWORD
+from bksim.topics.managed_ledger import LEDGER_PASSWORD, ManagedLedger
+from bksim.topics.names import (PARTITIONS_MAX, TENANTS_ROOT, TopicName, check_name, namespace_managed_ledgers,
                                        namespace_partitioned, parse_namespace, policies_path, tenant_path)
-from bksim.broker.topics.topic import Policies, Topic
+from bksim.topics.topic import Policies, Topic
 from bksim.formats.murmur3 import murmur3_32
 from bksim.metadata.paths import BROKERS_AVAILABLE
 from bksim.model.config import BrokerConfig, TopicConfig

@@ -32,8 +32,8 @@ import collections
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
-from bksim.broker.topics.errors import TopicError
-from bksim.broker.topics.positions import Position
+from bksim.topics.errors import TopicError
+from bksim.topics.positions import Position
 from bksim.formats.message import read_header
 from bksim.formats.murmur3 import murmur3_32
 from bksim.model.config import TopicConfig

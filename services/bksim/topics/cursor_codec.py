@@ -49,8 +49,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable
 
-from bksim.broker.topics.cursor_state import CursorState, first_one, popcount, run_count, runs, set_range
-from bksim.broker.topics.positions import Position
+from bksim.topics.cursor_state import CursorState, first_one, popcount, run_count, runs, set_range
+from bksim.topics.positions import Position
 from bksim.model.errors import FormatError
 
 MAGIC = b"CS"

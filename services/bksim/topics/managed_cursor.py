@@ -66,11 +66,11 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, Iterable
 
-from bksim.broker.topics import cursor_codec as codec
-from bksim.broker.topics.cursor_state import CursorState
-from bksim.broker.topics.errors import TopicError
-from bksim.broker.topics.layout import LedgerLayout
-from bksim.broker.topics.positions import Position
+from bksim.topics import cursor_codec as codec
+from bksim.topics.cursor_state import CursorState
+from bksim.topics.errors import TopicError
+from bksim.topics.layout import LedgerLayout
+from bksim.topics.positions import Position
 from bksim.model.config import TopicConfig
 from bksim.model.errors import (BadVersionError, ConnectionLossError, LedgerError, MetadataError, NodeExistsError,
                                 NoNodeError)

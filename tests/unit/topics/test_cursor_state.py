@@ -1,4 +1,4 @@
-"""CursorState (broker/topics/cursor_state.py): the ack rules of PROTOCOL.md §5 over a FakeLayout, and the bitmap
+"""CursorState (topics/cursor_state.py): the ack rules of PROTOCOL.md §5 over a FakeLayout, and the bitmap
 helpers against a naive model."""
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from bksim.broker.topics import cursor_state as cs
-from bksim.broker.topics.cursor_state import CursorState
-from bksim.broker.topics.errors import TopicError
-from bksim.broker.topics.positions import Position as P
-from tests.unit.broker.topics.fake_layout import FakeLayout
+from bksim.topics import cursor_state as cs
+from bksim.topics.cursor_state import CursorState
+from bksim.topics.errors import TopicError
+from bksim.topics.positions import Position as P
+from tests.unit.topics.fake_layout import FakeLayout
 
 
 def state(ledgers=((10, 5), (11, 0), (12, 4), (13, 3)), md=None, **kw) -> tuple[CursorState, FakeLayout, list[str]]:

@@ -42,9 +42,9 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable, Iterator
 
-from bksim.broker.topics.errors import TopicError
-from bksim.broker.topics.layout import LedgerLayout
-from bksim.broker.topics.positions import Position
+from bksim.topics.errors import TopicError
+from bksim.topics.layout import LedgerLayout
+from bksim.topics.positions import Position
 
 _NOT_FF = re.compile(rb"[^\xff]")
 _NOT_00 = re.compile(rb"[^\x00]")

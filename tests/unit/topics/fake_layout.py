@@ -1,4 +1,4 @@
-"""FakeLayout: a NAMED FAKE of the managed ledger as cursors see it (broker/topics/layout.py LedgerLayout), for
+"""FakeLayout: a NAMED FAKE of the managed ledger as cursors see it (topics/layout.py LedgerLayout), for
 unit and integration tests of the cursor. Not a managed ledger: no ledgers are read or written; it is a list of
 (ledger id, entry count) pairs, the last one being the ledger "being written". Tests grow it (`add_entries`,
 `add_ledger`) and trim it (`trim`) to play the managed ledger's part.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 
-from bksim.broker.topics.positions import Position
+from bksim.topics.positions import Position
 
 
 class FakeLayout:

@@ -14,7 +14,7 @@ import pytest
 from bksim.adapters.broker_server import BrokerServer
 from bksim.adapters.clock import SystemClock
 from bksim.broker.ledgers import LedgerService
-from bksim.broker.topics.service import TopicService
+from bksim.topics.service import TopicService
 from bksim.formats.message import decode_entry
 from bksim.gen import topic_pb2 as pb
 from bksim.gen import topic_pb2_grpc
@@ -22,7 +22,7 @@ from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig
 from tests.unit.broker.fake_bookies import FakeBookies
-from tests.unit.broker.topics.memory_cursor import MemoryCursor
+from tests.unit.topics.memory_cursor import MemoryCursor
 
 TOPIC = "persistent://t/ns/a"
 

@@ -20,11 +20,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import Callable
 
-from bksim.broker.topics.errors import TopicError
-from bksim.broker.topics.managed_ledger import ManagedLedger
-from bksim.broker.topics.names import TopicName, subscription_of
-from bksim.broker.topics.positions import Position
-from bksim.broker.topics.subscription import ConsumerSink, Subscription
+from bksim.topics.errors import TopicError
+from bksim.topics.managed_ledger import ManagedLedger
+from bksim.topics.names import TopicName, subscription_of
+from bksim.topics.positions import Position
+from bksim.topics.subscription import ConsumerSink, Subscription
 from bksim.formats.message import Message, encode_entry, read_header
 from bksim.model.config import TopicConfig
 from bksim.model.errors import FormatError, MetadataError, NoNodeError

@@ -10,12 +10,12 @@ import random
 import pytest
 
 from bksim.broker.ledgers import LedgerService
-from bksim.broker.topics.errors import TopicError
-from bksim.broker.topics.managed_cursor import ManagedCursor
-from bksim.broker.topics.managed_ledger import ManagedLedger
-from bksim.broker.topics.names import TopicName
-from bksim.broker.topics.positions import Position
-from bksim.broker.topics.topic import Policies, Topic
+from bksim.topics.errors import TopicError
+from bksim.topics.managed_cursor import ManagedCursor
+from bksim.topics.managed_ledger import ManagedLedger
+from bksim.topics.names import TopicName
+from bksim.topics.positions import Position
+from bksim.topics.topic import Policies, Topic
 from bksim.client.errors import RETRIABLE
 from bksim.formats.message import Message, read_header
 from bksim.metadata.memory import InMemoryMetadataStore
@@ -24,7 +24,7 @@ from bksim.model.config import BrokerConfig, TopicConfig
 from bksim.model.errors import LedgerError
 from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies
-from tests.unit.broker.topics.manual_clock import ManualClock
+from tests.unit.topics.manual_clock import ManualClock
 
 TOPIC = TopicName.parse("persistent://acme/orders/o1")
 BOOKIES = ("b0", "b1", "b2")

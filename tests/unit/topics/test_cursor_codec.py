@@ -9,11 +9,11 @@ import zlib
 
 import pytest
 
-from bksim.broker.topics import cursor_codec as codec
-from bksim.broker.topics.cursor_codec import CursorSnapshot
-from bksim.broker.topics.cursor_state import CursorState
-from bksim.broker.topics.positions import Position as P
-from tests.unit.broker.topics.fake_layout import FakeLayout
+from bksim.topics import cursor_codec as codec
+from bksim.topics.cursor_codec import CursorSnapshot
+from bksim.topics.cursor_state import CursorState
+from bksim.topics.positions import Position as P
+from tests.unit.topics.fake_layout import FakeLayout
 
 
 def bits_of(entries, size=None) -> bytearray:
