@@ -19,7 +19,7 @@ from typing import Awaitable, Callable, Protocol
 
 import pytest
 
-from bksim.metadata import store as ledgers
+from bksim.metadata import ledger_manager as ledgers
 from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
 from bksim.metadata.paths import IDGEN, ledger_path
 from bksim.model.errors import (BadVersionError, LedgerStateError, NoChildrenForEphemeralsError, NodeExistsError,

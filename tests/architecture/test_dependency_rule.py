@@ -214,7 +214,7 @@ def _v(source: str, module: str, is_package: bool = False) -> list[str]:
 def test_scanner_catches_world_imports_in_pure_layers():
     assert _v("import grpc\n", "bksim.bookie.journal")
     assert _v("from google.protobuf import message\n", "bksim.formats.entry")
-    assert _v("from kazoo.client import KazooClient\n", "bksim.metadata.store")
+    assert _v("from kazoo.client import KazooClient\n", "bksim.metadata.ledger_manager")
     assert _v("import rocksdict\n", "bksim.bookie.index")
     assert _v("from pyspark.sql import SparkSession\n", "bksim.ledger.protocol")
     assert _v("import socket\n", "bksim.broker.topic")
@@ -222,7 +222,7 @@ def test_scanner_catches_world_imports_in_pure_layers():
     assert _v("import time\n", "bksim.model.ids")
     assert _v("from random import randint\n", "bksim.ledger.ensemble")
     assert _v("def lazy():\n    import grpc\n", "bksim.bookie.engine")  # imports inside functions count
-    assert _v("try:\n    import kazoo\nexcept ImportError:\n    pass\n", "bksim.metadata.store")
+    assert _v("try:\n    import kazoo\nexcept ImportError:\n    pass\n", "bksim.metadata.ledger_manager")
     assert _v("if TYPE_CHECKING:\n    import grpc\n", "bksim.bookie.engine")  # third-party: even for types
 
 

@@ -1,5 +1,5 @@
 """Synthetic bookie files for the audit's rule tests: journals, entry logs, cookies, lastmarks and a metadata
-snapshot written with the project's own format code (formats.journal, formats.entry, formats.entrylog), so the
+snapshot written with the project's own format code (formats.journal, formats.entry, formats.entry_log), so the
 audit reads exactly what a bookie would have written, without running one.
 
 `Synth` keeps, per bookie and journal id, the list of records in order; `save()` writes the files:
@@ -21,7 +21,7 @@ from bksim.bookie.cookie import Cookie
 from bksim.bookie.cookie import encode as encode_cookie
 from bksim.bookie.journal import JournalMark
 from bksim.bookie.lastmark import encode_lastmark
-from bksim.formats import entrylog as log_fmt
+from bksim.formats import entry_log as log_fmt
 from bksim.formats import journal as jfmt
 from bksim.formats.entry import encode_entry, master_key
 from bksim.metadata.ledger_metadata import LedgerMetadata, encode as encode_metadata

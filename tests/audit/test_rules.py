@@ -10,7 +10,7 @@ import pytest
 from audit.conftest import audit
 from audit.synth import Synth, flip, patch, record_offsets, truncate
 from bksim.audit.snapshot import AuditInputError
-from bksim.formats import entrylog as log_fmt
+from bksim.formats import entry_log as log_fmt
 from bksim.formats import journal as jfmt
 from bksim.formats.entry import encode_entry
 

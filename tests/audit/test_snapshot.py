@@ -14,7 +14,7 @@ from bksim.audit.snapshot import (AuditInputError, encode_snapshot, export_snaps
 from bksim.metadata.ledger_metadata import LedgerMetadata
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import INSTANCEID, ledger_path
-from bksim.metadata.store import create_ledger_metadata
+from bksim.metadata.ledger_manager import create_ledger_metadata
 
 BOOKIES = ("127.0.0.1:3181", "127.0.0.1:3182", "127.0.0.1:3183")
 

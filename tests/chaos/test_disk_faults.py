@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from bksim.chaos import check, disk
-from bksim.formats import entrylog
+from bksim.formats import entry_log
 from bksim.formats import journal as jfmt
 from bksim.formats.entry import decode_entry, encode_entry
 from bksim.model.errors import FormatError
@@ -63,14 +63,14 @@ def test_flip_damages_one_payload_byte_of_a_picked_entry(tmp_path):
     log_dir = tmp_path / "ledgers" / "entrylogs"
     log_dir.mkdir(parents=True)
     entries = [encode_entry(3, e, e - 1, 0, b"q" * 50) for e in range(6)]
-    data = entrylog.encode_header() + b"".join(entrylog.encode_record(e) for e in entries)
-    (log_dir / entrylog.entry_log_file_name(1)).write_bytes(data)
+    data = entry_log.encode_header() + b"".join(entry_log.encode_record(e) for e in entries)
+    (log_dir / entry_log.entry_log_file_name(1)).write_bytes(data)
     what, flip = disk.flip_entry_log_byte(str(tmp_path / "ledgers"), random.Random(2), lambda lid, eid: eid == 4)
     assert flip is not None and (flip.ledger_id, flip.entry_id) == (3, 4), what
     assert flip.original == entries[4] and flip.corrupted != flip.original
     with pytest.raises(FormatError):
         decode_entry(flip.corrupted, ledger_id=3, entry_id=4)
-    _, records, _ = entrylog.scan((log_dir / entrylog.entry_log_file_name(1)).read_bytes())
+    _, records, _ = entry_log.scan((log_dir / entry_log.entry_log_file_name(1)).read_bytes())
     stored = {r.entry_id: r.entry for r in records}
     assert stored[4] == flip.corrupted and all(stored[e] == entries[e] for e in range(6) if e != 4)
     none, nothing = disk.flip_entry_log_byte(str(tmp_path / "ledgers"), random.Random(2), lambda lid, eid: False)

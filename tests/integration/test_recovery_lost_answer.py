@@ -31,7 +31,7 @@ from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
-from bksim.metadata.store import create_ledger_metadata
+from bksim.metadata.ledger_manager import create_ledger_metadata
 from bksim.model.config import BrokerConfig
 from bksim.model.errors import BookieUnreachable, LedgerError
 from bksim.model.status import FLAG_FENCE, StatusCode

@@ -17,7 +17,7 @@ from bksim.adapters.rocks import open_rocks
 from bksim.bookie.engine import BookieEngine
 from bksim.cli.main import main
 from bksim.formats import entry as entry_fmt
-from bksim.formats import entrylog as log_fmt
+from bksim.formats import entry_log as log_fmt
 from bksim.formats import journal as jfmt
 from bksim.model.config import BookieConfig
 from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode

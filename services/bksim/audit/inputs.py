@@ -39,7 +39,7 @@ from urllib.parse import urlparse
 from bksim.bookie.cookie import COOKIE_FILE
 from bksim.bookie.cookie import decode as decode_cookie
 from bksim.bookie.lastmark import LASTMARK_FILE, decode_lastmark
-from bksim.formats.entrylog import parse_entry_log_file_name
+from bksim.formats.entry_log import parse_entry_log_file_name
 from bksim.formats.journal import parse_journal_file_name
 from bksim.model.errors import CookieError, FormatError
 

@@ -1,7 +1,7 @@
 """One bookie file -> FileResult: its integrity findings and its records, per ledger, as columnar blocks.
 
 The records come from the project's own parsers, the ones the bookie uses: `formats.journal.scan_journal`
-(the bookie's replay rules for the torn last group) and `scan_records` (record by record) and `formats.entrylog.scan`; entries are read with
+(the bookie's replay rules for the torn last group) and `scan_records` (record by record) and `formats.entry_log.scan`; entries are read with
 `formats.entry.HEADER` and their digest recomputed as `formats.entry` defines it. Nothing here knows the
 metadata: whether a digest must match (digest type) is decided by the rules.
 
@@ -35,7 +35,7 @@ from array import array
 from dataclasses import dataclass, field
 
 from bksim.formats import entry as entry_fmt
-from bksim.formats import entrylog as log_fmt
+from bksim.formats import entry_log as log_fmt
 from bksim.formats import journal as jfmt
 from bksim.formats.crc import crc32c
 from bksim.model.errors import FormatError, JournalCorruptError

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from bksim.metadata import ledger_metadata
 from bksim.metadata.paths import INSTANCEID, MANAGED_LEDGERS_ROOT, ledger_path
-from bksim.metadata.store import list_ledger_ids
+from bksim.metadata.ledger_manager import list_ledger_ids
 from bksim.model.errors import BksimError, MetadataFormatError, NoNodeError
 from bksim.ports.metadata import MetadataStore
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
-from bksim.formats import entrylog as fmt
+from bksim.formats import entry_log as fmt
 from bksim.formats import index as index_fmt
 from bksim.formats.index import Location
 from bksim.model.errors import FormatError

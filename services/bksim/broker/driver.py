@@ -26,7 +26,7 @@ from typing import Awaitable, Callable, Sequence
 
 from bksim.ledger.writer import Acknowledge, AddsFailed, CloseLedger, SendAdd, UpdateEnsemble
 from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
-from bksim.metadata.store import read_ledger_metadata, write_ledger_metadata
+from bksim.metadata.ledger_manager import read_ledger_metadata, write_ledger_metadata
 from bksim.model.errors import (BadVersionError, BookieUnreachable, ConnectionLossError, LedgerStateError,
                                 MetadataError)
 from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode

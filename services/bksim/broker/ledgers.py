@@ -31,7 +31,7 @@ import collections
 from typing import AsyncIterator, Callable, Protocol, Sequence
 
 from bksim.broker.handle import LedgerHandle
-from bksim.broker.reading import read_entries, read_lac
+from bksim.broker.reader import read_entries, read_lac
 from bksim.broker.recovery import RecoveryRun
 from bksim.formats.entry import Entry, master_key
 from bksim.ledger.quorum import check_quorum_sizes
@@ -39,7 +39,7 @@ from bksim.ledger.recovery import LedgerRecovery
 from bksim.ledger.writer import LedgerWriter
 from bksim.metadata.ledger_metadata import DIGEST_TYPES, LedgerMetadata, LedgerState
 from bksim.metadata.paths import AVAILABLE, READONLY_CHILD
-from bksim.metadata.store import (allocate_ledger_id, create_ledger_metadata, delete_ledger_metadata,
+from bksim.metadata.ledger_manager import (allocate_ledger_id, create_ledger_metadata, delete_ledger_metadata,
                                   list_ledger_ids, read_ledger_metadata, update_ledger_metadata)
 from bksim.model.config import BrokerConfig
 from bksim.model.errors import (BksimError, LedgerError, MetadataError, NodeExistsError,

@@ -3,7 +3,7 @@
 Step 1 is the caller's (LedgerService): CAS OPEN -> IN_RECOVERY (a CLOSED ledger needs nothing; an IN_RECOVERY
 one is recovered again, since a recovery that died leaves it so). Steps 2-6 are LedgerRecovery's decisions;
 this shell sends its fencing and read-forward ReadEntry commands (all with the FENCE flag) through a ReadOutbox
-(broker/reading.py: the reads issued in one event-loop turn go to each bookie as one read_entries call), runs
+(broker/reader.py: the reads issued in one event-loop turn go to each bookie as one read_entries call), runs
 its write-back writer through the LedgerDriver (RECOVERY_ADD adds) and CASes IN_RECOVERY -> CLOSED.
 
 Ensemble changes during the write-back stay local (PROTOCOL.md §4 step 5, as BookKeeper's recovery does): a
@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 
 from bksim.broker.driver import LedgerDriver
-from bksim.broker.reading import ReadOutbox
+from bksim.broker.reader import ReadOutbox
 from bksim.ledger.recovery import LedgerRecovery, ReadEntry, RecoveryFailed, RecoveryPhase
 from bksim.ledger.writer import CloseLedger, UpdateEnsemble
 from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState

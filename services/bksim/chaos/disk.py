@@ -23,7 +23,7 @@ import random
 import struct
 from dataclasses import dataclass
 
-from bksim.formats import entrylog
+from bksim.formats import entry_log
 from bksim.formats.entry import HEADER_BYTES as ENTRY_HEADER_BYTES
 from bksim.formats.journal import FILE_HEADER_BYTES, RecordType, parse_journal_file_name, scan_journal
 from bksim.model.errors import FormatError
@@ -90,7 +90,7 @@ class Flip:
 def flip_entry_log_byte(ledger_dir: str, rng: random.Random, pick) -> tuple[str, Flip | None]:
     """Flip one payload byte of a stored entry for which `pick(ledger_id, entry_id)` is true."""
     log_dir = os.path.join(ledger_dir, "entrylogs")
-    names = sorted(n for n in os.listdir(log_dir) if entrylog.parse_entry_log_file_name(n) is not None) \
+    names = sorted(n for n in os.listdir(log_dir) if entry_log.parse_entry_log_file_name(n) is not None) \
         if os.path.isdir(log_dir) else []
     candidates = []
     for name in names:
@@ -98,7 +98,7 @@ def flip_entry_log_byte(ledger_dir: str, rng: random.Random, pick) -> tuple[str,
         with open(path, "rb") as f:
             data = f.read()
         try:
-            _, records, _ = entrylog.scan(data)
+            _, records, _ = entry_log.scan(data)
         except FormatError:  # an unreadable header: not a candidate file
             continue
         candidates += [(path, r) for r in records

@@ -498,7 +498,7 @@ def format_bookie(client, config: Config, *, force: bool, delete_cookie: bool) -
 
 
 def draw_ledger_id(client) -> int:
-    """An id drawn from the ledger-id generator, as `metadata.store.allocate_ledger_id` draws one (an
+    """An id drawn from the ledger-id generator, as `metadata.ledger_manager.allocate_ledger_id` draws one (an
     ephemeral-sequential node, created and deleted): above every ledger id handed out before, below every one
     handed out after. The id itself is never used for a ledger."""
     from kazoo.exceptions import NoNodeError

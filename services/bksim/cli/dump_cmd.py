@@ -1,7 +1,7 @@
 """`bksim journal dump`, `bksim entrylog dump`, `bksim lastmark`: read-only views of a bookie's files.
 
 Owns nothing on disk and changes nothing: it reads files through the same format functions the bookie uses
-(formats.journal.scan_journal, formats.entrylog.scan, bookie.lastmark.read_lastmark), so what it prints is
+(formats.journal.scan_journal, formats.entry_log.scan, bookie.lastmark.read_lastmark), so what it prints is
 what replay would see. It never prints a master key, only its length.
 
 Damage is reported, never a traceback. Exit codes:
@@ -21,7 +21,7 @@ import sys
 from typing import Callable
 
 from bksim.formats import entry as entry_fmt
-from bksim.formats import entrylog as log_fmt
+from bksim.formats import entry_log as log_fmt
 from bksim.formats import journal as jfmt
 from bksim.model.errors import FormatError
 from bksim.model.status import FLAG_RECOVERY_ADD

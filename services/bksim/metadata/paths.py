@@ -19,10 +19,10 @@ or more is zero-padded to 19 digits (2^63 - 1 has 19) and split 3/4/4/4/4 (BookK
 the first level has 2 digits in one and 3 in the other. **(bksim)** BookKeeper's hybrid manager switches
 to the long form at 2^31 - 1, bksim at 10^10, so every id a 10-digit path can spell keeps the short form.
 Each id has exactly one path: ``ledger_id_from_path`` rejects a path that does not round-trip (e.g. a
-long-form path of a small id), so the walk in ``metadata.store.list_ledger_ids`` never counts one ledger
+long-form path of a small id), so the walk in ``metadata.ledger_manager.list_ledger_ids`` never counts one ledger
 twice.
 
-Pure: no I/O. ``metadata.store`` walks these paths over the MetadataStore port.
+Pure: no I/O. ``metadata.ledger_manager`` walks these paths over the MetadataStore port.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Coroutine
 
 from bksim.bookie.engine import BookieEngine
 from bksim.bookie.lastmark import LASTMARK_FILE, decode_lastmark
-from bksim.formats import entrylog as log_fmt
+from bksim.formats import entry_log as log_fmt
 from bksim.formats import index as index_fmt
 from bksim.formats.entry import parse_ids
 from bksim.model.errors import FormatError

@@ -24,7 +24,7 @@ import gc
 from dataclasses import dataclass, field
 
 from bksim.broker.ledgers import LedgerService
-from bksim.metadata.store import allocate_ledger_id
+from bksim.metadata.ledger_manager import allocate_ledger_id
 from bksim.model.config import BookieConfig, BrokerConfig
 from bksim.model.errors import LedgerError
 from bksim.sim import loop as sim_loop

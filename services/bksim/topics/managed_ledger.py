@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 from bksim.broker.ledgers import LedgerService
-from bksim.broker.reading import read_entries
+from bksim.broker.reader import read_entries
 from bksim.topics.errors import TopicError
 from bksim.topics.names import TopicName
 from bksim.topics.positions import Position

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from bksim.formats import entrylog
+from bksim.formats import entry_log
 from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode as S
 
 from .conftest import KEY, entry
@@ -113,16 +113,16 @@ def test_corrupt_entry_log_record_is_io_error_never_no_entry(engines):
         await e.add_entries([(entry(3, i), KEY, 0) for i in range(3)])
         await e.close()  # checkpoint: the entries now live in an entry log
         log_dir = os.path.join(engines.ledger_dir, "entrylogs")
-        path = next(os.path.join(log_dir, n) for n in sorted(os.listdir(log_dir)) if os.path.getsize(os.path.join(log_dir, n)) > entrylog.HEADER_BYTES)
+        path = next(os.path.join(log_dir, n) for n in sorted(os.listdir(log_dir)) if os.path.getsize(os.path.join(log_dir, n)) > entry_log.HEADER_BYTES)
         with open(path, "r+b") as f:  # overwrite the entry id of the first record
-            f.seek(entrylog.HEADER_BYTES + 4 + 8)
+            f.seek(entry_log.HEADER_BYTES + 4 + 8)
             f.write((77).to_bytes(8, "big"))
         e = await engines.started()
         status, _, _, msg = await e.read_entry(3, 0)
         assert status == S.IO_ERROR and "index says 3:0" in msg
         assert (await e.read_entry(3, 1))[0] == S.OK
         await e.close()
-        os.truncate(path, entrylog.HEADER_BYTES + 10)  # every record is now missing or short
+        os.truncate(path, entry_log.HEADER_BYTES + 10)  # every record is now missing or short
         e = await engines.started()
         assert (await e.read_entry(3, 2))[0] == S.IO_ERROR
         assert (await e.read_lac(3))[0] == S.IO_ERROR  # the LAC comes from the unreadable last entry
@@ -194,7 +194,7 @@ def test_rolled_entry_logs_carry_their_ledger_map_and_reads_span_logs(engines):
         sealed = 0
         for name in sorted(os.listdir(log_dir)):
             data = open(os.path.join(log_dir, name), "rb").read()
-            header, records, problem = entrylog.scan(data)
+            header, records, problem = entry_log.scan(data)
             assert problem is None
             if header.ledger_map_offset:  # a rolled log: the patched header names its ledger map
                 sealed += 1

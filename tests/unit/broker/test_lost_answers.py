@@ -1,4 +1,4 @@
-"""The broker's shells never lose the end of a bookie call (broker/driver.py, broker/reading.py).
+"""The broker's shells never lose the end of a bookie call (broker/driver.py, broker/reader.py).
 
 A call may end in asyncio.CancelledError although nobody cancelled the task awaiting it: gRPC does that to
 the calls of a channel that is closed (the transport retires a channel after a connection failure). The
@@ -15,7 +15,7 @@ import asyncio
 
 import pytest
 
-from bksim.broker.reading import ReadOutbox, read_lac
+from bksim.broker.reader import ReadOutbox, read_lac
 from bksim.metadata.ledger_metadata import LedgerState
 from bksim.model.errors import LedgerError
 from bksim.model.status import StatusCode

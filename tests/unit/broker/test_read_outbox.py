@@ -1,4 +1,4 @@
-"""ReadOutbox (broker/reading.py): ReadEntry requests of one event-loop turn go out per (bookie, fence) as
+"""ReadOutbox (broker/reader.py): ReadEntry requests of one event-loop turn go out per (bookie, fence) as
 read_entries calls of at most `batch_max` ids; each entry's answer comes back on its own, in id order; a
 call without an answer gives every entry status None. And the shells that use it: recovery's read-forward
 and `read_entries` make few calls (one per bookie and window turn), with the same results as before."""
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bksim.broker.reading import ReadOutbox
+from bksim.broker.reader import ReadOutbox
 from bksim.formats.entry import encode_entry
 from bksim.model.status import StatusCode
 from helpers import wait_until_async

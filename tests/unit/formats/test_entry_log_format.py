@@ -1,4 +1,4 @@
-"""formats/entrylog.py: header, records, the ledger map, check_record (index vs log) and scan()."""
+"""formats/entry_log.py: header, records, the ledger map, check_record (index vs log) and scan()."""
 from __future__ import annotations
 
 import random
@@ -6,7 +6,7 @@ import random
 import pytest
 
 from bksim.formats import entry as entry_fmt
-from bksim.formats import entrylog as fmt
+from bksim.formats import entry_log as fmt
 from bksim.model.errors import FormatError
 
 

@@ -1,4 +1,4 @@
-"""Ledger metadata over the port (metadata/store.py) on the in-memory store: ids, the read-modify-CAS loop
+"""Ledger metadata over the port (metadata/ledger_manager.py) on the in-memory store: ids, the read-modify-CAS loop
 under conflicts, listing, and garbage in a ledger znode. (The same helpers run on ZooKeeper in the contract.)"""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from bksim.metadata import store as ledgers
+from bksim.metadata import ledger_manager as ledgers
 from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import IDGEN, ledger_path
