@@ -2,7 +2,7 @@
 
 - paths: the ZooKeeper layout (ledger znode paths, registrations, id generation).
 - ledger_metadata: the LedgerMetadata value, its transitions and its JSON bytes.
-- store: ledger ids, ledger znodes (create, read, CAS write, read-modify-CAS loop, delete, list).
+- ledger_manager: ledger ids, ledger znodes (create, read, CAS write, read-modify-CAS loop, delete, list).
 - memory: InMemoryMetadataStore, ZooKeeper's data model for unit tests and the simulator.
 The ZooKeeper implementation of the port is adapters/zk_metadata.py.
 """
