@@ -34,6 +34,23 @@ ReadEntry commands); reads of an entry already decided may still be in flight in
 their replies; the shell's per-call deadline ends them). Memory: the window's replies plus the found entries,
 which the write-back needs anyway. read_window=1 is the one-entry-at-a-time read-forward of the protocol
 text, command for command.
+
+Invariants (check_invariants() raises InvariantError naming the one broken; true after every event):
+- PhaseOrder: FENCING -> READING -> WRITING_BACK -> DONE, each phase entered once, FAILED from any phase;
+  DONE and FAILED are final. FAILED <=> a failure reason; a FAILED recovery waits on no read.
+- SegmentsInOrder: the segments' first entry ids strictly increase; E >= Qw >= Qa >= 1 over the last one.
+- FencingFirst: while FENCING nothing is read forward, found or written back (start -1, no writer).
+- StartRule: once fencing is done, start >= the recovered LAC (and, with the start rule, start =
+  max(recovered LAC, first entry of the last segment - 1)): the recovered end is never below the read LAC.
+- WindowBounded: while READING, the reads out are exactly next_to_decide .. next_to_read - 1, at least one and
+  at most read_window of them, next_to_decide >= max(start, 0); the lowest undecided entry has no verdict yet
+  (verdicts are applied in entry order as they come), and reads are blocked exactly when an entry of the
+  window is known absent or unknown.
+- FoundInOrder: the found entries are start+1 .. next_to_decide-1, with ledger lengths in order from the
+  length at `start`.
+- WriteBackMatchesFound: from WRITING_BACK on, the write-back writer pushed exactly start + len(found) (so the
+  ledger closes at or above the recovered LAC), nothing is read any more, and its own invariants hold; DONE:
+  it is CLOSED.
 """
 from __future__ import annotations
 
@@ -43,8 +60,9 @@ from typing import Sequence
 
 from bksim.formats.entry import decode_entry
 from bksim.ledger.quorum import check_quorum_sizes, covered, negatives_needed_for_absence, write_set_indexes
-from bksim.ledger.writer import AddsFailed, Command, LedgerWriter, Rng
+from bksim.ledger.writer import AddsFailed, Command, LedgerWriter, Rng, WriterState
 from bksim.model.errors import BksimError, FormatError
+from bksim.model.invariants import InvariantError
 from bksim.model.status import EXPLICIT_NEGATIVES as NEGATIVE
 from bksim.model.status import StatusCode
 
@@ -55,6 +73,11 @@ class RecoveryPhase(enum.Enum):
     WRITING_BACK = "writing-back"
     DONE = "done"
     FAILED = "failed"
+
+
+_ORDER = {RecoveryPhase.FENCING: 0, RecoveryPhase.READING: 1, RecoveryPhase.WRITING_BACK: 2, RecoveryPhase.DONE: 3,
+          RecoveryPhase.FAILED: 4}
+_FINAL = (RecoveryPhase.DONE, RecoveryPhase.FAILED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +148,74 @@ class LedgerRecovery:
         self._reads: dict[int, _Read] = {}  # entry id -> replies, for next_to_decide .. _next_to_read - 1
         self._blocked = False  # some entry of the window is absent or unknown: no read beyond it is useful
         self.writer: LedgerWriter | None = None
+        self._phase_seen = self.phase  # at the last check_invariants()
+
+    # -- invariants --------------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise InvariantError if the state breaks an invariant of the module docstring. Costs O(read_window),
+        plus the write-back writer's own check."""
+        phase, seen = self.phase, self._phase_seen
+        if phase is not seen and (seen in _FINAL or (phase is not RecoveryPhase.FAILED
+                                                     and _ORDER[phase] < _ORDER[seen])):
+            self._broken("PhaseOrder", f"{seen.value} -> {phase.value}")
+        self._phase_seen = phase
+        if (phase is RecoveryPhase.FAILED) != (self.failure is not None) or \
+                (phase is RecoveryPhase.FAILED and self._reads):
+            self._broken("PhaseOrder", f"{phase.value} with failure {self.failure!r} and reads of entries "
+                                       f"{sorted(self._reads)} out")
+        firsts = [first for first, _ in self.segments]
+        if any(a >= b for a, b in zip(firsts, firsts[1:])) or firsts[0] < 0 or \
+                not len(self.segments[-1][1]) >= self.write_quorum_size >= self.ack_quorum_size >= 1:
+            self._broken("SegmentsInOrder", f"segments start at {firsts}, E={len(self.segments[-1][1])} "
+                                            f"Qw={self.write_quorum_size} Qa={self.ack_quorum_size}")
+        if phase is RecoveryPhase.FENCING:
+            if self.start != -1 or self.writer is not None or self._reads or self.found or self.next_to_decide != -1:
+                self._broken("FencingFirst", f"start {self.start}, next to decide {self.next_to_decide}, reads "
+                                             f"{sorted(self._reads)}, {len(self.found)} found, writer "
+                                             f"{self.writer is not None}")
+            return
+        if phase is RecoveryPhase.FAILED and self.next_to_decide == -1:
+            return  # failed while fencing
+        start = self.start
+        expected = max(self.recovered_lac, self.segments[-1][0] - 1) if self._start_rule else self.recovered_lac
+        if start != expected or start < self.recovered_lac:
+            self._broken("StartRule", f"start {start}, recovered LAC {self.recovered_lac}, last segment starts "
+                                      f"at {self.segments[-1][0]}")
+        if phase is RecoveryPhase.READING:
+            lo, hi = self.next_to_decide, self._next_to_read
+            if not max(start, 0) <= lo < hi <= lo + self.read_window or len(self._reads) != hi - lo \
+                    or any(e not in self._reads for e in range(lo, hi)):
+                self._broken("WindowBounded", f"next to decide {lo}, next to read {hi}, window "
+                                              f"{self.read_window}, start {start}, reads out {sorted(self._reads)}")
+            if self._reads[lo].verdict is not None:
+                self._broken("WindowBounded", f"entry {lo} has the verdict {self._reads[lo].verdict.value} but "
+                                              f"was not applied")
+            blocked = any(r.verdict not in (None, _Verdict.EXISTS) for r in self._reads.values())
+            if blocked != self._blocked:
+                self._broken("WindowBounded", f"reads blocked: {self._blocked}, an entry known absent or unknown "
+                                              f"in the window: {blocked}")
+            if len(self.found) != max(0, lo - start - 1):
+                self._broken("FoundInOrder", f"{len(self.found)} entries found, start {start}, next to decide {lo}")
+        length = self._start_length
+        for i, (_, ledger_length) in enumerate(self.found):
+            if ledger_length < length:
+                self._broken("FoundInOrder", f"found entry {start + 1 + i} has ledger length {ledger_length}, below "
+                                             f"{length} before it")
+            length = ledger_length
+        if phase in (RecoveryPhase.WRITING_BACK, RecoveryPhase.DONE):
+            writer = self.writer
+            if writer is None or not writer.recovery or writer.last_add_pushed != start + len(self.found) \
+                    or self._reads:
+                self._broken("WriteBackMatchesFound", f"writer {writer and writer.state.value} pushed "
+                                                      f"{writer and writer.last_add_pushed}, start {start}, "
+                                                      f"{len(self.found)} found, reads {sorted(self._reads)}")
+            if phase is RecoveryPhase.DONE and writer.state is not WriterState.CLOSED:
+                self._broken("WriteBackMatchesFound", f"DONE with the write-back writer {writer.state.value}")
+        if self.writer is not None:
+            self.writer.check_invariants()
+
+    def _broken(self, invariant: str, detail: str):
+        raise InvariantError(f"ledger {self.ledger_id} recovery ({self.phase.value})", invariant, detail)
 
     # -- events ------------------------------------------------------------------------------------------
     def start_recovery(self) -> list[Command | ReadEntry | RecoveryFailed]:

@@ -21,6 +21,21 @@ State table (illegal transitions raise WriterError naming the state):
     WRITING         --bookie error-->      CHANGING_ENSEMBLE --on_ensemble_changed--> WRITING
     WRITING / CHANGING --FENCED, UNAUTHORIZED, metadata not OPEN--> FAILED
     WRITING         --close, once nothing is pending--> CLOSING --on_closed--> CLOSED
+
+Invariants (check_invariants() raises InvariantError naming the one broken; true after every event):
+- LacBelowLap: -1 <= LAC <= LAP; confirmed_length <= length.
+- LacOnlyAdvances: LAC and confirmed_length never decrease (against the previous check).
+- PendingInOrder: unless FAILED (every pending add failed), the pending adds are exactly LAC+1 .. LAP, their
+  ledger lengths in order, between confirmed_length and length (equal to length at LAP).
+- AcksFromWriteSet: a pending entry's acks come from its write set (at most Qw of them).
+- AcknowledgeAtQuorum: while WRITING, the head LAC+1 has fewer than Qa acks (a complete head is popped and
+  acknowledged at once: an entry leaves the queue, and LAC reaches it, only at Qa acks from its write set).
+- SentUnlessChanging: while WRITING or CLOSING every pending add was sent (appends during a change wait).
+- StateMatchesFields: FAILED <=> a failure reason; CLOSING / CLOSED: close requested, nothing pending,
+  LAC = LAP; CHANGING_ENSEMBLE: failed bookies await replacement; WRITING: none do (failures reported during
+  a change start the next one; only a close that completes at the change's end may leave them behind).
+- EnsembleShape: E distinct bookies (E and Qw fixed for the ledger, E >= Qw >= Qa >= 1); a failed index is
+  an ensemble index; a writer's segment starts at or below LAC + 1 (a new segment starts at LAC + 1).
 """
 from __future__ import annotations
 
@@ -31,6 +46,7 @@ from typing import Protocol, Sequence
 from bksim.formats.entry import encode_entry
 from bksim.ledger.quorum import check_quorum_sizes, write_set_indexes
 from bksim.model.errors import BksimError
+from bksim.model.invariants import InvariantError
 from bksim.model.status import StatusCode
 
 
@@ -136,6 +152,7 @@ class LedgerWriter:
         # write set of entry e = _write_sets[e % E] (ensemble indexes); E and Qw never change for a ledger
         e = len(self.ensemble)
         self._write_sets = [tuple(write_set_indexes(i, e, write_quorum_size)) for i in range(e)]
+        self._seen = (last_add_confirmed, length)  # (LAC, confirmed_length) at the last check_invariants()
 
     # -- events ------------------------------------------------------------------------------------------
     def append(self, payload: bytes) -> list[Command]:
@@ -261,6 +278,71 @@ class LedgerWriter:
         self._require(WriterState.CLOSING, "on_closed")
         self.state = WriterState.CLOSED
         return []
+
+    # -- invariants --------------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise InvariantError if the state breaks an invariant of the module docstring. Costs O(pending)."""
+        lac, lap, state, pending = self.last_add_confirmed, self.last_add_pushed, self.state, self._pending
+        e, qw, qa = len(self.ensemble), self.write_quorum_size, self.ack_quorum_size
+        if not -1 <= lac <= lap or self.confirmed_length > self.length:
+            self._broken("LacBelowLap", f"LAC {lac}, LAP {lap}, confirmed length {self.confirmed_length}, "
+                                        f"length {self.length}")
+        seen_lac, seen_length = self._seen
+        if lac < seen_lac or self.confirmed_length < seen_length:
+            self._broken("LacOnlyAdvances", f"LAC {seen_lac} -> {lac}, confirmed length {seen_length} -> "
+                                            f"{self.confirmed_length}")
+        self._seen = (lac, self.confirmed_length)
+        if state is WriterState.FAILED:
+            if self.failure is None or pending:
+                self._broken("StateMatchesFields", f"FAILED with failure {self.failure!r} and "
+                                                   f"{len(pending)} adds still pending")
+        else:
+            if self.failure is not None:
+                self._broken("StateMatchesFields", f"{state.value} with failure {self.failure!r}")
+            if len(pending) != lap - lac:
+                self._broken("PendingInOrder", f"{len(pending)} adds pending, LAC {lac}, LAP {lap}: expected "
+                                               f"exactly {lac + 1}..{lap}")
+            length = self.confirmed_length
+            must_be_sent = state is not WriterState.CHANGING_ENSEMBLE
+            write_sets = self._write_sets
+            for entry_id in range(lac + 1, lap + 1):
+                p = pending.get(entry_id)
+                if p is None or p.entry_id != entry_id:
+                    self._broken("PendingInOrder", f"entry {entry_id} (between LAC {lac} and LAP {lap}) is not "
+                                                   f"pending under its id: {p and p.entry_id}")
+                if p.length < length:
+                    self._broken("PendingInOrder", f"entry {entry_id} has ledger length {p.length}, below "
+                                                   f"{length} before it")
+                length = p.length
+                if p.acked and not p.acked.issubset(write_sets[entry_id % e]):
+                    self._broken("AcksFromWriteSet", f"entry {entry_id} acked by ensemble indexes "
+                                                     f"{sorted(p.acked)}, its write set is "
+                                                     f"{list(write_sets[entry_id % e])}")
+                if must_be_sent and not p.sent:
+                    self._broken("SentUnlessChanging", f"entry {entry_id} pending unsent while {state.value}")
+            if length != self.length:
+                self._broken("PendingInOrder", f"the last pending add (LAP {lap}) has ledger length {length}, "
+                                               f"the writer's length is {self.length}")
+            head = pending.get(lac + 1)
+            if state is WriterState.WRITING and head is not None and len(head.acked) >= qa:
+                self._broken("AcknowledgeAtQuorum", f"entry {lac + 1} has {len(head.acked)} acks (Qa={qa}) but "
+                                                    f"was not acknowledged: LAC is still {lac}")
+            if (state is WriterState.CHANGING_ENSEMBLE and not self._failed) or \
+                    (state is WriterState.WRITING and self._failed):
+                self._broken("StateMatchesFields", f"{state.value} with failed bookies {self._failed}")
+            if state in (WriterState.CLOSING, WriterState.CLOSED) and (not self._close_requested or lac != lap):
+                self._broken("StateMatchesFields", f"{state.value}, close requested {self._close_requested}, "
+                                                   f"LAC {lac}, LAP {lap}")
+        if len(set(self.ensemble)) != e or e != len(self._write_sets) or not e >= qw >= qa >= 1 \
+                or any(not 0 <= i < e for i in self._failed):
+            self._broken("EnsembleShape", f"ensemble {list(self.ensemble)} (E fixed at {len(self._write_sets)}), "
+                                          f"Qw={qw} Qa={qa}, failed indexes {sorted(self._failed)}")
+        if not self.recovery and self.segment_first_entry_id > lac + 1:
+            self._broken("EnsembleShape", f"the current segment starts at {self.segment_first_entry_id}, above "
+                                          f"LAC + 1 = {lac + 1}")
+
+    def _broken(self, invariant: str, detail: str):
+        raise InvariantError(f"ledger {self.ledger_id} writer ({self.state.value})", invariant, detail)
 
     # -- internals ---------------------------------------------------------------------------------------
     def _require(self, state: WriterState, event: str) -> None:

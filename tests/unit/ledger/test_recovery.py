@@ -10,6 +10,7 @@ from bksim.formats.entry import decode_entry
 from bksim.ledger.quorum import write_set_indexes
 from bksim.ledger.recovery import LedgerRecovery, ReadEntry, RecoveryFailed, RecoveryPhase
 from bksim.ledger.writer import Acknowledge, CloseLedger, LedgerWriter, SendAdd, UpdateEnsemble, WriterState
+from bksim.model.invariants import InvariantError
 from bksim.model.status import StatusCode as S
 
 
@@ -281,3 +282,35 @@ def test_tla_recovery_starting_below_the_last_segment_truncates_a_confirmed_entr
     # read-forward from entry 0 in the last segment's ensemble finds nothing there: the confirmed entries
     # 0..4 are truncated (NoDivergence broken)
     assert closed is not None and closed.last_entry_id < 4
+
+
+def _reading(rec, bookies):
+    """Answer the fencing reads: the recovery is then READING with its window of reads out."""
+    for c in rec.start_recovery():
+        status, data = bookies.read(c)
+        rec.on_read_result(c.bookie, c.entry_id, status, data)
+    assert rec.phase is RecoveryPhase.READING
+    return rec
+
+
+@pytest.mark.parametrize("done, corrupt, invariant", [
+    (False, lambda rec: rec._reads.pop(rec.next_to_decide), "WindowBounded"),
+    (False, lambda rec: setattr(rec, "start", rec.recovered_lac - 1), "StartRule"),
+    (False, lambda rec: rec.found.append((b"", 0)), "FoundInOrder"),
+    (True, lambda rec: setattr(rec, "phase", RecoveryPhase.READING), "PhaseOrder"),
+    (True, lambda rec: rec.found.append(rec.found[-1]), "WriteBackMatchesFound"),
+    (True, lambda rec: setattr(rec.writer, "last_add_confirmed", rec.writer.last_add_pushed + 1), "LacBelowLap")])
+def test_check_invariants_catches_a_corrupted_recovery(done, corrupt, invariant):
+    b = FakeBookies(["b0", "b1", "b2"])
+    write(b, ["b0", "b1", "b2"], 3, 2, 6, lambda s: True)
+    rec = LedgerRecovery(5, segments=[(0, ["b0", "b1", "b2"])], write_quorum_size=3, ack_quorum_size=2,
+                         rng=random.Random(1), read_window=2)
+    if done:
+        assert recover(rec, b) is not None and rec.phase is RecoveryPhase.DONE and rec.found
+    else:
+        _reading(rec, b)
+    rec.check_invariants()
+    corrupt(rec)
+    with pytest.raises(InvariantError, match=f"invariant {invariant} broken") as caught:
+        rec.check_invariants()
+    assert caught.value.invariant == invariant and "ledger 5" in str(caught.value)

@@ -13,6 +13,7 @@ from bksim.formats.entry import decode_entry
 from bksim.ledger.quorum import write_set_indexes
 from bksim.ledger.writer import (Acknowledge, AddsFailed, CloseLedger, LedgerWriter, SendAdd, UpdateEnsemble,
                                  WriterError, WriterState)
+from bksim.model.invariants import InvariantError
 from bksim.model.status import StatusCode as S
 
 B = [f"b{i}" for i in range(6)]
@@ -238,3 +239,45 @@ def test_batched_answers_give_the_same_commands_as_one_by_one(seed):
         assert (one.state, one.last_add_confirmed) == (many.state, many.last_add_confirmed)
         if one.state is not WriterState.WRITING:
             break
+
+
+def _corrupt_lac_above_lap(w):
+    w.last_add_confirmed = w.last_add_pushed + 1
+
+
+def _corrupt_lac_backwards(w):
+    w.check_invariants()
+    w.last_add_confirmed -= 1
+    w._pending.clear()  # LAC - 1 .. LAP would be pending: only the step backwards is wrong
+
+
+def _corrupt_lost_pending_add(w):
+    del w._pending[w.last_add_pushed]
+
+
+def _corrupt_ack_outside_write_set(w):
+    w._pending[w.last_add_confirmed + 1].acked.add(2)  # entry 1's write set is {1} with E=3, Qw=1
+
+
+def _corrupt_head_complete_but_held(w):
+    w._pending[w.last_add_confirmed + 1].acked.add(1)
+
+
+def _corrupt_duplicate_bookie(w):
+    w.ensemble = ("b0", "b0", "b2")
+
+
+@pytest.mark.parametrize("corrupt, invariant", [
+    (_corrupt_lac_above_lap, "LacBelowLap"), (_corrupt_lac_backwards, "LacOnlyAdvances"),
+    (_corrupt_lost_pending_add, "PendingInOrder"), (_corrupt_ack_outside_write_set, "AcksFromWriteSet"),
+    (_corrupt_head_complete_but_held, "AcknowledgeAtQuorum"), (_corrupt_duplicate_bookie, "EnsembleShape")])
+def test_check_invariants_catches_a_corrupted_writer(corrupt, invariant):
+    w = writer(e=3, qw=1, qa=1)
+    for p in (b"0", b"1", b"2"):
+        w.append(p)
+    w.on_add_result(0, "b0", S.OK)  # LAC 0; entries 1 and 2 pending
+    w.check_invariants()
+    corrupt(w)
+    with pytest.raises(InvariantError, match=f"invariant {invariant} broken") as caught:
+        w.check_invariants()
+    assert caught.value.invariant == invariant and "ledger 7 writer" in str(caught.value)
