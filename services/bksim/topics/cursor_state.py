@@ -25,6 +25,16 @@ Invariants (checked by tests, kept by every method):
   through layout.next_position), so the entry after mark_delete is unacked or does not exist yet;
 - `acked_count` = number of set bits.
 
+check_invariants() asserts these (InvariantError naming the invariant and the values), in these names:
+ReadAfterMarkDelete (read_position > mark_delete), NothingAtOrBelowMarkDelete (no bit, batch mask or
+redelivery count at or below mark_delete: mark_delete is below every individually acked range),
+AcksInsideLedgers (a set bit lies inside a ledger the layout has, below its entry count: ledgers only grow, and
+retention trims only ledgers below mark-delete), MarkDeleteSlid, MarkDeleteOnlyAdvances (between seek() and
+restore() calls), CountsConsistent (acked_count, batch_count and redelivery_tracked match what is held;
+redelivery_tracked <= redelivery_counts_max), RangesSortedDisjoint (ranges() are sorted, non-empty, and
+neither overlap nor touch), BatchMasksPartial (1 <= size <= batch_size_max, mask short of all `size` bits, the
+entry not acked as a whole), RedeliveriesUnacked (counts are kept for unacked entries only).
+
 Rules:
 - ack(pos): pos <= mark_delete or already acked: no-op. If pos is the entry right after mark_delete,
   mark_delete moves to pos and slides forward; otherwise its bit is set.
@@ -42,6 +52,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Iterable, Iterator
 
+from bksim.model.invariants import InvariantError
 from bksim.topics.errors import TopicError
 from bksim.topics.layout import LedgerLayout
 from bksim.topics.positions import Position
@@ -183,6 +194,8 @@ class CursorState:
         self.properties: dict[str, int] = {}
         self.last_active = 0
         self.changes = 0  # grows with every change of what a snapshot holds (dirty tracking by the owner)
+        self._resets = 0  # seek() and restore() calls: mark_delete may move backwards only through them
+        self._seen = (0, self._md)  # (resets, mark_delete) at the last check_invariants()
 
     # -- reading ---------------------------------------------------------------------------------------------
     @property
@@ -280,6 +293,65 @@ class CursorState:
         """Approximate bytes held by the ack state (bitmaps, batch masks, redelivery counts)."""
         bitmap = sum(len(b) + 57 for b in self._bits.values())
         return bitmap + 100 * self._batch_count + 100 * self._redelivery_total
+
+    # -- invariants ---------------------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise InvariantError if the state breaks an invariant of the module docstring. Costs a scan of the
+        bitmaps (C-level popcounts plus one step per acked range) and of the batch and redelivery tables."""
+        md, layout = self._md, self.layout
+        if not self._read > md:
+            self._broken("ReadAfterMarkDelete", f"read position {self._read}, mark-delete {md}")
+        resets, seen_md = self._seen
+        if resets == self._resets and md < seen_md:
+            self._broken("MarkDeleteOnlyAdvances", f"mark-delete {seen_md} -> {md} without a seek or restore")
+        self._seen = (self._resets, md)
+        acked = 0
+        previous: tuple[Position, Position] | None = None
+        for ledger in sorted(self._bits):
+            bits = self._bits[ledger]
+            if ledger < md.ledger or (ledger == md.ledger and count_range(bits, 0, md.entry + 1)):
+                self._broken("NothingAtOrBelowMarkDelete", f"acked entries in ledger {ledger} at or below "
+                                                           f"mark-delete {md}: {list(runs(bits, 3))}")
+            n = layout.entries_in(ledger)
+            if n is None or count_range(bits, n, len(bits) << 3):
+                self._broken("AcksInsideLedgers", f"acked entries of ledger {ledger} beyond its "
+                                                  f"{n} entries: {list(runs(bits, 3))}")
+            acked += popcount(bits)
+            for s, e in runs(bits):
+                if previous is not None and previous[0] == ledger and previous[1] >= s:
+                    self._broken("RangesSortedDisjoint", f"ledger {ledger}: acked range ending at {previous[1]} "
+                                                         f"followed by one starting at {s}")
+                previous = (ledger, e)
+        if acked != self._acked:
+            self._broken("CountsConsistent", f"acked_count {self._acked}, {acked} bits set")
+        nxt = layout.next_position(md)
+        bits = self._bits.get(nxt.ledger)
+        if bits is not None and nxt.entry >= 0 and count_range(bits, nxt.entry, nxt.entry + 1):
+            self._broken("MarkDeleteSlid", f"mark-delete {md}, but the entry after it, {nxt}, is acked")
+        batches = 0
+        for ledger, per_ledger in self._batches.items():
+            for entry, (size, mask) in per_ledger.items():
+                pos = Position(ledger, entry)
+                if pos <= md or self.is_acked(pos):
+                    self._broken("NothingAtOrBelowMarkDelete", f"batch mask of {pos}, acked (mark-delete {md})")
+                if not 1 <= size <= self.batch_size_max or not 0 <= mask < (1 << size) - 1:
+                    self._broken("BatchMasksPartial", f"{pos}: batch of {size} with acked mask {mask:#x}")
+                batches += 1
+        if batches != self._batch_count:
+            self._broken("CountsConsistent", f"batch_count {self._batch_count}, {batches} masks held")
+        counts = 0
+        for ledger, per_ledger in self._redeliveries.items():
+            for entry in per_ledger:
+                pos = Position(ledger, entry)
+                if pos <= md or self.is_acked(pos):
+                    self._broken("RedeliveriesUnacked", f"redelivery count of {pos}, acked (mark-delete {md})")
+                counts += 1
+        if counts != self._redelivery_total or counts > self.redelivery_counts_max:
+            self._broken("CountsConsistent", f"redelivery_tracked {self._redelivery_total}, {counts} counts held "
+                                             f"(at most {self.redelivery_counts_max})")
+
+    def _broken(self, invariant: str, detail: str):
+        raise InvariantError(f"cursor {self.name}", invariant, detail)
 
     # -- individual acks --------------------------------------------------------------------------------------
     def check(self, pos: Position) -> Position:
@@ -422,6 +494,7 @@ class CursorState:
         end = layout.next_position(layout.last_confirmed)
         pos = max(first, min(pos, end))
         self._md = layout.previous_position(pos)
+        self._resets += 1
         self._bits.clear()
         self._acked = 0
         self._batches.clear()
@@ -537,6 +610,7 @@ class CursorState:
             notes.append(f"mark-delete {md} is beyond the last confirmed entry {lc}: moved back to it")
             md = lc
         self._md = md
+        self._resets += 1
         self._bits = {}
         self._acked = 0
         for ledger, bits in acked.items():

@@ -2,15 +2,43 @@
 helpers against a naive model."""
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
 
+from bksim.model.invariants import InvariantError
 from bksim.topics import cursor_state as cs
 from bksim.topics.cursor_state import CursorState
 from bksim.topics.errors import TopicError
 from bksim.topics.positions import Position as P
 from tests.unit.topics.fake_layout import FakeLayout
+
+MUTATORS = ("__init__", "ack", "ack_cumulative", "expire_until", "seek", "rewind", "ack_batch_indexes",
+            "increment_redelivery", "set_property", "restore")
+
+
+def _checked(method):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            result = method(self, *args, **kwargs)
+        except Exception:
+            if method.__name__ != "__init__":  # a refused constructor leaves no object to check
+                self.check_invariants()
+            raise
+        self.check_invariants()
+        return result
+    return wrapper
+
+
+@pytest.fixture(autouse=True)
+def checked_after_each_operation(monkeypatch):
+    """Every operation of every test here is followed by CursorState.check_invariants()."""
+    for name in MUTATORS:
+        monkeypatch.setattr(CursorState, name, _checked(getattr(CursorState, name)))
+    read_position = CursorState.read_position
+    monkeypatch.setattr(CursorState, "read_position", property(read_position.fget, _checked(read_position.fset)))
 
 
 def state(ledgers=((10, 5), (11, 0), (12, 4), (13, 3)), md=None, **kw) -> tuple[CursorState, FakeLayout, list[str]]:
@@ -22,6 +50,8 @@ def state(ledgers=((10, 5), (11, 0), (12, 4), (13, 3)), md=None, **kw) -> tuple[
 
 
 def check_invariants(s: CursorState) -> None:
+    """CursorState.check_invariants(), and the same facts again bit by bit against the layout."""
+    s.check_invariants()
     md = s.mark_delete
     total = 0
     for ledger in s.acked_ledgers():
@@ -317,3 +347,29 @@ def test_bitmap_helpers_match_a_naive_model():
         cs.set_range(grown, a, b + 5)
         assert all(grown[k >> 3] >> (k & 7) & 1 for k in range(a, b + 5))
         assert cs.count_range(grown, 0, a) == sum(model[:a])
+
+
+# ---------------------------------------------------------------------------------------------- corrupted state
+@pytest.mark.parametrize("corrupt, invariant", [
+    (lambda s: s._bits[10].__setitem__(0, s._bits[10][0] | 1), "NothingAtOrBelowMarkDelete"),
+    (lambda s: setattr(s, "_acked", s._acked + 1), "CountsConsistent"),
+    (lambda s: s._bits[10].__setitem__(0, s._bits[10][0] | 0x04) or setattr(s, "_acked", s._acked + 1),
+     "MarkDeleteSlid"),
+    (lambda s: s._bits.setdefault(13, bytearray(1)).__setitem__(0, 0x80) or setattr(s, "_acked", s._acked + 1),
+     "AcksInsideLedgers"),
+    (lambda s: setattr(s, "_md", P(10, 0)), "MarkDeleteOnlyAdvances"),
+    (lambda s: setattr(s, "_read", P(10, 1)), "ReadAfterMarkDelete"),
+    (lambda s: s._batches[12].__setitem__(0, (3, 0b111)), "BatchMasksPartial"),
+    (lambda s: s._redeliveries.setdefault(10, {}).__setitem__(3, 1) or setattr(s, "_redelivery_total", 2),
+     "RedeliveriesUnacked")])
+def test_check_invariants_catches_a_corrupted_state(corrupt, invariant):
+    s, _, _ = state()
+    s.ack([P(10, 0), P(10, 1), P(10, 3), P(12, 1)])  # mark-delete 10:1, 10:3 and 12:1 acked, 10:2 a hole
+    s.ack_batch_indexes(P(12, 0), [0], 3)
+    s.increment_redelivery(P(12, 2))
+    assert s.mark_delete == P(10, 1)
+    s.check_invariants()
+    corrupt(s)
+    with pytest.raises(InvariantError, match=f"invariant {invariant} broken") as caught:
+        s.check_invariants()
+    assert caught.value.invariant == invariant and "cursor sub" in str(caught.value)
