@@ -19,6 +19,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from bksim.adapters import processes
+from bksim.adapters.local_cluster import registration_doc
 from bksim.adapters.zookeeper_server import MAIN_CLASS
 from bksim.cli import cluster_cmd
 from helpers import free_port
@@ -274,7 +275,7 @@ def _broker_registration(config: str, broker_id: str) -> dict | None:
     zk = KazooClient(hosts=f"127.0.0.1:{cfg.zookeeper.port}")
     zk.start(timeout=10)
     try:
-        return cluster_cmd.broker_registration(zk, broker_id)
+        return registration_doc(zk, "broker", broker_id)
     finally:
         zk.stop()
         zk.close()

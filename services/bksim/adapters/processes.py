@@ -10,16 +10,37 @@ reused by an unrelated process is never signalled). Never kills by name.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 # Children spawned by this process, so that stop()/kill9() can reap them (no zombies left behind).
 _children: dict[int, subprocess.Popen] = {}
 
 POLL_INTERVAL_S = 0.02
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM for the duration of the block, then deliver them to the previous handlers (so a
+    Ctrl-C between a fork and the bookkeeping of the child's pid cannot orphan the child)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in INTERRUPTS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(caught):
+            signal.raise_signal(sig)
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str] | None, log_path: str, pid_path: str | None = None,
@@ -186,6 +207,15 @@ def tail(path: str, lines: int = 40) -> str:
     except OSError as e:
         return f"(cannot read {path}: {e.strerror})"
     return "\n".join(data.splitlines()[-lines:])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds used so far by process `pid` (its own threads, not its children)."""
+    with open(f"/proc/{pid}/stat") as f:
+        data = f.read()
+    fields = data[data.rindex(")") + 2:].split()  # the command name may contain spaces
+    utime, stime = int(fields[11]), int(fields[12])
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
 def _reap(pid: int) -> None:

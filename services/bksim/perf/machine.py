@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from bksim.adapters.processes import cpu_seconds as process_cpu_s  # noqa: F401 - the benchmarks take it from here
+
 IDLE_MIN_DEFAULT = 0.85  # the environment notes' guard: >= 85 % idle over the sample
 IDLE_WAIT_S_DEFAULT = 30.0  # give up waiting (and say so) after this long
 IDLE_SAMPLE_S = 0.5
@@ -128,12 +130,3 @@ def wait_for_idle(idle_min: float = IDLE_MIN_DEFAULT, wait_s_max: float = IDLE_W
                else f"BUSY: still below {idle_min:.2f} after {wait_s_max:.0f} s, measuring anyway")
     log(f"# cpu idle before {label or 'measurement'}: {idle:.2f} ({verdict})")
     return idle
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds used so far by process `pid` (own threads, not children)."""
-    with open(f"/proc/{pid}/stat") as f:
-        data = f.read()
-    fields = data[data.rindex(")") + 2:].split()  # the command name may contain spaces
-    utime, stime = int(fields[11]), int(fields[12])
-    return (utime + stime) / os.sysconf("SC_CLK_TCK")

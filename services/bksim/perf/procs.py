@@ -24,29 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, TypeVar
 
 from bksim.adapters import processes
+from bksim.adapters.processes import INTERRUPTS, interrupts_deferred  # noqa: F401 - the benchmarks take it from here
 from bksim.adapters.ports import free_port  # noqa: F401 - the benchmarks take it from here
 
 T = TypeVar("T")
-INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 
 STOP_GRACE_S = 15.0  # a bookie drains and checkpoints on SIGTERM; give it time before SIGKILL
-
-
-@contextlib.contextmanager
-def interrupts_deferred():
-    """Hold SIGINT/SIGTERM for the duration of the block, then deliver them to the previous handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in INTERRUPTS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for sig in dict.fromkeys(caught):
-            signal.raise_signal(sig)
 
 
 def run_interruptible(coro: Coroutine[Any, Any, T]) -> T:
