@@ -104,6 +104,13 @@ def ok_json(cluster, *argv: str, password: str | None = None):
     return json.loads(out)
 
 
+def read_rows(cluster, *argv: str, password: str | None = None) -> list[dict]:
+    """`bksim ledger read ... --json`: one JSON object per entry and line, in entry order."""
+    rc, out, err = cli(cluster, "ledger", "read", *argv, "--json", password=password)
+    assert rc == 0, f"bksim ledger read {' '.join(argv)} exited {rc}: {err}"
+    return [json.loads(line) for line in out.splitlines()]
+
+
 def refused(cluster, *argv: str, password: str | None = None) -> str:
     """Run a command that must fail with a broker status: exit 2, nothing on stdout, one error line."""
     rc, out, err = cli(cluster, *argv, password=password)
@@ -147,14 +154,15 @@ def test_create_write_read_close_metadata_list_delete(cluster):
     more = ok_json(cluster, "ledger", "write", str(ledger_id), "--count", "5", "--size", "10")
     assert (more["first_entry_id"], more["last_entry_id"]) == (250, 254)  # ids continue
 
-    read = ok_json(cluster, "ledger", "read", str(ledger_id), "--payload")
-    assert read["count"] == 255 and [e["entry_id"] for e in read["entries"]] == list(range(255))
-    for e in read["entries"]:
+    read = read_rows(cluster, str(ledger_id), "--payload")
+    assert [e["entry_id"] for e in read] == list(range(255)) and {e["ledger_id"] for e in read} == {ledger_id}
+    for e in read:
         expected = make_payload(e["entry_id"], 100) if e["entry_id"] < 250 else make_payload(e["entry_id"] - 250, 10)
-        assert base64.b64decode(e["payload"]) == expected, e
-    part = ok_json(cluster, "ledger", "read", str(ledger_id), "--from", "10", "--to", "19")
-    assert [e["entry_id"] for e in part["entries"]] == list(range(10, 20))
-    assert part["entries"][0]["preview"].startswith("00000010 abcdef") and part["bytes"] == 1000
+        assert base64.b64decode(e["payload"]) == expected and e["size"] == len(expected), e
+    part = read_rows(cluster, str(ledger_id), "--from", "10", "--to", "19")
+    assert [e["entry_id"] for e in part] == list(range(10, 20))
+    assert part[0]["preview"].startswith("00000010 abcdef") and sum(e["size"] for e in part) == 1000
+    assert "payload" not in part[0]
 
     rc, out, _ = cli(cluster, "ledger", "read", str(ledger_id), "--from", "248", "--to", "250")  # human table
     assert rc == 0
@@ -170,8 +178,8 @@ def test_create_write_read_close_metadata_list_delete(cluster):
     rc, out, _ = cli(cluster, "ledger", "metadata", str(ledger_id))
     assert rc == 0 and "state           CLOSED" in out and "last entry      254" in out
     # a closed ledger reads the same from any broker
-    other = ok_json(cluster, "ledger", "read", str(ledger_id), "--broker", cluster["brokers"][1])
-    assert other["count"] == 255 and other["bytes"] == 25_050
+    other = read_rows(cluster, str(ledger_id), "--broker", cluster["brokers"][1])
+    assert len(other) == 255 and sum(e["size"] for e in other) == 25_050
 
     listing = ok_json(cluster, "ledger", "list")
     assert ledger_id in listing["ledger_ids"]
@@ -196,8 +204,8 @@ def test_recover_an_open_ledger_from_another_broker(cluster):
     recovered = ok_json(cluster, "ledger", "recover", str(ledger_id), "--broker", cluster["brokers"][1])
     assert (recovered["state"], recovered["last_entry_id"], recovered["length"]) == ("CLOSED", 39, 2000)
     assert recovered["last_add_confirmed"] == 39
-    read = ok_json(cluster, "ledger", "read", str(ledger_id), "--payload", "--broker", cluster["brokers"][1])
-    assert [base64.b64decode(e["payload"]) for e in read["entries"]] == [make_payload(i, 50) for i in range(40)]
+    read = read_rows(cluster, str(ledger_id), "--payload", "--broker", cluster["brokers"][1])
+    assert [base64.b64decode(e["payload"]) for e in read] == [make_payload(i, 50) for i in range(40)]
 
     err = refused(cluster, "ledger", "write", str(ledger_id), "--count", "1", "--size", "50")
     assert err.startswith(f"bksim: error: FENCED: ledger {ledger_id}: "), err
@@ -236,8 +244,7 @@ def test_wrong_password_is_unauthorized(cluster, tmp_path):
     # nothing was done by the refused calls
     md = ok_json(cluster, "ledger", "metadata", str(ledger_id))
     assert md["state"] == "OPEN"
-    rc, out, err = cli(cluster, "ledger", "read", str(ledger_id), "--json", "--password-file", str(secret))
-    assert rc == 0 and json.loads(out)["count"] == 3, err
+    assert len(read_rows(cluster, str(ledger_id), "--password-file", str(secret))) == 3
 
 
 def test_reading_past_the_lac_is_refused(cluster):
@@ -245,7 +252,7 @@ def test_reading_past_the_lac_is_refused(cluster):
     ok_json(cluster, "ledger", "write", str(ledger_id), "--count", "5", "--size", "16")
     err = refused(cluster, "ledger", "read", str(ledger_id), "--from", "0", "--to", "10")
     assert err == f"bksim: error: READ_BEYOND_LAC: ledger {ledger_id}: entry 10 is above the last confirmed entry 4\n"
-    assert ok_json(cluster, "ledger", "read", str(ledger_id), "--to", "4")["count"] == 5  # up to the LAC is fine
+    assert len(read_rows(cluster, str(ledger_id), "--to", "4")) == 5  # up to the LAC is fine
     # a reader on the other broker sees the same bound (the LAC from the bookies)
     err = refused(cluster, "ledger", "read", str(ledger_id), "--to", "5", "--broker", cluster["brokers"][1])
     assert err.startswith("bksim: error: READ_BEYOND_LAC: "), err
@@ -258,7 +265,7 @@ def test_appending_to_a_closed_ledger_is_refused(cluster):
     err = refused(cluster, "ledger", "write", str(ledger_id), "--count", "1", "--size", "16")
     assert err == f"bksim: error: LEDGER_CLOSED: ledger {ledger_id} is closed\n", err
     assert ok_json(cluster, "ledger", "metadata", str(ledger_id)) == closed  # nothing appended
-    assert ok_json(cluster, "ledger", "read", str(ledger_id))["count"] == 3
+    assert len(read_rows(cluster, str(ledger_id))) == 3
 
 
 def test_open_ledger_is_written_only_by_its_creator(cluster):
@@ -303,3 +310,78 @@ def test_without_zookeeper_the_default_broker_address_is_used(tmp_path):
     assert rc == 2 and out == ""
     assert err.startswith(f"bksim: error: UNAVAILABLE: broker 127.0.0.1:{base}: "), err
     assert "not reachable; using the default broker address" in err
+
+
+# -- manners: pipes and partial writes ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("json_lines", [False, True], ids=["table", "json"])
+def test_a_closed_pipe_ends_the_command_quietly(cluster, json_lines):
+    """`bksim ledger read ID | head -1`: the reader goes away after one line; the real process stops with
+    status 141 (128 + SIGPIPE) and writes nothing to stderr (no BrokenPipeError traceback). The output is far
+    larger than the pipe's buffer, so the command is still writing when the pipe closes."""
+    ledger_id = create(cluster)
+    ok_json(cluster, "ledger", "write", str(ledger_id), "--count", "5000", "--size", "16", "--batch", "500")
+    argv = [sys.executable, "-m", "bksim.cli.main", "--config", cluster["config"], "ledger", "read", str(ledger_id)]
+    proc = subprocess.Popen(argv + (["--json"] if json_lines else []), env=_clean_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first = proc.stdout.readline()
+        proc.stdout.close()
+        status = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            processes.kill9(proc.pid)
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    if json_lines:
+        assert json.loads(first)["entry_id"] == 0
+    else:
+        assert first.split() == [b"ENTRY", b"SIZE", b"PREVIEW"]
+    assert (status, err) == (141, ""), err
+
+
+def _bookie_pid(cluster, bookie_id: str) -> int:
+    """The pid of the cluster's bookie with this id (its slot from the port, its pid file)."""
+    cfg = cluster_cmd.loader.load(cluster["config"], env={})
+    slot = int(bookie_id.rsplit(":", 1)[1]) - cfg.cluster.bookie_port_base + 1
+    pid = processes.read_pid(str(cluster["run"] / "pids" / f"bookie-{slot}.pid"))
+    assert pid and processes.is_alive(pid), bookie_id
+    return pid
+
+
+def test_a_write_failing_part_way_reports_what_was_acknowledged(cluster):
+    """Two ledgers E=3 Qw=1 Qa=1 over all three bookies: entry e lives on ensemble index e mod 3 alone. One
+    bookie X is killed -9; it stands at index >= 1 in both ensembles (two of three bookies do in each, so one
+    bookie does in both). A write with one entry per request and one request in flight then has the entries
+    before X's index acknowledged and fails on X's: no bookie is left to replace it (NOT_ENOUGH_BOOKIES). The
+    command exits 2 with the error on stderr and reports the acknowledged entries and the LAC (--json: the
+    object; otherwise a line); recovery after X is back finds every one of them."""
+    ledgers = [ok_json(cluster, "ledger", "create", "-e", "3", "-w", "1", "-a", "1") for _ in range(2)]
+    ensembles = [md["segments"][0]["ensemble"] for md in ledgers]
+    victim = next(b for b in ensembles[0][1:] if b in ensembles[1][1:])
+    acked = [ensemble.index(victim) for ensemble in ensembles]  # entries 0..index-1 avoid the victim
+    assert processes.kill9(_bookie_pid(cluster, victim))
+    try:
+        first, second = (str(md["ledger_id"]) for md in ledgers)
+        write = ("--count", "10", "--size", "20", "--batch", "1", "--window", "1")
+        rc, out, err = cli(cluster, "ledger", "write", first, *write, "--json")
+        assert rc == 2 and err.startswith("bksim: error: NOT_ENOUGH_BOOKIES: "), (rc, out, err)
+        report = json.loads(out)
+        assert (report["entries"], report["first_entry_id"], report["last_entry_id"], report["last_add_confirmed"]) \
+            == (acked[0], 0, acked[0] - 1, acked[0] - 1), report
+        assert report["requested"] == 10 and report["bytes"] == 20 * acked[0]
+        assert report["error"]["status"] == "NOT_ENOUGH_BOOKIES" and report["error"]["message"] in err
+
+        rc, out, err = cli(cluster, "ledger", "write", second, *write)
+        assert rc == 2 and err.startswith("bksim: error: NOT_ENOUGH_BOOKIES: ") and err.count("\n") == 1, err
+        assert out == (f"ledger {second}: {acked[1]} of 10 entries acknowledged (ids 0..{acked[1] - 1}, durable) "
+                       f"before the write failed; LAC {acked[1] - 1}\n")
+    finally:
+        up = cluster["bksim"]("cluster", "up")  # restarts the killed bookie and waits for its registration
+        assert up.returncode == 0, up.stdout + up.stderr
+    for md, n in zip(ledgers, acked):
+        recovered = ok_json(cluster, "ledger", "recover", str(md["ledger_id"]), "--broker", cluster["brokers"][1])
+        assert recovered["state"] == "CLOSED" and recovered["last_entry_id"] >= n - 1, recovered
+        rows = read_rows(cluster, str(md["ledger_id"]), "--to", str(n - 1), "--payload",
+                         "--broker", cluster["brokers"][1])
+        assert [base64.b64decode(r["payload"]) for r in rows] == [make_payload(i, 20) for i in range(n)]

@@ -9,19 +9,24 @@ Every command talks to one broker (adapters/broker_client.py):
 - The ledger password is a secret, so it never comes from the command line (PROTOCOL.md §8): it is the
   content of `--password-file FILE` (one trailing newline stripped), else the environment variable
   BKSIM_LEDGER_PASSWORD, else empty (as Pulsar's default `managedLedgerPassword`). It is never printed.
-- `--json` prints one JSON object; otherwise a readable table or summary on stdout.
+- `--json` prints one JSON object (`read --json`: one object per entry, one per line, as they stream);
+  otherwise a readable table or summary on stdout.
 - A refusal prints `bksim: error: <STATUS>: <message>` (STATUS the broker's LedgerStatus name, e.g.
   BAD_REQUEST, UNAUTHORIZED, READ_BEYOND_LAC, LEDGER_CLOSED; or the gRPC code when the broker did not
-  answer) and exits 2.
+  answer) and exits 2. A `write` that fails part-way (e.g. NOT_ENOUGH_BOOKIES once a bookie of the ensemble
+  died and none can replace it) also reports what was acknowledged before the failure, which is durable: the
+  entries, their ids and the LAC (on stdout when any entry was acknowledged; with --json always, as the
+  object with an "error" member); it still exits 2.
 
 Bounds: `write` keeps at most `--window` AppendRequests unanswered, each at most `--batch` payloads and
 REQUEST_BYTES_MAX bytes (so the entries in flight are bounded); `read` prints as it streams, holding one
-message at a time (with --json it collects the rows: the broker bounds one read by broker.read_entries_max).
+message at a time, with or without --json.
 """
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import time
@@ -52,7 +57,8 @@ def register(subparsers) -> None:
                              "<broker.host>:<cluster.broker_port_base>)")
     common.add_argument("--password-file", metavar="FILE",
                         help=f"file holding the ledger password (default: ${PASSWORD_ENV}, else empty)")
-    common.add_argument("--json", action="store_true", help="print one JSON object")
+    common.add_argument("--json", action="store_true",
+                        help="print one JSON object (read: one object per entry and line)")
 
     ledger = subparsers.add_parser("ledger", help="create, write, read, close, recover, delete and list ledgers "
                                                   "through a broker")
@@ -264,11 +270,21 @@ def cmd_create(args) -> int:
 # -- write ---------------------------------------------------------------------------------------------------
 
 def cmd_write(args) -> int:
+    from bksim.adapters.broker_client import BrokerCallError
+
     per_request = max(1, min(args.batch, REQUEST_BYTES_MAX // max(1, args.size)))
-    with _Session(args) as s:
-        result = s.client.run(_write(s.client.client, args.ledger_id, s.password, args.count, args.size,
-                                     per_request, args.window))
-    result |= {"ledger_id": args.ledger_id, "broker": s.address, "batch": per_request, "window": args.window}
+    progress = WriteProgress(args.size)
+    broker = args.broker
+    try:
+        with _Session(args) as s:
+            broker = s.address
+            s.client.run(_write(s.client.client, args.ledger_id, s.password, args.count, per_request,
+                                args.window, progress))
+    except BrokerCallError as e:
+        _report_partial_write(args, progress, broker, per_request, e)
+        raise
+    result = progress.summary() | {"ledger_id": args.ledger_id, "broker": broker, "batch": per_request,
+                                   "window": args.window}
     if args.json:
         _print_json(result)
         return 0
@@ -279,24 +295,53 @@ def cmd_write(args) -> int:
     return 0
 
 
-async def _write(client, ledger_id: int, password: bytes, count: int, size: int, per_request: int,
-                 window: int) -> dict:
+def _report_partial_write(args, progress: "WriteProgress", broker: str | None, per_request: int, error) -> None:
+    """What a failed `write` had acknowledged before the failure: durable, so the caller must learn it. With
+    --json one object (the summary plus "error" and "requested"); otherwise a line on stdout when any entry was
+    acknowledged. The error line itself is main's, on stderr."""
+    if args.json:
+        _print_json(progress.summary() | {
+            "ledger_id": args.ledger_id, "broker": broker, "batch": per_request, "window": args.window,
+            "requested": args.count, "error": {"status": error.status, "message": error.message}})
+    elif progress.acknowledged:
+        print(f"ledger {args.ledger_id}: {progress.acknowledged} of {args.count} entries acknowledged (ids "
+              f"{progress.first}..{progress.last}, durable) before the write failed; LAC {progress.lac}")
+
+
+class WriteProgress:
+    """What the Append stream of one `write` has acknowledged so far (kept by the caller, so a failure part-way
+    still knows it)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.first = self.last = self.lac = -1
+        self.acknowledged = 0
+        self.started = time.perf_counter()
+
+    def take(self, r) -> None:
+        """One AppendResult, in request order."""
+        if self.first < 0:
+            self.first = r.first_entry_id
+        self.last = r.first_entry_id + r.count - 1
+        self.lac = max(self.lac, r.last_add_confirmed)
+        self.acknowledged += r.count
+
+    def summary(self) -> dict:
+        seconds = max(time.perf_counter() - self.started, 1e-9)
+        n = self.acknowledged
+        return {"entries": n, "first_entry_id": self.first, "last_entry_id": self.last,
+                "last_add_confirmed": self.lac, "bytes": n * self.size, "seconds": round(seconds, 6),
+                "entries_per_s": round(n / seconds, 1), "mb_per_s": round(n * self.size / seconds / 1e6, 3)}
+
+
+async def _write(client, ledger_id: int, password: bytes, count: int, per_request: int, window: int,
+                 progress: WriteProgress) -> None:
     import collections
 
     stream = client.append_stream(ledger_id, password=password, window_max=window)
     futures: collections.deque = collections.deque()
-    first = last = lac = -1
-    acknowledged = 0
-    started = time.perf_counter()
-
-    def take(r) -> None:
-        nonlocal first, last, lac, acknowledged
-        if first < 0:
-            first = r.first_entry_id
-        last = r.first_entry_id + r.count - 1
-        lac = max(lac, r.last_add_confirmed)
-        acknowledged += r.count
-
+    size = progress.size
+    progress.started = time.perf_counter()
     try:
         index = 0
         while index < count:
@@ -304,16 +349,17 @@ async def _write(client, ledger_id: int, password: bytes, count: int, size: int,
             batch = [make_payload(index + i, size) for i in range(n)]
             index += n
             if len(futures) >= window:
-                take(await stream.result(futures.popleft()))
+                progress.take(await stream.result(futures.popleft()))
             futures.append(await stream.send(batch))
         while futures:
-            take(await stream.result(futures.popleft()))
+            progress.take(await stream.result(futures.popleft()))
+    except BaseException:
+        # answers that arrived before the failure (in request order, up to the first failed one) still count
+        while futures and futures[0].done() and not futures[0].cancelled() and futures[0].exception() is None:
+            progress.take(futures.popleft().result())
+        raise
     finally:
         await stream.close()
-    seconds = max(time.perf_counter() - started, 1e-9)
-    return {"entries": acknowledged, "first_entry_id": first, "last_entry_id": last, "last_add_confirmed": lac,
-            "bytes": acknowledged * size, "seconds": round(seconds, 6),
-            "entries_per_s": round(acknowledged / seconds, 1), "mb_per_s": round(acknowledged * size / seconds / 1e6, 3)}
 
 
 # -- read ----------------------------------------------------------------------------------------------------
@@ -324,26 +370,26 @@ def cmd_read(args) -> int:
 
 
 async def _read(client, args, password: bytes) -> int:
-    rows = []
     count = total = 0
     first = last = None
-    async for entry_id, payload in client.read_entries(args.ledger_id, args.first, args.last, password=password):
-        if count == 0 and not args.json:  # after the broker accepted the range: an error prints alone
-            print(f"{'ENTRY':>10} {'SIZE':>9}  PREVIEW")
-        count += 1
-        total += len(payload)
-        first = entry_id if first is None else first
-        last = entry_id
-        if args.json:
-            row = {"entry_id": entry_id, "size": len(payload), "preview": preview(payload)}
-            if args.payload:
-                row["payload"] = base64.b64encode(payload).decode()
-            rows.append(row)
-        else:
-            print(f"{entry_id:>10} {len(payload):>9}  {preview(payload)}")
-    if args.json:
-        _print_json({"ledger_id": args.ledger_id, "count": count, "bytes": total, "entries": rows})
-    else:
+    entries = client.read_entries(args.ledger_id, args.first, args.last, password=password)
+    async with contextlib.aclosing(entries):  # a reader that stops early (a closed pipe) cancels the call now
+        async for entry_id, payload in entries:
+            if count == 0 and not args.json:  # after the broker accepted the range: an error prints alone
+                print(f"{'ENTRY':>10} {'SIZE':>9}  PREVIEW")
+            count += 1
+            total += len(payload)
+            first = entry_id if first is None else first
+            last = entry_id
+            if args.json:  # one object per line as the entries arrive: a large ledger is never held in memory
+                row = {"ledger_id": args.ledger_id, "entry_id": entry_id, "size": len(payload),
+                       "preview": preview(payload)}
+                if args.payload:
+                    row["payload"] = base64.b64encode(payload).decode()
+                print(json.dumps(row, sort_keys=True))
+            else:
+                print(f"{entry_id:>10} {len(payload):>9}  {preview(payload)}")
+    if not args.json:
         span = f"ids {first}..{last}" if count else "no entries"
         print(f"{count} entries, {total} bytes ({span})")
     return 0

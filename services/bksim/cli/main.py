@@ -1,10 +1,18 @@
-"""`bksim` command line. Each sub-command family lives in its own module exposing `register(subparsers)`."""
+"""`bksim` command line. Each sub-command family lives in its own module exposing `register(subparsers)`.
+
+Exit statuses every command shares: 0 success; 2 an operating error (`bksim: error: ...` on stderr); 130
+interrupted (Ctrl-C); 141 (128 + SIGPIPE, what a shell reports for `seq 1 100000 | head`) when the reader of
+stdout went away: the command stops quietly, without a traceback.
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from bksim.model.errors import BksimError
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the status of a command killed by the signal, as `head` leaves it
 
 # family modules, in help order; each defines register(subparsers) -> None
 FAMILIES = ("audit_cmd", "bookie_cmd", "broker_cmd", "chaos_cmd", "cluster_cmd", "compose_cmd", "dump_cmd",
@@ -26,12 +34,44 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # inside the try: a closed pipe fails here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # a pipe of the command's own (a child's stdin, a socket) broke: a real error
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except BksimError as e:
         print(f"bksim: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _stdout_reader_gone() -> bool:
+    """True when stdout is a pipe or socket whose reading end is closed (poll reports an error or hang-up)."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _silence_stdout() -> None:
+    """The reader of stdout is gone: point the descriptor at /dev/null, so the interpreter's final flush of what
+    is still buffered has somewhere to go instead of raising BrokenPipeError again (the recipe of Python's
+    `signal` documentation)."""
+    fd = sys.stdout.fileno()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 if __name__ == "__main__":
