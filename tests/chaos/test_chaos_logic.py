@@ -1,11 +1,11 @@
-"""The chaos runner's pure parts: seeded schedules, recovery-time and throughput figures, the verdict rules and
-the campaign table (no processes)."""
+"""The chaos runner's pure parts: seeded schedules and the step tables, recovery-time and throughput figures, the
+verdict rules, the report's renderings and the campaign table (no processes)."""
 from __future__ import annotations
 
 import pytest
 
-from bksim.chaos import runner
-from bksim.chaos.scenarios import SCENARIOS, plan
+from bksim.chaos import actions, report, runner
+from bksim.chaos.scenarios import SCENARIOS, Step, StepAction, StepTarget, plan
 from bksim.chaos.workload import (Recorder, ledger_payload, parse_ledger_payload, parse_topic_payload,
                                   topic_payload)
 
@@ -20,6 +20,18 @@ def test_every_scenario_has_a_reproducible_schedule_that_heals_what_it_breaks(na
         if name != "zookeeper-restart":  # a stop-start heals itself
             assert not steps[-1].fault, f"{name} seed {seed} ends with an unhealed fault: {steps[-1]}"
     assert plan(name, 1, 15.0) != plan(name, 2, 15.0)
+
+
+def test_every_step_type_has_an_action_and_a_target_rule_and_a_step_names_a_known_one():
+    assert set(actions.ACTIONS) == set(StepAction) and set(actions.TARGETS) == set(StepTarget)
+    step = Step(1.0, "kill9-tear", "random-bookie", True)
+    assert (step.action, step.target) == (StepAction.KILL9_TEAR, StepTarget.RANDOM_BOOKIE)
+    assert step.to_dict() == {"at": 1.0, "action": "kill9-tear", "target": "random-bookie", "fault": True,
+                              "down_s": 0.0, "arg": ""}
+    with pytest.raises(ValueError, match="kill-9"):
+        Step(1.0, "kill-9", "random-bookie", True)
+    with pytest.raises(ValueError, match="any-bookie"):
+        Step(1.0, "kill9", "any-bookie", True)
 
 
 def test_unknown_scenario_is_refused_by_name():
@@ -46,7 +58,7 @@ def test_recovery_time_is_the_end_of_the_last_gap_after_the_fault():
     steady = [i * 0.1 for i in range(0, 100)]  # acks every 0.1 s for 10 s
     topic = [t for t in steady if not 3.0 < t < 5.0]  # a 2 s stall after the fault at 3.0
     faults = [{"t": 3.0, "action": "kill9", "victims": "broker-1"}]
-    out = runner.recovery_times(_recorder(steady, topic), faults, tail_from=8.0)
+    out = report.recovery_times(_recorder(steady, topic), faults, tail_from=8.0)
     (f,) = out["per_fault"]
     assert f["ledger_s"] == 0.0
     assert f["topic_s"] == pytest.approx(2.0, abs=0.11)
@@ -57,7 +69,7 @@ def test_recovery_time_is_the_end_of_the_last_gap_after_the_fault():
 def test_a_gap_starting_just_before_the_next_fault_belongs_to_that_fault():
     times = [i * 0.1 for i in range(0, 30)] + [i * 0.1 for i in range(60, 100)]  # stall 2.9 .. 6.0
     faults = [{"t": 1.0, "action": "kill9", "victims": "b"}, {"t": 3.0, "action": "kill9", "victims": "b"}]
-    first, second = runner.recovery_times(_recorder(times, times), faults, 8.0)["per_fault"]
+    first, second = report.recovery_times(_recorder(times, times), faults, 8.0)["per_fault"]
     assert first["recovery_s"] == 0.0
     assert second["recovery_s"] == pytest.approx(3.0, abs=0.11)
 
@@ -66,20 +78,20 @@ def test_throughput_baseline_and_dip():
     rec = Recorder(0.0)
     for second, n in enumerate([100, 100, 100, 100, 20, 0, 100]):
         rec.counts["topic"][second] = n
-    out = runner.throughput(rec, [{"t": 4.2}])
+    out = report.throughput(rec, [{"t": 4.2}])
     assert out["topic"]["baseline_per_s"] == 100
     assert out["topic"]["min_per_s_after_first_fault"] == 0
     assert out["topic"]["dip_fraction"] == 1.0
 
 
 def _clean_report(**over):
-    report = {"ledgers": {"lost": 0, "reordered": 0, "divergent": 0, "read_errors": 0, "not_closed": 0},
+    out = {"ledgers": {"lost": 0, "reordered": 0, "divergent": 0, "read_errors": 0, "not_closed": 0},
               "topic": {"lost": 0, "reordered": 0, "divergent": 0, "read_errors": 0, "duplicates": 0},
               "recovery": {"tail_acks": {"ledger": 5, "topic": 5}}, "audit": {"verdict": "clean"}, "problems": []}
     for key, value in over.items():
         part, field = key.split("__")
-        report[part][field] = value
-    return report
+        out[part][field] = value
+    return out
 
 
 @pytest.mark.parametrize("key, needle", [
@@ -88,16 +100,16 @@ def _clean_report(**over):
     ("ledgers__not_closed", "not CLOSED"), ("ledgers__read_errors", "read_errors = 1"),
 ])
 def test_each_violation_fails_the_run(key, needle):
-    assert runner.violations(_clean_report()) == []
-    found = runner.violations(_clean_report(**{key: 1}))
+    assert report.violations(_clean_report()) == []
+    found = report.violations(_clean_report(**{key: 1}))
     assert len(found) == 1 and needle in found[0]
 
 
 def test_no_acks_in_the_tail_and_an_unclean_audit_fail_the_run():
-    report = _clean_report()
-    report["recovery"]["tail_acks"]["topic"] = 0
-    report["audit"] = {"verdict": "violations", "exit_status": 1}
-    found = runner.violations(report)
+    rep = _clean_report()
+    rep["recovery"]["tail_acks"]["topic"] = 0
+    rep["audit"] = {"verdict": "violations", "exit_status": 1}
+    found = report.violations(rep)
     assert any("liveness: no topic" in v for v in found)
     assert any("audit: violations" in v for v in found)
 
@@ -109,7 +121,7 @@ def test_campaign_table_sums_per_scenario():
              "reordered": 0, "divergent": 0, "audit": "clean", "recovery_s": 4.0},
             {"scenario": "bookie-kill", "verdict": "PASS", "acknowledged": 10, "lost": 0, "duplicates": 0,
              "reordered": 0, "divergent": 0, "audit": "clean", "recovery_s": None}]
-    table = runner.summary_table(rows).splitlines()
+    table = report.summary_table(rows).splitlines()
     assert table[0].startswith("| scenario | runs | acknowledged ops | lost | duplicates | reordered | divergent")
     assert "| broker-kill | 2 | 1,500 | 3 | 1 | 0 | 0 | clean 2 | 3.00 | 1 |" in table
     assert "| bookie-kill | 1 | 10 | 0 | 0 | 0 | 0 | clean 1 | - | 0 |" in table
@@ -120,8 +132,44 @@ def test_a_stream_that_never_acknowledges_again_is_not_recovered():
     ledger = [i * 0.1 for i in range(100)]
     topic = [i * 0.1 for i in range(40)]  # nothing after 3.9 s; the workload ran until 10 s
     faults = [{"t": 4.0, "action": "kill9", "victims": "bookie-2, bookie-3"}]
-    out = runner.recovery_times(_recorder(ledger, topic), faults, tail_from=7.0, end_t=10.0)
+    out = report.recovery_times(_recorder(ledger, topic), faults, tail_from=7.0, end_t=10.0)
     (f,) = out["per_fault"]
     assert f["not_recovered"] == ["topic"] and f["topic_s"] == pytest.approx(6.0)
     assert f["ledger_s"] == 0.0
     assert out["tail_acks"]["topic"] == 0
+
+
+def test_an_aborted_run_reports_what_happened_so_far_and_why_it_stopped():
+    timeline = [{"t": 0.5, "kind": "workload", "what": "started"}]
+    out = report.aborted("broker-kill", 7, 8.0, "/runs/x", timeline, ["healed after the schedule: x"],
+                         runner.ChaosError("bookie-2 did not stop\nmore")).to_dict()
+    assert list(out) == ["scenario", "seed", "duration_s", "run_dir", "timeline", "problems", "violations", "verdict"]
+    assert out["violations"] == ["run aborted: ChaosError: bookie-2 did not stop"] and out["verdict"] == "FAIL"
+    assert out["problems"][-1] == "run aborted: ChaosError: bookie-2 did not stop\nmore"
+    assert report.render_text(out).splitlines() == [
+        "chaos broker-kill seed 7: FAIL (? s, run dir /runs/x)", "", "timeline:",
+        "     0.50s  workload  started", "",
+        "throughput (acks/s; baseline before the first fault -> lowest second after it):",
+        "recovery (fault -> acknowledgements flowing again):",
+        "ledgers: None ledgers, None entries acknowledged; lost None, reordered None, divergent None, recovered at "
+        "the end None, not closed None, unconfirmed kept None",
+        "topic: None/None messages receipted; lost None, duplicates None, reordered None, divergent None, failed "
+        "sends None",
+        "audit: None (? s)", "problem: healed after the schedule: x", "problem: run aborted: ChaosError: bookie-2 "
+        "did not stop", "VIOLATION: run aborted: ChaosError: bookie-2 did not stop", "verdict: FAIL"]
+
+
+def test_a_full_report_keeps_its_field_order_and_judges_itself():
+    rep = report.Report("bookie-kill", 1, 8.0, "/runs/y", plan=[], cluster_start_s=1.0,
+                        tail={"from_s": 5.0, "to_s": 8.0}, entrylog_flips=[], check_s=0.1,
+                        ledgers=_clean_report()["ledgers"], ledger_writers=[], ledger_ends=[],
+                        topic=_clean_report()["topic"], audit={"verdict": "clean"}, failed_checks=[], timeline=[],
+                        faults=[], throughput={}, recovery={"tail_acks": {"ledger": 0, "topic": 3}}, problems=[])
+    rep.judge()
+    rep.elapsed_s = 9.0
+    assert list(rep.to_dict()) == [
+        "scenario", "seed", "duration_s", "run_dir", "plan", "cluster_start_s", "tail", "entrylog_flips", "check_s",
+        "ledgers", "ledger_writers", "ledger_ends", "topic", "audit", "failed_checks", "timeline", "faults",
+        "throughput", "recovery", "problems", "violations", "verdict", "elapsed_s"]
+    assert rep.verdict == "FAIL" and rep.violations == [
+        "liveness: no ledger acknowledgement in the tail after the last fault was healed"]

@@ -15,8 +15,12 @@ seeded schedule, healing, then the checks of PROTOCOL.md section 7 and the journ
                (two readers), consume the topic with two subscriptions; lost / duplicate / reordered /
                divergent counts; the faults' own checks (a paused broker comes back fenced, a flipped copy is
                served and read around) and the audit judgement after a truncation.
-- scenarios.py the named fault schedules (a plan drawn from the seed).
-- runner.py    one run end to end (report.json + report.txt) and campaigns (summary table).
+- scenarios.py the named fault schedules (a plan drawn from the seed); the step types (StepAction, StepTarget).
+- actions.py   what each step does (one function per StepAction) and whom it hits (one rule per StepTarget), in
+               two explicit tables; the final heal.
+- runner.py    one run end to end (workload, steps, checks, audit; every wait bounded) and campaigns.
+- report.py    the report (report.json + report.txt), its figures (throughput, recovery times), the verdict
+               rules, the campaign summary table.
 
 chaos imports adapters and client only (tests/architecture/test_dependency_rule.py); the audit runs as a
 `bksim audit --local` child process.

@@ -45,25 +45,62 @@ Scenarios:
 """
 from __future__ import annotations
 
+import enum
 import random
 from dataclasses import asdict, dataclass
+
+
+class StepAction(enum.StrEnum):
+    """What a step does (actions.py has one handler per member)."""
+    KILL9 = "kill9"
+    KILL9_TEAR = "kill9-tear"
+    KILL9_TRUNCATE = "kill9-truncate"
+    KILL9_WIPE = "kill9-wipe"
+    RESTART = "restart"
+    REFORMAT_RESTART = "reformat-restart"
+    PAUSE = "pause"
+    RESUME = "resume"
+    ZK_STOP_START = "zk-stop-start"
+    ZK_CUT = "zk-cut"
+    ZK_HEAL = "zk-heal"
+    LINK_HOLD = "link-hold"
+    LINK_DELAY = "link-delay"
+    LINK_HEAL = "link-heal"
+    STOP_FLIP = "stop-flip"
+    DISK_FILL = "disk-fill"
+    DISK_DRAIN = "disk-drain"
+
+
+class StepTarget(enum.StrEnum):
+    """The rule that picks a step's victims when it runs (actions.py has one chooser per member)."""
+    RANDOM_BOOKIE = "random-bookie"
+    TWO_BOOKIES = "two-bookies"
+    TOPIC_OWNER = "topic-owner"
+    SAME = "same"  # the previous step's victims
+    ZOOKEEPER = "zookeeper"
+    OWNER_BOOKIE_LINK = "owner-bookie-link"
+    BOOKIE_LINKS = "bookie-links"
+    SMALL_DISK_BOOKIE = "small-disk-bookie"
 
 
 @dataclass(frozen=True)
 class Step:
     at: float  # seconds after the workload started (not before)
-    # kill9 | kill9-tear | kill9-truncate | kill9-wipe | restart | reformat-restart | pause | resume |
-    # zk-stop-start | zk-cut | zk-heal | link-hold | link-delay | link-heal | stop-flip | disk-fill | disk-drain
-    action: str
-    # random-bookie | two-bookies | topic-owner | same | zookeeper | owner-bookie-link | bookie-links |
-    # small-disk-bookie
-    target: str
+    action: StepAction  # given as a member or its name ("kill9"); an unknown name raises ValueError
+    target: StepTarget  # likewise ("random-bookie")
     fault: bool  # True: injects a fault; False: heals one
     down_s: float = 0.0  # zk-stop-start: how long ZooKeeper stays down
     arg: str = ""  # link-hold: up | down | both; link-delay: milliseconds
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "action", StepAction(self.action))
+        object.__setattr__(self, "target", StepTarget(self.target))
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain data (the action and target as their names), as report.json's "plan" holds it."""
+        out = asdict(self)
+        out["action"], out["target"] = self.action.value, self.target.value
+        return out
 
 
 @dataclass(frozen=True)

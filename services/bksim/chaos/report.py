@@ -1,0 +1,236 @@
+"""A chaos run's report: the `Report` the runner fills in, the figures computed from the recorded
+acknowledgements (throughput and its dips, recovery times), the verdict rules (`violations`), and its two
+renderings: report.json (`Report.to_dict()`, the same plain dict `bksim chaos run --json` prints) and
+report.txt (`render_text`). A campaign's summary row and table come from the same dicts.
+
+The JSON fields, in this order: scenario, seed, duration_s, run_dir, plan, cluster_start_s, tail, entrylog_flips,
+check_s, ledgers, ledger_writers, ledger_ends, topic, audit, failed_checks, timeline, faults, throughput,
+recovery, problems, violations, verdict, elapsed_s. A run that could not be carried out has only scenario, seed,
+duration_s, run_dir, timeline, problems, violations (naming why it was aborted) and verdict FAIL.
+
+Every function here reads and returns plain data (dicts and lists): no processes, no clock.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import statistics
+from dataclasses import dataclass
+
+from bksim.chaos.workload import Recorder
+
+GAP_S = 0.5  # an acknowledgement gap at least this long is a disruption
+
+
+@dataclass
+class Report:
+    """One run's report; a field left None was not reached (an aborted run) and is not written."""
+    scenario: str
+    seed: int
+    duration_s: float
+    run_dir: str
+    plan: list[dict] | None = None
+    cluster_start_s: float | None = None
+    tail: dict | None = None  # {"from_s", "to_s"}: the calm tail after the last step
+    entrylog_flips: list[dict] | None = None
+    check_s: float | None = None
+    ledgers: dict | None = None
+    ledger_writers: list[dict] | None = None
+    ledger_ends: list[dict] | None = None
+    topic: dict | None = None
+    audit: dict | None = None
+    failed_checks: list[str] | None = None
+    timeline: list[dict] | None = None
+    faults: list[dict] | None = None
+    throughput: dict | None = None
+    recovery: dict | None = None
+    problems: list[str] | None = None
+    violations: list[str] | None = None
+    verdict: str | None = None  # PASS | FAIL
+    elapsed_s: float | None = None
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+    def judge(self) -> None:
+        """Set violations and the verdict from everything else."""
+        self.violations = violations(self.to_dict())
+        self.verdict = "PASS" if not self.violations else "FAIL"
+
+
+def aborted(scenario: str, seed: int, duration_s: float, run_dir: str, timeline: list[dict], problems: list[str],
+            error: Exception) -> Report:
+    """The report of a run that could not be carried out: what happened so far, and why it stopped."""
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    return Report(scenario, seed, duration_s, run_dir, timeline=timeline,
+                  problems=problems + [f"run aborted: {type(error).__name__}: {error}"],
+                  violations=[f"run aborted: {type(error).__name__}: {first_line}"], verdict="FAIL")
+
+
+def write(report: dict, run_dir: str) -> None:
+    """report.json and report.txt in `run_dir`."""
+    with open(os.path.join(run_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    with open(os.path.join(run_dir, "report.txt"), "w") as f:
+        f.write(render_text(report))
+
+
+# ------------------------------------------------------------------------------------------------ figures
+def throughput(rec: Recorder, faults: list[dict]) -> dict:
+    """Acknowledgements per second of each stream, the baseline before the first fault and the dips."""
+    out = {}
+    first_fault = min((f["t"] for f in faults), default=None)
+    for stream, counts in rec.counts.items():
+        last = max(counts, default=-1)
+        series = [counts.get(s, 0) for s in range(last + 1)]
+        # whole seconds before the first fault (second 0 only when there is nothing else: it starts mid-way)
+        cut = int(first_fault) if first_fault is not None else len(series)
+        before = series[1:cut] or series[:max(1, cut)]
+        baseline = statistics.median(before) if before else None
+        during = series[int(first_fault):] if first_fault is not None else []
+        low = min(during) if during else None
+        out[stream] = {"per_second": series, "baseline_per_s": baseline, "min_per_s_after_first_fault": low,
+                       "dip_fraction": (round(1 - low / baseline, 3) if baseline and low is not None else None)}
+    return out
+
+
+def _gaps(times: list[float]) -> list[tuple[float, float]]:
+    return [(a, b) for a, b in zip(times, times[1:]) if b - a >= GAP_S]
+
+
+def recovery_times(rec: Recorder, faults: list[dict], tail_from: float | None, end_t: float | None = None) -> dict:
+    """Per fault: from its injection to the end of the last acknowledgement gap (>= GAP_S) that began before
+    the next fault, per stream (0 when acks never paused). A stream whose acknowledgements never came back
+    before `end_t` (the end of the workload) gets end_t - fault time and is listed in `not_recovered`.
+    Also: acknowledgements during the final tail."""
+    per_fault = []
+    for i, f in enumerate(faults):
+        start = f["t"]
+        # a gap that begins within GAP_S before the next fault belongs to that fault
+        limit = faults[i + 1]["t"] - GAP_S if i + 1 < len(faults) else float("inf")
+        entry = {"t": start, "action": f["action"], "victims": f["victims"], "not_recovered": []}
+        for stream, times in rec.acks.items():
+            ordered = sorted(times)
+            if end_t is not None and (not ordered or end_t - ordered[-1] >= GAP_S):
+                ordered.append(end_t)  # a gap still open at the end of the workload
+                open_gap = True
+            else:
+                open_gap = False
+            ends = [b for a, b in _gaps(ordered) if start - GAP_S <= a < limit and b > start]
+            entry[f"{stream}_s"] = round(max(ends) - start, 3) if ends else 0.0
+            if open_gap and ends and max(ends) == end_t:
+                entry["not_recovered"].append(stream)
+        entry["recovery_s"] = max(entry["ledger_s"], entry["topic_s"])
+        per_fault.append(entry)
+    tail_acks = {s: sum(1 for t in times if tail_from is not None and t >= tail_from) for s, times in rec.acks.items()}
+    return {"per_fault": per_fault, "max_s": max((e["recovery_s"] for e in per_fault), default=0.0),
+            "tail_acks": tail_acks}
+
+
+# ------------------------------------------------------------------------------------------------ verdict
+def violations(report: dict) -> list[str]:
+    out = []
+    for part in ("ledgers", "topic"):
+        counts = report.get(part, {})
+        for key in ("lost", "reordered", "divergent", "read_errors"):
+            if counts.get(key):
+                out.append(f"{part}: {key} = {counts[key]}")
+    if report.get("topic", {}).get("duplicates"):
+        out.append(f"topic: duplicates = {report['topic']['duplicates']} (dedup is on: none is documented)")
+    if report.get("ledgers", {}).get("not_closed"):
+        out.append(f"ledgers: {report['ledgers']['not_closed']} not CLOSED after recovery")
+    tail = report.get("recovery", {}).get("tail_acks", {})
+    for stream, n in tail.items():
+        if not n:
+            out.append(f"liveness: no {stream} acknowledgement in the tail after the last fault was healed")
+    audit = report.get("audit", {})
+    judged = audit.get("judged")
+    if judged is not None and audit.get("verdict") in ("clean", "violations"):
+        out.extend(f"audit: {p}" for p in judged["problems"])
+    elif audit.get("verdict") != "clean":
+        out.append(f"audit: {audit.get('verdict')} (exit {audit.get('exit_status')})")
+    out.extend(p for p in report.get("problems", []) if p.startswith("unexpected exit") or "torn tail" in p)
+    out.extend(report.get("failed_checks", []))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ text
+def render_text(report: dict) -> str:
+    lines = [f"chaos {report['scenario']} seed {report['seed']}: {report['verdict']} "
+             f"({report.get('elapsed_s', '?')} s, run dir {report['run_dir']})", "", "timeline:"]
+    for e in report.get("timeline", []):
+        extra = f" ({e['seconds']:.2f} s)" if "seconds" in e else ""
+        lines.append(f"  {e['t']:7.2f}s  {e['kind']:<9} {e['what']}{extra}")
+    lines.append("")
+    lines.append("throughput (acks/s; baseline before the first fault -> lowest second after it):")
+    for stream, t in report.get("throughput", {}).items():
+        lines.append(f"  {stream:<6} baseline {t['baseline_per_s']}  low {t['min_per_s_after_first_fault']}  "
+                     f"dip {t['dip_fraction']}")
+    lines.append("recovery (fault -> acknowledgements flowing again):")
+    for f in report.get("recovery", {}).get("per_fault", []):
+        lines.append(f"  {f['t']:7.2f}s {f['action']:<14} {f['victims']:<20} ledger {f['ledger_s']:.2f} s  "
+                     f"topic {f['topic_s']:.2f} s"
+                     + (f"  (not recovered: {', '.join(f['not_recovered'])})" if f.get("not_recovered") else ""))
+    led, top = report.get("ledgers", {}), report.get("topic", {})
+    lines.append(f"ledgers: {led.get('ledgers')} ledgers, {led.get('acknowledged')} entries acknowledged; lost "
+                 f"{led.get('lost')}, reordered {led.get('reordered')}, divergent {led.get('divergent')}, "
+                 f"recovered at the end {led.get('recovered_at_end')}, not closed {led.get('not_closed')}, "
+                 f"unconfirmed kept {led.get('unconfirmed_present')}")
+    lines.append(f"topic: {top.get('acknowledged')}/{top.get('sent')} messages receipted; lost {top.get('lost')}, "
+                 f"duplicates {top.get('duplicates')}, reordered {top.get('reordered')}, divergent "
+                 f"{top.get('divergent')}, failed sends {top.get('failed_sends')}")
+    audit = report.get("audit", {})
+    lines.append(f"audit: {audit.get('verdict')} ({audit.get('seconds', '?')} s)")
+    for p in report.get("problems", []):
+        lines.append(f"problem: {p.splitlines()[0]}")
+    for v in report.get("violations", []):
+        lines.append(f"VIOLATION: {v}")
+    for f in (led.get("findings", []) + top.get("findings", []))[:20]:
+        lines.append(f"  finding: {f}")
+    lines.append(f"verdict: {report['verdict']}")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ campaigns
+def summary_row(report: dict) -> dict:
+    led, top = report.get("ledgers", {}), report.get("topic", {})
+    return {"scenario": report["scenario"], "seed": report["seed"], "verdict": report["verdict"],
+            "acknowledged": (led.get("acknowledged") or 0) + (top.get("acknowledged") or 0),
+            "lost": (led.get("lost") or 0) + (top.get("lost") or 0),
+            "duplicates": (led.get("duplicates") or 0) + (top.get("duplicates") or 0),
+            "reordered": (led.get("reordered") or 0) + (top.get("reordered") or 0),
+            "divergent": (led.get("divergent") or 0) + (top.get("divergent") or 0),
+            "audit": _audit_column(report.get("audit", {})),
+            "recovery_s": report.get("recovery", {}).get("max_s"),
+            "elapsed_s": report.get("elapsed_s"), "run_dir": report["run_dir"],
+            "violations": report.get("violations", [])}
+
+
+def _audit_column(audit: dict) -> str:
+    """clean; or, where copies were destroyed on purpose, whether the audit reported exactly those."""
+    judged = audit.get("judged")
+    if judged is None or audit.get("verdict") not in ("clean", "violations"):
+        return audit.get("verdict", "not run")
+    return "unexpected findings" if judged["problems"] else "lost copies reported"
+
+
+def summary_table(rows: list[dict]) -> str:
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["scenario"], []).append(r)
+    header = ("| scenario | runs | acknowledged ops | lost | duplicates | reordered | divergent | audit | "
+              "median recovery (s) | failed runs |")
+    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    groups = sorted(by.items()) + ([("**all**", rows)] if len(by) > 1 else [])
+    for name, group in groups:
+        audits = collections.Counter(r["audit"] for r in group)
+        audit = ", ".join(f"{k} {v}" for k, v in sorted(audits.items()))
+        rec = [r["recovery_s"] for r in group if r["recovery_s"] is not None]
+        median = f"{statistics.median(rec):.2f}" if rec else "-"
+        lines.append(f"| {name} | {len(group)} | {sum(r['acknowledged'] for r in group):,} | "
+                     f"{sum(r['lost'] for r in group)} | {sum(r['duplicates'] for r in group)} | "
+                     f"{sum(r['reordered'] for r in group)} | {sum(r['divergent'] for r in group)} | {audit} | "
+                     f"{median} | {sum(1 for r in group if r['verdict'] != 'PASS')} |")
+    return "\n".join(lines)
