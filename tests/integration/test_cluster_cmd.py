@@ -297,7 +297,8 @@ def test_up_with_real_bookies_survives_kill9_and_restart(tmp_path):
         cfg = cluster_cmd.loader.load(config, env={})
         broker_id = f"127.0.0.1:{cfg.cluster.broker_port_base}"
         assert f"broker-1   {broker_id}" in up.stdout  # the endpoints
-        assert f"try: bksim ledger create --ensemble 2 --write-quorum 2 --ack-quorum 2 --config {config}" in up.stdout
+        assert (f"try: {cluster_cmd.bksim_command()} ledger create --ensemble 2 --write-quorum 2 --ack-quorum 2 "
+                f"--config {config}") in up.stdout
         pids = [processes.read_pid(str(run / "pids" / f"bookie-{i}.pid")) for i in (1, 2)]
         assert all(processes.is_alive(p, "bksim.cli.main") for p in pids)
         broker_pid = processes.read_pid(str(run / "pids" / "broker-1.pid"))

@@ -14,6 +14,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -132,8 +133,12 @@ def test_cluster_up_prints_endpoints_and_a_first_command(cluster):
     for i, address in enumerate(cluster["brokers"], start=1):
         assert f"broker-{i}: registered and SERVING" in cluster["up"]
         assert f"broker-{i}   {address}" in cluster["up"]
-    assert f"try: bksim ledger create --ensemble 3 --write-quorum 3 --ack-quorum 2 --config {cluster['config']}" \
-        in cluster["up"]
+    hint = next(line for line in cluster["up"].splitlines() if line.startswith("try: "))
+    command = hint.removeprefix("try: ").split("   (then")[0]
+    assert command.endswith(f" ledger create --ensemble 3 --write-quorum 3 --ack-quorum 2 --config {cluster['config']}")
+    # the hint works as printed, from where `cluster up` ran, whether or not a venv is activated
+    created = subprocess.run(shlex.split(command), env=_clean_env(), capture_output=True, text=True, timeout=60)
+    assert created.returncode == 0 and created.stdout.startswith("ledger "), created.stdout + created.stderr
     status = json.loads(cluster["bksim"]("cluster", "status", "--json").stdout)
     assert [(r["name"], r["alive"], r["registered"]) for r in status["processes"] if r["name"].startswith("broker")] \
         == [("broker-1", True, "yes"), ("broker-2", True, "yes")]

@@ -130,10 +130,27 @@ def _say_endpoints(cluster: LocalCluster, explicit_config: str | None) -> None:
     bookies = len(cluster.bookies)
     if cluster.brokers and bookies:
         e = min(3, bookies)
-        _say(f"try: bksim ledger create --ensemble {e} --write-quorum {e} --ack-quorum {min(2, e)}{suffix}   "
-             f"(then `bksim ledger write ID --count 1000 --size 1024`, `bksim ledger read ID`)")
+        cmd = bksim_command()
+        _say(f"try: {cmd} ledger create --ensemble {e} --write-quorum {e} --ack-quorum {min(2, e)}{suffix}   "
+             f"(then `{cmd} ledger write ID --count 1000 --size 1024`, `{cmd} ledger read ID`)")
     elif bookies:
-        _say(f"try: bksim bookie list{suffix}")
+        _say(f"try: {bksim_command()} bookie list{suffix}")
+
+
+def bksim_command() -> str:
+    """How to call `bksim` in a hint that works as printed: `bksim` when the PATH finds this installation's
+    script (an activated venv), else that script by path (relative when under the current directory, e.g.
+    `.venv/bin/bksim`), else `<python> -m bksim.cli.main`."""
+    import shutil
+
+    script = os.path.join(os.path.dirname(sys.executable), "bksim")
+    if not os.path.exists(script):
+        return f"{sys.executable} -m bksim.cli.main"
+    found = shutil.which("bksim")
+    if found and os.path.realpath(found) == os.path.realpath(script):
+        return "bksim"
+    relative = os.path.relpath(script)
+    return script if relative.startswith("..") else relative
 
 
 def init_metadata(config: Config) -> str:
