@@ -29,14 +29,17 @@ import grpc
 
 from bksim.gen import broker_pb2, broker_pb2_grpc
 from bksim.model.errors import BksimError
+from bksim.model.status import LedgerStatus
 
 # LedgerStatus -> the gRPC status the broker ends a call with (the table at the top of proto/broker.proto)
 GRPC_CODE_NAME = {
-    "BAD_REQUEST": "INVALID_ARGUMENT", "NO_SUCH_LEDGER": "NOT_FOUND", "UNAUTHORIZED": "PERMISSION_DENIED",
-    "LEDGER_CLOSED": "FAILED_PRECONDITION", "NOT_WRITER": "FAILED_PRECONDITION", "FENCED": "ABORTED",
-    "READ_BEYOND_LAC": "OUT_OF_RANGE", "TOO_MANY_REQUESTS": "RESOURCE_EXHAUSTED",
-    "NOT_ENOUGH_BOOKIES": "UNAVAILABLE", "READ_FAILED": "UNAVAILABLE", "RECOVERY_FAILED": "UNAVAILABLE",
-    "METADATA_ERROR": "UNAVAILABLE", "ABORTED": "UNAVAILABLE", "INTERNAL": "INTERNAL",
+    LedgerStatus.BAD_REQUEST: "INVALID_ARGUMENT", LedgerStatus.NO_SUCH_LEDGER: "NOT_FOUND",
+    LedgerStatus.UNAUTHORIZED: "PERMISSION_DENIED", LedgerStatus.LEDGER_CLOSED: "FAILED_PRECONDITION",
+    LedgerStatus.NOT_WRITER: "FAILED_PRECONDITION", LedgerStatus.FENCED: "ABORTED",
+    LedgerStatus.READ_BEYOND_LAC: "OUT_OF_RANGE", LedgerStatus.TOO_MANY_REQUESTS: "RESOURCE_EXHAUSTED",
+    LedgerStatus.NOT_ENOUGH_BOOKIES: "UNAVAILABLE", LedgerStatus.READ_FAILED: "UNAVAILABLE",
+    LedgerStatus.RECOVERY_FAILED: "UNAVAILABLE", LedgerStatus.METADATA_ERROR: "UNAVAILABLE",
+    LedgerStatus.ABORTED: "UNAVAILABLE", LedgerStatus.INTERNAL: "INTERNAL",
 }
 
 DEADLINE_S = 10.0  # default deadline of unary calls, and of waiting for one stream response
@@ -44,7 +47,7 @@ RECOVER_DEADLINE_S = 60.0  # OpenLedger with recover=True: fencing, read-forward
 RECEIVE_BYTES_MAX = 16 * 1024 * 1024  # a ReadEntries message packs ~1 MiB of entries plus at most one big entry
 APPEND_WINDOW_MAX = 16  # default unanswered AppendRequests per stream
 STATUS_KEY = "bksim-status"
-LEDGER_STATUSES = frozenset(broker_pb2.LedgerStatus.keys())
+LEDGER_STATUSES = frozenset(LedgerStatus)
 
 
 class BrokerCallError(BksimError):
@@ -64,6 +67,11 @@ class BrokerCallError(BksimError):
         """True when the broker refused with a LedgerStatus (not a transport failure: a gRPC INTERNAL without
         the trailer is the transport's, although INTERNAL is also a LedgerStatus name)."""
         return self.answered and self.status in LEDGER_STATUSES
+
+    @property
+    def ledger_status(self) -> LedgerStatus | None:
+        """The LedgerStatus the broker refused with; None when the call failed without one."""
+        return LedgerStatus(self.status) if self.from_broker else None
 
 
 def call_error(e: grpc.aio.AioRpcError, address: str) -> BrokerCallError:

@@ -32,6 +32,7 @@ from bksim.gen import broker_pb2, broker_pb2_grpc
 from bksim.metadata.ledger_metadata import LedgerMetadata
 from bksim.model.config import BrokerConfig
 from bksim.model.errors import LedgerError
+from bksim.model.status import LedgerStatus
 
 SERVICE_NAME = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
 APPEND_QUEUE_MAX = 1024  # unanswered AppendRequests per stream before the reader stops reading
@@ -73,8 +74,8 @@ class _Admission:
 
     def __enter__(self):
         if self.active >= self.limit:
-            raise LedgerError("TOO_MANY_REQUESTS", f"{self.active} requests in flight "
-                                                   f"(broker.requests_inflight_max = {self.limit})")
+            raise LedgerError(LedgerStatus.TOO_MANY_REQUESTS, f"{self.active} requests in flight "
+                                                              f"(broker.requests_inflight_max = {self.limit})")
         self.active += 1
         return self
 
@@ -94,7 +95,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def _guarded(self, context, call):
         try:
             if self.draining:
-                raise LedgerError("ABORTED", "the broker is shutting down")
+                raise LedgerError(LedgerStatus.ABORTED, "the broker is shutting down")
             with self._admission:
                 return await call()
         except LedgerError as e:
@@ -165,7 +166,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def ReadEntries(self, request, context):
         try:
             if self.draining:
-                raise LedgerError("ABORTED", "the broker is shutting down")
+                raise LedgerError(LedgerStatus.ABORTED, "the broker is shutting down")
             with self._admission:
                 batch: list = []
                 size = 0
@@ -185,7 +186,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def Append(self, request_iterator, context):
         try:
             if self.draining:
-                raise LedgerError("ABORTED", "the broker is shutting down")
+                raise LedgerError(LedgerStatus.ABORTED, "the broker is shutting down")
             with self._admission:
                 await self._append(request_iterator, context)
         except LedgerError as e:
@@ -225,8 +226,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 limit = self._config.payload_bytes_max
                 for i, payload in enumerate(request.payloads):  # all or nothing: check before appending any
                     if len(payload) > limit:
-                        raise LedgerError("BAD_REQUEST", f"payload {i} of request {request.request_id} has "
-                                                         f"{len(payload)} bytes, more than payload_bytes_max {limit}")
+                        raise LedgerError(LedgerStatus.BAD_REQUEST,
+                                          f"payload {i} of request {request.request_id} has "
+                                          f"{len(payload)} bytes, more than payload_bytes_max {limit}")
                 await handle.wait_for_room()  # then the whole request: its ids stay consecutive (the
                 # overshoot is bounded by one request, itself bounded by the frame size)
                 first = handle.writer.last_add_pushed + 1
@@ -240,7 +242,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a broken client stream
-            await queue.put(LedgerError("ABORTED", f"append stream broke: {e!r}"))
+            await queue.put(LedgerError(LedgerStatus.ABORTED, f"append stream broke: {e!r}"))
 
     def begin_drain(self) -> None:
         self.draining = True

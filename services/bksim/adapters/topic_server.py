@@ -25,18 +25,21 @@ from bksim.topics.subscription import Delivery
 from bksim.topics.topic import Policies
 from bksim.formats.message import Message
 from bksim.gen import topic_pb2, topic_pb2_grpc
+from bksim.model.status import TopicStatus
 
 SERVICE_NAME = topic_pb2.DESCRIPTOR.services_by_name["Topics"].full_name
 STATUS_KEY = "bksim-status"
 OWNER_KEY = "bksim-owner"  # with NOT_OWNER: the owner's address (host:port), when known
 TOPIC_GRPC_CODE_NAME = {
-    "BAD_REQUEST": "INVALID_ARGUMENT", "MESSAGE_TOO_LARGE": "INVALID_ARGUMENT", "INVALID_ACK": "INVALID_ARGUMENT",
-    "TENANT_NOT_FOUND": "NOT_FOUND", "NAMESPACE_NOT_FOUND": "NOT_FOUND", "TOPIC_NOT_FOUND": "NOT_FOUND",
-    "SUBSCRIPTION_NOT_FOUND": "NOT_FOUND", "ALREADY_EXISTS": "ALREADY_EXISTS",
-    "CONSUMER_BUSY": "FAILED_PRECONDITION", "NOT_ALLOWED": "FAILED_PRECONDITION",
-    "NOT_OWNER": "UNAVAILABLE", "TOPIC_FENCED": "UNAVAILABLE", "SERVICE_UNAVAILABLE": "UNAVAILABLE",
-    "METADATA_ERROR": "UNAVAILABLE", "TOO_MANY_REQUESTS": "RESOURCE_EXHAUSTED", "TIMEOUT": "DEADLINE_EXCEEDED",
-    "INTERNAL": "INTERNAL",
+    TopicStatus.BAD_REQUEST: "INVALID_ARGUMENT", TopicStatus.MESSAGE_TOO_LARGE: "INVALID_ARGUMENT",
+    TopicStatus.INVALID_ACK: "INVALID_ARGUMENT", TopicStatus.TENANT_NOT_FOUND: "NOT_FOUND",
+    TopicStatus.NAMESPACE_NOT_FOUND: "NOT_FOUND", TopicStatus.TOPIC_NOT_FOUND: "NOT_FOUND",
+    TopicStatus.SUBSCRIPTION_NOT_FOUND: "NOT_FOUND", TopicStatus.ALREADY_EXISTS: "ALREADY_EXISTS",
+    TopicStatus.CONSUMER_BUSY: "FAILED_PRECONDITION", TopicStatus.NOT_ALLOWED: "FAILED_PRECONDITION",
+    TopicStatus.NOT_OWNER: "UNAVAILABLE", TopicStatus.TOPIC_FENCED: "UNAVAILABLE",
+    TopicStatus.SERVICE_UNAVAILABLE: "UNAVAILABLE", TopicStatus.METADATA_ERROR: "UNAVAILABLE",
+    TopicStatus.TOO_MANY_REQUESTS: "RESOURCE_EXHAUSTED", TopicStatus.TIMEOUT: "DEADLINE_EXCEEDED",
+    TopicStatus.INTERNAL: "INTERNAL",
 }
 SUB_TYPES = {topic_pb2.EXCLUSIVE: "Exclusive", topic_pb2.SHARED: "Shared", topic_pb2.FAILOVER: "Failover",
              topic_pb2.KEY_SHARED: "Key_Shared"}
@@ -62,8 +65,8 @@ class _Admit:
 
     def __enter__(self):
         if self._admission.active >= self._admission.limit:
-            raise TopicError("TOO_MANY_REQUESTS", f"{self._admission.active} requests in flight "
-                                                  f"(broker.requests_inflight_max = {self._admission.limit})")
+            raise TopicError(TopicStatus.TOO_MANY_REQUESTS, f"{self._admission.active} requests in flight "
+                                                            f"(broker.requests_inflight_max = {self._admission.limit})")
         return self._admission.__enter__()
 
     def __exit__(self, *exc) -> None:
@@ -105,7 +108,7 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
     async def _guarded(self, context, call):
         try:
             if self.draining:
-                raise TopicError("SERVICE_UNAVAILABLE", "the broker is shutting down")
+                raise TopicError(TopicStatus.SERVICE_UNAVAILABLE, "the broker is shutting down")
             with self._admission:
                 return await call()
         except TopicError as e:
@@ -194,15 +197,15 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
     async def _stats_topic(self, topic: str):
         partitions = await self.service.get_topic(topic)
         if partitions:
-            raise TopicError("BAD_REQUEST", f"{topic} has {partitions} partitions: ask for one partition "
-                                            f"({topic}-partition-<i>)")
+            raise TopicError(TopicStatus.BAD_REQUEST, f"{topic} has {partitions} partitions: ask for one partition "
+                                                      f"({topic}-partition-<i>)")
         return await self._served(topic)
 
     # ---- produce ------------------------------------------------------------------------------------------------
     async def Produce(self, request_iterator, context):
         try:
             if self.draining:
-                raise TopicError("SERVICE_UNAVAILABLE", "the broker is shutting down")
+                raise TopicError(TopicStatus.SERVICE_UNAVAILABLE, "the broker is shutting down")
             with self._admission:
                 await self._produce(request_iterator, context)
         except TopicError as e:
@@ -222,7 +225,7 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
         except StopAsyncIteration:
             return
         if first.WhichOneof("kind") != "open":
-            raise TopicError("BAD_REQUEST", "the first message of a Produce stream must be 'open'")
+            raise TopicError(TopicStatus.BAD_REQUEST, "the first message of a Produce stream must be 'open'")
         topic = await self._served(first.open.topic)
         name, last_seq = topic.add_producer(first.open.producer_name, self.service.broker_id)
         try:
@@ -257,7 +260,7 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
         try:
             async for request in it:
                 if request.WhichOneof("kind") != "send":
-                    raise TopicError("BAD_REQUEST", "a Produce stream takes one 'open', then 'send' messages")
+                    raise TopicError(TopicStatus.BAD_REQUEST, "a Produce stream takes one 'open', then 'send' messages")
                 send = request.send
                 messages = [Message(m.payload, m.key if m.has_key else None, dict(m.properties), m.event_time_ms,
                                     m.sequence_id) for m in send.messages]
@@ -269,13 +272,13 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a broken client stream
-            await queue.put(TopicError("BAD_REQUEST", f"produce stream broke: {e!r}"))
+            await queue.put(TopicError(TopicStatus.BAD_REQUEST, f"produce stream broke: {e!r}"))
 
     # ---- subscribe ------------------------------------------------------------------------------------------------
     async def Subscribe(self, request_iterator, context):
         try:
             if self.draining:
-                raise TopicError("SERVICE_UNAVAILABLE", "the broker is shutting down")
+                raise TopicError(TopicStatus.SERVICE_UNAVAILABLE, "the broker is shutting down")
             with self._admission:
                 await self._subscribe(request_iterator, context)
         except TopicError as e:
@@ -288,10 +291,10 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
         except StopAsyncIteration:
             return
         if first.WhichOneof("kind") != "open":
-            raise TopicError("BAD_REQUEST", "the first message of a Subscribe stream must be 'open'")
+            raise TopicError(TopicStatus.BAD_REQUEST, "the first message of a Subscribe stream must be 'open'")
         o = first.open
         if o.type not in SUB_TYPES:
-            raise TopicError("BAD_REQUEST", f"unknown subscription type {o.type}")
+            raise TopicError(TopicStatus.BAD_REQUEST, f"unknown subscription type {o.type}")
         topic = await self._served(o.topic)
         sink = _Sink()
         consumer_name = o.consumer_name or f"{self.service.broker_id}-c{id(sink) & 0xFFFFFF:x}"
@@ -366,14 +369,14 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
                         result.error.CopyFrom(_error_message(e))
                     sink.put(topic_pb2.ConsumeResponse(seek_result=result))
                 else:
-                    raise TopicError("BAD_REQUEST", f"unexpected {kind!r} on a Subscribe stream")
+                    raise TopicError(TopicStatus.BAD_REQUEST, f"unexpected {kind!r} on a Subscribe stream")
             sink.put(None)  # the client half-closed: end the stream
         except TopicError as e:
             sink.drop(e)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a broken client stream
-            sink.drop(TopicError("BAD_REQUEST", f"subscribe stream broke: {e!r}"))
+            sink.drop(TopicError(TopicStatus.BAD_REQUEST, f"subscribe stream broke: {e!r}"))
 
     def begin_drain(self) -> None:
         self.draining = True

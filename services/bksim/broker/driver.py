@@ -29,7 +29,7 @@ from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
 from bksim.metadata.ledger_manager import read_ledger_metadata, write_ledger_metadata
 from bksim.model.errors import (BadVersionError, BookieUnreachable, ConnectionLossError, LedgerStateError,
                                 MetadataError)
-from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode
+from bksim.model.status import FLAG_RECOVERY_ADD, LedgerStatus, StatusCode
 from bksim.ports.bookie_transport import BookieTransport
 from bksim.ports.metadata import MetadataStore
 
@@ -86,7 +86,7 @@ class LedgerDriver:
 
     def _on_closed(self, metadata: LedgerMetadata) -> None: pass
 
-    def _on_failed(self, code: str, reason: str) -> None: pass
+    def _on_failed(self, code: LedgerStatus, reason: str) -> None: pass
 
     def _on_other(self, command) -> None:
         raise AssertionError(f"ledger {self.ledger_id}: unexpected command {command!r}")
@@ -130,7 +130,7 @@ class LedgerDriver:
         if not task.cancelled() and task.exception() is not None:
             error = task.exception()
             self._log(f"ledger {self.ledger_id}: internal error {error!r}")
-            self._on_failed("INTERNAL", f"internal error: {error!r}")
+            self._on_failed(LedgerStatus.INTERNAL, f"internal error: {error!r}")
 
     def stop(self) -> None:
         """Forget everything in flight (the machine was failed or closed by the caller)."""
@@ -224,7 +224,7 @@ class LedgerDriver:
             writable = await self._writable_or_none()
             self.execute(self._sink_ensemble_rejected(self.metadata.state.name, self.metadata.ensemble, writable))
         except (MetadataError, LedgerStateError) as e:
-            self._on_failed("METADATA_ERROR", f"ensemble change failed: {e}")
+            self._on_failed(LedgerStatus.METADATA_ERROR, f"ensemble change failed: {e}")
 
     def _closed_value(self, command: CloseLedger) -> LedgerMetadata | None:
         """The CLOSED metadata to CAS onto the version last read (`self.metadata`), or None when this client may
@@ -238,19 +238,20 @@ class LedgerDriver:
                     break
                 wanted = self._closed_value(command)
                 if wanted is None:
-                    return self._on_failed("FENCED", f"ledger {self.ledger_id}: its segments changed in the "
-                                                     f"metadata while this client was closing it")
+                    return self._on_failed(LedgerStatus.FENCED, f"ledger {self.ledger_id}: its segments changed in the "
+                                                                f"metadata while this client was closing it")
                 if await self._cas(wanted):
                     break
             md = self.metadata
             if md.state is LedgerState.CLOSED:
                 if (md.last_entry_id, md.length) != (command.last_entry_id, command.length):
-                    return self._on_failed("FENCED", f"ledger {self.ledger_id} was closed by another client at "
-                                                     f"last_entry_id {md.last_entry_id} (this client: "
-                                                     f"{command.last_entry_id})")
+                    return self._on_failed(LedgerStatus.FENCED,
+                                           f"ledger {self.ledger_id} was closed by another client at "
+                                           f"last_entry_id {md.last_entry_id} (this client: "
+                                           f"{command.last_entry_id})")
                 self.execute(self._sink_closed())
                 return self._on_closed(md)
-            self._on_failed("FENCED", f"ledger {self.ledger_id} is {md.state.name} in the metadata: another "
-                                      f"client is recovering it")
+            self._on_failed(LedgerStatus.FENCED, f"ledger {self.ledger_id} is {md.state.name} in the metadata: another "
+                                                 f"client is recovering it")
         except (MetadataError, LedgerStateError) as e:
-            self._on_failed("METADATA_ERROR", f"close failed: {e}")
+            self._on_failed(LedgerStatus.METADATA_ERROR, f"close failed: {e}")

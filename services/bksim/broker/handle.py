@@ -17,6 +17,7 @@ from bksim.broker.driver import LedgerDriver
 from bksim.ledger.writer import AddsFailed, LedgerWriter, WriterState
 from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
 from bksim.model.errors import LedgerError
+from bksim.model.status import LedgerStatus
 
 
 class LedgerHandle(LedgerDriver):
@@ -49,10 +50,10 @@ class LedgerHandle(LedgerDriver):
         if self.error is not None:
             raise self.error
         if len(payload) > self._payload_max:
-            raise LedgerError("BAD_REQUEST", f"payload of {len(payload)} bytes exceeds payload_bytes_max "
-                                             f"{self._payload_max}")
+            raise LedgerError(LedgerStatus.BAD_REQUEST, f"payload of {len(payload)} bytes exceeds payload_bytes_max "
+                                                        f"{self._payload_max}")
         if self._closing or self.writer.state not in (WriterState.WRITING, WriterState.CHANGING_ENSEMBLE):
-            raise LedgerError("LEDGER_CLOSED", f"ledger {self.ledger_id} is closed or closing")
+            raise LedgerError(LedgerStatus.LEDGER_CLOSED, f"ledger {self.ledger_id} is closed or closing")
         commands = self.writer.append(payload)
         future = asyncio.get_running_loop().create_future()
         self._futures[self.writer.last_add_pushed] = future
@@ -77,7 +78,7 @@ class LedgerHandle(LedgerDriver):
     def abort(self, reason: str) -> None:
         """Give up without closing (broker shutdown, ledger deleted): pending appends fail, ledger stays OPEN."""
         self.execute(self.writer.abort(reason))
-        self._fail("ABORTED", reason)
+        self._fail(LedgerStatus.ABORTED, reason)
 
     # -- driver hooks ----------------------------------------------------------------------------------------
     def _sink_add_results(self, bookie, entry_ids, statuses, writable):
@@ -111,12 +112,12 @@ class LedgerHandle(LedgerDriver):
         self.stop()
         self._on_done(self)
 
-    def _on_failed(self, code: str, reason: str) -> None:
+    def _on_failed(self, code: LedgerStatus, reason: str) -> None:
         if self.writer.state not in (WriterState.FAILED, WriterState.CLOSED):
             self.writer.abort(reason)
         self._fail(code, reason)
 
-    def _fail(self, code: str, reason: str) -> None:
+    def _fail(self, code: LedgerStatus, reason: str) -> None:
         if self.error is None:
             self.error = LedgerError(code, f"ledger {self.ledger_id}: {reason}")
         for future in self._futures.values():

@@ -44,6 +44,7 @@ from bksim.metadata.ledger_manager import (allocate_ledger_id, create_ledger_met
 from bksim.model.config import BrokerConfig
 from bksim.model.errors import (BksimError, LedgerError, MetadataError, NodeExistsError,
                                 NoNodeError)
+from bksim.model.status import LedgerStatus
 from bksim.ports.bookie_transport import BookieTransport
 from bksim.ports.clock import Clock
 from bksim.ports.metadata import MetadataStore
@@ -58,7 +59,7 @@ class Rng(Protocol):
 
 
 def _metadata_error(e: MetadataError) -> LedgerError:
-    return LedgerError("METADATA_ERROR", str(e))
+    return LedgerError(LedgerStatus.METADATA_ERROR, str(e))
 
 
 class LedgerService:
@@ -96,24 +97,27 @@ class LedgerService:
         try:
             check_quorum_sizes(ensemble_size, write_quorum_size, ack_quorum_size)
         except (ValueError, BksimError) as e:
-            raise LedgerError("BAD_REQUEST", str(e)) from None
+            raise LedgerError(LedgerStatus.BAD_REQUEST, str(e)) from None
         if digest_type not in DIGEST_TYPES:
-            raise LedgerError("BAD_REQUEST", f"digest type {digest_type!r} is not one of {list(DIGEST_TYPES)}")
+            raise LedgerError(LedgerStatus.BAD_REQUEST,
+                              f"digest type {digest_type!r} is not one of {list(DIGEST_TYPES)}")
         if len(self._handles) >= self.config.ledgers_open_max:
-            raise LedgerError("TOO_MANY_REQUESTS", f"this broker already writes {len(self._handles)} ledgers "
-                                                   f"(broker.ledgers_open_max)")
+            raise LedgerError(LedgerStatus.TOO_MANY_REQUESTS,
+                              f"this broker already writes {len(self._handles)} ledgers "
+                              f"(broker.ledgers_open_max)")
         try:
             writable = await self.writable_bookies()
             if len(writable) < ensemble_size:
-                raise LedgerError("NOT_ENOUGH_BOOKIES", f"ensemble of {ensemble_size} needs {ensemble_size} "
-                                                        f"writable bookies, {len(writable)} registered: {writable}")
+                raise LedgerError(LedgerStatus.NOT_ENOUGH_BOOKIES,
+                                  f"ensemble of {ensemble_size} needs {ensemble_size} "
+                                  f"writable bookies, {len(writable)} registered: {writable}")
             ensemble = self._rng.sample(writable, ensemble_size)
             try:
                 metadata = LedgerMetadata.new(ensemble, write_quorum_size, ack_quorum_size, password=password,
                                               digest_type=digest_type, ctime_ms=int(self._clock.wall_ms()),
                                               custom=custom or {})
             except ValueError as e:
-                raise LedgerError("BAD_REQUEST", str(e)) from None
+                raise LedgerError(LedgerStatus.BAD_REQUEST, str(e)) from None
             for _ in range(CREATE_ATTEMPTS_MAX):
                 ledger_id = await allocate_ledger_id(self.store)
                 try:
@@ -122,7 +126,7 @@ class LedgerService:
                 except NodeExistsError:
                     continue  # the idgen counter was reset by hand: never replace a ledger, take the next id
             else:
-                raise LedgerError("METADATA_ERROR", "ledger ids collide with existing ledgers")
+                raise LedgerError(LedgerStatus.METADATA_ERROR, "ledger ids collide with existing ledgers")
         except MetadataError as e:
             raise _metadata_error(e) from None
         self._log(f"ledger {ledger_id}: created E={ensemble_size} Qw={write_quorum_size} Qa={ack_quorum_size} "
@@ -147,7 +151,7 @@ class LedgerService:
         if self._handles.get(handle.ledger_id) is handle:
             del self._handles[handle.ledger_id]
             self._ended[handle.ledger_id] = (handle.error or LedgerError(
-                "LEDGER_CLOSED", f"ledger {handle.ledger_id} is closed"), handle.metadata)
+                LedgerStatus.LEDGER_CLOSED, f"ledger {handle.ledger_id} is closed"), handle.metadata)
             while len(self._ended) > self.config.ledgers_open_max:
                 self._ended.popitem(last=False)
 
@@ -169,8 +173,8 @@ class LedgerService:
             if password is not None:
                 self.check_password(ledger_id, metadata, password)
             raise LedgerError(error.status, error.message)
-        raise LedgerError("NOT_WRITER", f"this broker does not write ledger {ledger_id} (only its creator "
-                                        f"writes an open ledger; open it with recovery to close it)")
+        raise LedgerError(LedgerStatus.NOT_WRITER, f"this broker does not write ledger {ledger_id} (only its creator "
+                                                   f"writes an open ledger; open it with recovery to close it)")
 
     async def appender(self, ledger_id: int, password: bytes) -> LedgerHandle:
         """writer_of for an Append call, with the precise reason when this broker has no handle: UNAUTHORIZED,
@@ -178,11 +182,11 @@ class LedgerService:
         try:
             return self.writer_of(ledger_id, password)
         except LedgerError as e:
-            if e.status != "NOT_WRITER":
+            if e.status is not LedgerStatus.NOT_WRITER:
                 raise
         metadata, _ = await self.metadata(ledger_id, password)
         if metadata.is_closed:
-            raise LedgerError("LEDGER_CLOSED", f"ledger {ledger_id} is closed")
+            raise LedgerError(LedgerStatus.LEDGER_CLOSED, f"ledger {ledger_id} is closed")
         return self.writer_of(ledger_id, password)
 
     async def close_ledger(self, ledger_id: int, password: bytes) -> LedgerMetadata:
@@ -201,7 +205,7 @@ class LedgerService:
         try:
             metadata, version = await read_ledger_metadata(self.store, ledger_id)
         except NoNodeError:
-            raise LedgerError("NO_SUCH_LEDGER", f"ledger {ledger_id} does not exist") from None
+            raise LedgerError(LedgerStatus.NO_SUCH_LEDGER, f"ledger {ledger_id} does not exist") from None
         except MetadataError as e:
             raise _metadata_error(e) from None
         if password is not None:
@@ -211,7 +215,7 @@ class LedgerService:
     @staticmethod
     def check_password(ledger_id: int, metadata: LedgerMetadata, password: bytes) -> None:
         if master_key(password) != master_key(metadata.password):
-            raise LedgerError("UNAUTHORIZED", f"wrong password for ledger {ledger_id}")
+            raise LedgerError(LedgerStatus.UNAUTHORIZED, f"wrong password for ledger {ledger_id}")
 
     async def open_ledger(self, ledger_id: int, *, password: bytes, recover: bool) -> LedgerMetadata:
         """Without recovery: the metadata as it is (a reader of an open ledger reads up to the LAC). With
@@ -263,13 +267,15 @@ class LedgerService:
         if last == -1:
             last = lac
         if first < 0 or last < first - 1:
-            raise LedgerError("BAD_REQUEST", f"bad range {first}..{last}")
+            raise LedgerError(LedgerStatus.BAD_REQUEST, f"bad range {first}..{last}")
         if last > lac:
-            raise LedgerError("READ_BEYOND_LAC", f"ledger {ledger_id}: entry {last} is above the last confirmed "
-                                                 f"entry {lac}")
+            raise LedgerError(LedgerStatus.READ_BEYOND_LAC,
+                              f"ledger {ledger_id}: entry {last} is above the last confirmed "
+                              f"entry {lac}")
         if last - first + 1 > self.config.read_entries_max:
-            raise LedgerError("BAD_REQUEST", f"{last - first + 1} entries asked, at most "
-                                             f"{self.config.read_entries_max} per call (broker.read_entries_max)")
+            raise LedgerError(LedgerStatus.BAD_REQUEST,
+                              f"{last - first + 1} entries asked, at most "
+                              f"{self.config.read_entries_max} per call (broker.read_entries_max)")
         handle = self._handles.get(ledger_id)
         if handle is not None:
             metadata = handle.metadata  # newer segments than the znode we read may exist only here
@@ -287,7 +293,7 @@ class LedgerService:
         try:
             await delete_ledger_metadata(self.store, ledger_id)
         except NoNodeError:
-            raise LedgerError("NO_SUCH_LEDGER", f"ledger {ledger_id} does not exist") from None
+            raise LedgerError(LedgerStatus.NO_SUCH_LEDGER, f"ledger {ledger_id} does not exist") from None
         except MetadataError as e:
             raise _metadata_error(e) from None
         self._log(f"ledger {ledger_id}: deleted")

@@ -4,7 +4,7 @@
   segment's bookies under quorum coverage (LacRead).
 - `read_entries`: entries first..last in order, at most `window` EntryRead machines in flight, each with its
   speculative timer; the caller checks `last` against the LAC first (a reader never returns an entry above
-  it: NoDirtyReads). A bookie that did not answer is asked last for the rest of the call. An entry unreadable on every replica raises LedgerError("READ_FAILED") naming each
+  it: NoDirtyReads). A bookie that did not answer is asked last for the rest of the call. An entry unreadable on every replica raises LedgerError(READ_FAILED) naming each
   replica's answer; it is never reported as "no such entry".
 - `ReadOutbox`: the ReadEntry requests a state machine issues in one event-loop turn, collected per (bookie,
   fence) and sent as `read_entries` calls (one per bookie and at most READ_BATCH_ENTRIES_MAX ids) when the
@@ -26,7 +26,7 @@ from bksim.formats.entry import Entry
 from bksim.ledger.reader import EntryRead, LacRead
 from bksim.metadata.ledger_metadata import LedgerMetadata
 from bksim.model.errors import BookieUnreachable, LedgerError
-from bksim.model.status import StatusCode
+from bksim.model.status import LedgerStatus, StatusCode
 from bksim.ports.bookie_transport import READ_BATCH_ENTRIES_MAX, BookieTransport
 
 # deliver(bookie, entry id, status or None when unanswered, entry bytes)
@@ -134,7 +134,7 @@ async def read_lac(transport: BookieTransport, ledger_id: int, metadata: LedgerM
         for task in tasks:
             task.cancel()
     if machine.failed:
-        raise LedgerError("READ_FAILED", f"ledger {ledger_id}: {machine.failed}")
+        raise LedgerError(LedgerStatus.READ_FAILED, f"ledger {ledger_id}: {machine.failed}")
     return machine.lac
 
 
@@ -213,7 +213,7 @@ async def read_entries(transport: BookieTransport, ledger_id: int, metadata: Led
             del by_id[head.machine.entry_id]
             head.cancel()
             if head.machine.failed:
-                raise LedgerError("READ_FAILED", head.machine.failed)
+                raise LedgerError(LedgerStatus.READ_FAILED, head.machine.failed)
             yield head.machine.entry
     finally:
         outbox.close()

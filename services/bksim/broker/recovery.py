@@ -16,7 +16,7 @@ segments its winner wrote in full); a run that finds the segments changed under 
 fails with RECOVERY_FAILED instead of closing over them.
 
 A recovery that cannot decide (no quorum coverage, an entry neither found nor provably absent, the write-back
-fenced by yet another recovery's ensemble change) raises LedgerError("RECOVERY_FAILED"), leaving the ledger
+fenced by yet another recovery's ensemble change) raises LedgerError(RECOVERY_FAILED), leaving the ledger
 IN_RECOVERY for a later retry: it never guesses.
 """
 from __future__ import annotations
@@ -29,6 +29,7 @@ from bksim.ledger.recovery import LedgerRecovery, ReadEntry, RecoveryFailed, Rec
 from bksim.ledger.writer import CloseLedger, UpdateEnsemble
 from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
 from bksim.model.errors import LedgerError
+from bksim.model.status import LedgerStatus
 
 
 class RecoveryRun(LedgerDriver):
@@ -59,7 +60,7 @@ class RecoveryRun(LedgerDriver):
         if isinstance(command, ReadEntry):
             self._reads.read(command.bookie, command.entry_id, command.fence)
         elif isinstance(command, RecoveryFailed):
-            self._finish_failed("RECOVERY_FAILED", command.reason)
+            self._finish_failed(LedgerStatus.RECOVERY_FAILED, command.reason)
         else:
             super()._on_other(command)
 
@@ -104,14 +105,14 @@ class RecoveryRun(LedgerDriver):
         if not self._done.done():
             self._done.set_result(metadata)
 
-    def _on_failed(self, code: str, reason: str) -> None:
-        if code == "FENCED" and self.metadata.state is LedgerState.CLOSED:
+    def _on_failed(self, code: LedgerStatus, reason: str) -> None:
+        if code is LedgerStatus.FENCED and self.metadata.state is LedgerState.CLOSED:
             # another recovery closed the ledger first; its end is the ledger's end
             if not self._done.done():
                 self._done.set_result(self.metadata)
             return
-        self._finish_failed("RECOVERY_FAILED" if code == "FENCED" else code, reason)
+        self._finish_failed(LedgerStatus.RECOVERY_FAILED if code is LedgerStatus.FENCED else code, reason)
 
-    def _finish_failed(self, code: str, reason: str) -> None:
+    def _finish_failed(self, code: LedgerStatus, reason: str) -> None:
         if not self._done.done():
             self._done.set_exception(LedgerError(code, f"ledger {self.ledger_id}: recovery failed: {reason}"))

@@ -38,7 +38,7 @@ from bksim.chaos.workload import (LEDGER_PASSWORD, TOPIC, LedgerRecord, ledger_p
 from bksim.client import Client, ClientError, InitialPosition, SubscriptionType
 from bksim.formats.entry import decode_entry
 from bksim.model.errors import FormatError
-from bksim.model.status import StatusCode
+from bksim.model.status import StatusCode, TopicStatus
 
 FINDINGS_MAX = 50
 CALL_DEADLINE_S = 10.0
@@ -159,7 +159,7 @@ def _read_topic(client: Client, subscription: str, wanted: set[int], count_max: 
             try:
                 m = consumer.receive(RECEIVE_IDLE_MS if done else 1_000)
             except ClientError as e:
-                if e.status == "TIMEOUT":
+                if e.status is TopicStatus.TIMEOUT:
                     if done or time.monotonic() - last_message >= missing_idle_s:
                         break  # all seen and drained; or nothing more is coming (the rest is lost)
                     continue
@@ -267,7 +267,7 @@ def broker_fenced(address: str, topic: str, timeout_s: float) -> tuple[bool, str
                 said = "it still serves the topic (TopicStats answered)"
             except ClientError as e:
                 said = f"{e.status}: {e}"
-                if e.status == "NOT_OWNER":
+                if e.status is TopicStatus.NOT_OWNER:
                     return True, said
             if time.monotonic() >= deadline:
                 return False, f"after {timeout_s:.0f} s: {said}"

@@ -34,6 +34,7 @@ import time
 from bksim.cli import config as cfgload
 from bksim.model.config import Config
 from bksim.model.errors import BksimError
+from bksim.model.status import LedgerStatus
 
 PASSWORD_ENV = "BKSIM_LEDGER_PASSWORD"
 ZK_LOOKUP_TIMEOUT_S = 2.0  # finding a broker in ZooKeeper; then the fallback address is used
@@ -462,7 +463,7 @@ def cmd_list(args) -> int:
             try:
                 details.append(s.client.get_metadata(ledger_id))
             except BrokerCallError as e:
-                if e.status != "NO_SUCH_LEDGER":  # deleted meanwhile: leave it out
+                if e.ledger_status is not LedgerStatus.NO_SUCH_LEDGER:  # deleted meanwhile: leave it out
                     raise
     if args.json:
         _print_json({"ledger_ids": ids, "ledgers": [d.to_dict() for d in details]})

@@ -29,6 +29,7 @@ import time
 
 from bksim.cli import config as cfgload
 from bksim.model.errors import BksimError
+from bksim.model.status import TopicStatus
 
 CONSUME_POLL_MS = 500  # consume waits for messages in steps this long (so Ctrl-C is prompt)
 PRODUCE_IDS_SHOWN = 10  # `produce --json` lists at most this many message ids
@@ -406,12 +407,12 @@ def cmd_consume(args) -> int:
                 try:
                     m = consumer.receive(CONSUME_POLL_MS)
                 except ClientError as e:
-                    if e.status != "TIMEOUT":
+                    if e.status is not TopicStatus.TIMEOUT:
                         raise
                     if args.timeout and time.monotonic() - last >= args.timeout:
-                        raise ClientError("TIMEOUT", f"no message on {args.topic} (subscription "
-                                                     f"{args.subscription}) for {args.timeout:g} s; consumed "
-                                                     f"{consumed}") from None
+                        raise ClientError(TopicStatus.TIMEOUT, f"no message on {args.topic} (subscription "
+                                                               f"{args.subscription}) for {args.timeout:g} s; consumed "
+                                                               f"{consumed}") from None
                     continue
                 last = time.monotonic()
                 if args.json:

@@ -23,6 +23,7 @@ from bksim.client.producer import (BATCHING_MAX_BYTES_DEFAULT, BATCHING_MAX_MESS
                                    MAX_PENDING_MESSAGES_DEFAULT, SEND_TIMEOUT_MS_DEFAULT, Producer)
 from bksim.client.types import InitialPosition, RoutingMode, SubscriptionType
 from bksim.gen import topic_pb2
+from bksim.model.status import TopicStatus
 
 SERVICE_URL_DEFAULT = "127.0.0.1:6650"
 
@@ -39,8 +40,9 @@ class Client:
                  reconnect_attempts_max: int = RECONNECT_ATTEMPTS_MAX_DEFAULT) -> None:
         if operation_timeout_ms <= 0 or backoff_initial_ms <= 0 or backoff_max_ms < backoff_initial_ms \
                 or reconnect_attempts_max < 1:
-            raise ClientError("BAD_REQUEST", "need operation_timeout_ms > 0, 0 < backoff_initial_ms <= backoff_max_ms "
-                                             "and reconnect_attempts_max >= 1")
+            raise ClientError(TopicStatus.BAD_REQUEST,
+                              "need operation_timeout_ms > 0, 0 < backoff_initial_ms <= backoff_max_ms "
+                              "and reconnect_attempts_max >= 1")
         self.addresses = parse_service_url(service_url)
         self._operation_timeout_s = operation_timeout_ms / 1000.0
         self._backoff_args = (backoff_initial_ms / 1000.0, backoff_max_ms / 1000.0, reconnect_attempts_max,
@@ -57,7 +59,7 @@ class Client:
     def _call(self, method: str, request, owner: str = ""):
         """A unary call to any broker (`owner`: to the owner of that topic, found by Lookup)."""
         if self._closed:
-            raise ClientError("BAD_REQUEST", "the client is closed")
+            raise ClientError(TopicStatus.BAD_REQUEST, "the client is closed")
         call = self._conns.unary_owner(method, request, owner) if owner else self._conns.unary(method, request)
         return self._loop.run(call, self._operation_timeout_s * (len(self.addresses) + 3) + 1)
 
@@ -130,7 +132,7 @@ class Client:
         try:
             r = self._call("DeleteTopic", request, owner=topic)
         except ClientError as e:
-            if e.status != "NOT_OWNER":
+            if e.status is not TopicStatus.NOT_OWNER:
                 raise
             partitions = self.get_topic(topic)["partitions"]
             if not partitions:
@@ -140,7 +142,7 @@ class Client:
                 try:
                     self._call("DeleteTopic", topic_pb2.DeleteTopicRequest(topic=part, force=force), owner=part)
                 except ClientError as pe:
-                    if pe.status != "TOPIC_NOT_FOUND":
+                    if pe.status is not TopicStatus.TOPIC_NOT_FOUND:
                         raise
             r = self._call("DeleteTopic", request)
         return {"topic": r.topic, "partitions": r.partitions}
@@ -166,13 +168,14 @@ class Client:
         try:
             return json.loads(r.json)
         except ValueError as e:
-            raise ClientError("INTERNAL", f"{method} of {topic}: the broker's answer is not JSON: {e}") from None
+            raise ClientError(TopicStatus.INTERNAL,
+                              f"{method} of {topic}: the broker's answer is not JSON: {e}") from None
 
     def _partitions(self, topic: str) -> int:
         try:
             return self.get_topic(topic)["partitions"]
         except ClientError as e:
-            if e.status == "TOPIC_NOT_FOUND":
+            if e.status is TopicStatus.TOPIC_NOT_FOUND:
                 return 0  # the broker decides on Produce/Subscribe (it may create the topic or refuse)
             raise
 
@@ -209,7 +212,7 @@ class Client:
             kind = SubscriptionType.parse(subscription_type)
             position = InitialPosition.parse(initial_position)
         except ValueError as e:
-            raise ClientError("BAD_REQUEST", str(e)) from None
+            raise ClientError(TopicStatus.BAD_REQUEST, str(e)) from None
         partitions = self._partitions(topic)
         consumer = Consumer(self, topic, partitions, subscription, subscription_type=kind, consumer_name=consumer_name,
                             priority=priority, initial_position=position, receiver_queue_size=receiver_queue_size,
@@ -221,7 +224,7 @@ class Client:
 
     def _open(self, child) -> None:
         if self._closed:
-            raise ClientError("BAD_REQUEST", "the client is closed")
+            raise ClientError(TopicStatus.BAD_REQUEST, "the client is closed")
         # connecting may take the whole reconnect budget (bounded by the operation timeout) per partition
         try:
             self._loop.run(child._start(), self._operation_timeout_s * 2 + 5)

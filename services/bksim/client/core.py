@@ -24,6 +24,7 @@ import grpc
 
 from bksim.client.errors import ClientError, from_rpc_error
 from bksim.gen import topic_pb2, topic_pb2_grpc
+from bksim.model.status import TopicStatus
 
 log = logging.getLogger("bksim.client")
 
@@ -50,10 +51,10 @@ def parse_service_url(service_url: str | Iterable[str]) -> list[str]:
             continue
         host, sep, port = item.rpartition(":")
         if not sep or not host or not port.isdigit():
-            raise ClientError("BAD_REQUEST", f"service address {item!r} is not HOST:PORT")
+            raise ClientError(TopicStatus.BAD_REQUEST, f"service address {item!r} is not HOST:PORT")
         out.append(item)
     if not out:
-        raise ClientError("BAD_REQUEST", f"no broker address in service_url {service_url!r}")
+        raise ClientError(TopicStatus.BAD_REQUEST, f"no broker address in service_url {service_url!r}")
     return list(dict.fromkeys(out))
 
 
@@ -102,7 +103,8 @@ class LoopThread:
             return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
-            raise ClientError("TIMEOUT", f"the client did not finish the call within {timeout_s:.1f}s") from None
+            raise ClientError(TopicStatus.TIMEOUT,
+                              f"the client did not finish the call within {timeout_s:.1f}s") from None
 
     def call(self, fn, *args) -> None:
         """Run `fn(*args)` on the loop soon (from any thread)."""
@@ -214,14 +216,14 @@ class Connections:
             try:
                 address = await self.lookup(topic)
             except ClientError as e:
-                if e.status != "BAD_REQUEST":
+                if e.status is not TopicStatus.BAD_REQUEST:
                     raise
                 return await self.unary(method, request, timeout_s)
             try:
                 return await getattr(self.stub(address), method)(request, timeout=timeout)
             except grpc.aio.AioRpcError as e:
                 error = from_rpc_error(e, address)
-                if error.status != "NOT_OWNER":
+                if error.status is not TopicStatus.NOT_OWNER:
                     raise error from None
         assert error is not None
         raise error
@@ -230,7 +232,7 @@ class Connections:
         """The address of the broker that owns (or will own) `topic` (a partition or a non-partitioned topic)."""
         response = await self.unary("Lookup", topic_pb2.LookupRequest(topic=topic))
         if not response.address:
-            raise ClientError("SERVICE_UNAVAILABLE", f"lookup of {topic} named no broker")
+            raise ClientError(TopicStatus.SERVICE_UNAVAILABLE, f"lookup of {topic} named no broker")
         return response.address
 
     async def close(self) -> None:

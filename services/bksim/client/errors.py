@@ -16,17 +16,18 @@ import grpc
 from bksim.adapters.broker_client import call_error
 from bksim.gen import topic_pb2
 from bksim.model.errors import BksimError
+from bksim.model.status import TopicStatus
 
-STATUSES = frozenset(topic_pb2.TopicStatus.keys()) - {"OK"}
+STATUSES = frozenset(TopicStatus) - {TopicStatus.OK}
 
 # gRPC code -> TopicStatus when the broker did not answer with a "bksim-status" trailer
-_GRPC_TO_STATUS = {"UNAVAILABLE": "SERVICE_UNAVAILABLE", "DEADLINE_EXCEEDED": "TIMEOUT",
-                   "RESOURCE_EXHAUSTED": "TOO_MANY_REQUESTS", "CANCELLED": "SERVICE_UNAVAILABLE",
-                   "UNKNOWN": "INTERNAL", "INTERNAL": "INTERNAL"}
+_GRPC_TO_STATUS = {"UNAVAILABLE": TopicStatus.SERVICE_UNAVAILABLE, "DEADLINE_EXCEEDED": TopicStatus.TIMEOUT,
+                   "RESOURCE_EXHAUSTED": TopicStatus.TOO_MANY_REQUESTS, "CANCELLED": TopicStatus.SERVICE_UNAVAILABLE,
+                   "UNKNOWN": TopicStatus.INTERNAL, "INTERNAL": TopicStatus.INTERNAL}
 
 # What a producer or consumer survives by looking the topic up again and reconnecting.
-RETRIABLE = frozenset({"NOT_OWNER", "TOPIC_FENCED", "SERVICE_UNAVAILABLE", "METADATA_ERROR", "TOO_MANY_REQUESTS",
-                       "TIMEOUT"})
+RETRIABLE = frozenset({TopicStatus.NOT_OWNER, TopicStatus.TOPIC_FENCED, TopicStatus.SERVICE_UNAVAILABLE,
+                       TopicStatus.METADATA_ERROR, TopicStatus.TOO_MANY_REQUESTS, TopicStatus.TIMEOUT})
 
 
 class ClientError(BksimError):
@@ -35,16 +36,16 @@ class ClientError(BksimError):
     broker refused (False: the call failed before or without its answer); `grpc_code`: the gRPC code name, if
     any."""
 
-    def __init__(self, status: str, message: str, *, owner_address: str = "", from_broker: bool = False,
-                 grpc_code: str = "") -> None:
+    def __init__(self, status: TopicStatus | str, message: str, *, owner_address: str = "",
+                 from_broker: bool = False, grpc_code: str = "") -> None:
         if status not in STATUSES:
             raise ValueError(f"unknown topic status {status!r}")
-        self.status = status
+        self.status = TopicStatus(status)
         self.message = message
         self.owner_address = owner_address
         self.from_broker = from_broker
         self.grpc_code = grpc_code
-        super().__init__(f"{status}: {message}")
+        super().__init__(f"{self.status}: {message}")
 
     @property
     def retriable(self) -> bool:
@@ -59,15 +60,16 @@ def from_rpc_error(e: grpc.RpcError, address: str) -> ClientError:
     failed = call_error(e, address)  # reads the "bksim-status" trailer (grpc.aio and blocking calls alike)
     if failed.answered and failed.status in STATUSES:
         return ClientError(failed.status, failed.message, from_broker=True, grpc_code=failed.grpc_code)
-    status = _GRPC_TO_STATUS.get(failed.grpc_code, "INTERNAL")
+    status = _GRPC_TO_STATUS.get(failed.grpc_code, TopicStatus.INTERNAL)
     return ClientError(status, f"{failed.grpc_code}: {failed.message}", grpc_code=failed.grpc_code)
 
 
 def from_error_pb(error: topic_pb2.Error, address: str = "") -> ClientError:
     """A ClientError from the in-band Error that ends a Produce or Subscribe stream (or an AckResult/SeekResult)."""
-    status = topic_pb2.TopicStatus.Name(error.status) if error.status in topic_pb2.TopicStatus.values() else "INTERNAL"
-    if status == "OK":
-        status = "INTERNAL"
+    status = (TopicStatus(topic_pb2.TopicStatus.Name(error.status)) if error.status in topic_pb2.TopicStatus.values()
+              else TopicStatus.INTERNAL)
+    if status is TopicStatus.OK:
+        status = TopicStatus.INTERNAL
         message = f"broker {address} sent an error with status OK: {error.message}"
     else:
         message = error.message or f"broker {address}: {status}"

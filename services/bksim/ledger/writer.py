@@ -47,7 +47,7 @@ from bksim.formats.entry import encode_entry
 from bksim.ledger.quorum import check_quorum_sizes, write_set_indexes
 from bksim.model.errors import BksimError
 from bksim.model.invariants import InvariantError
-from bksim.model.status import StatusCode
+from bksim.model.status import LedgerStatus, StatusCode
 
 
 class WriterError(BksimError):
@@ -89,7 +89,7 @@ class AddsFailed:
     recovery may still find them)."""
     entry_ids: tuple[int, ...]
     reason: str
-    code: str = "FENCED"  # FENCED | UNAUTHORIZED | NOT_ENOUGH_BOOKIES | ABORTED: what the application is told
+    code: LedgerStatus = LedgerStatus.FENCED  # FENCED | NOT_ENOUGH_BOOKIES | ABORTED: what the application is told
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +142,7 @@ class LedgerWriter:
         self.confirmed_length = length  # of everything up to the LAC
         self.state = WriterState.WRITING
         self.failure: str | None = None
-        self.failure_code: str | None = None
+        self.failure_code: LedgerStatus | None = None
         self._pending: dict[int, _Pending] = {}  # entry id -> pending add, ids > LAC, in id order
         self._failed: dict[int, str] = {}  # ensemble index -> failed bookie, awaiting replacement
         self._close_requested = False
@@ -394,7 +394,7 @@ class LedgerWriter:
         for i, bookie in sorted(self._failed.items()):
             if not candidates:
                 return self._fail(f"no writable bookie outside the ensemble to replace {bookie}",
-                                  "NOT_ENOUGH_BOOKIES")
+                                  LedgerStatus.NOT_ENOUGH_BOOKIES)
             replacement = self._rng.choice(candidates)
             candidates.remove(replacement)
             ensemble[i] = replacement
@@ -407,9 +407,9 @@ class LedgerWriter:
         unknown), take no more events. The ledger stays as the metadata says (OPEN: a later recovery closes it)."""
         if self.state in (WriterState.FAILED, WriterState.CLOSED):
             return []
-        return self._fail(reason, "ABORTED")
+        return self._fail(reason, LedgerStatus.ABORTED)
 
-    def _fail(self, reason: str, code: str = "FENCED") -> list[Command]:
+    def _fail(self, reason: str, code: LedgerStatus = LedgerStatus.FENCED) -> list[Command]:
         self.state = WriterState.FAILED
         self.failure = reason
         self.failure_code = code

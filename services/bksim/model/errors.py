@@ -24,7 +24,7 @@ Bugs (a broken invariant) are not in this tree: they are ``assert`` statements a
 """
 from __future__ import annotations
 
-from bksim.model.status import StatusCode
+from bksim.model.status import LedgerStatus, StatusCode
 
 
 class BksimError(Exception):
@@ -102,20 +102,25 @@ class LedgerStateError(BksimError):
 
 
 class BookieUnreachable(BksimError):
-    """A bookie did not answer (connection refused or broken, deadline passed). The outcome of an add that
-    got no answer is unknown: it may be on the bookie's disk."""
+    """A bookie did not answer (connection refused or broken, deadline passed, stream ended, transport closed).
+    The outcome of an add that got no answer is unknown: it may be on the bookie's disk. `bookie`: its id or
+    address ("" when unknown); `why`: what happened; `code`: the gRPC status code name when a gRPC call failed
+    ("UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", ...), "" otherwise."""
 
-    def __init__(self, bookie: str, why: str) -> None:
+    def __init__(self, bookie: str, why: str, *, code: str = "") -> None:
         self.bookie = bookie
         self.why = why
-        super().__init__(f"bookie {bookie}: {why}")
+        self.code = code
+        super().__init__(f"bookie {bookie}: {why}" if bookie else why)
 
 
 class LedgerError(BksimError):
-    """A ledger operation failed with a status a client can act on (proto/broker.proto's LedgerStatus
-    names: NOT_ENOUGH_BOOKIES, NO_SUCH_LEDGER, LEDGER_CLOSED, NOT_WRITER, FENCED, BAD_REQUEST, ...)."""
+    """A ledger operation failed with a status a client can act on (`status`: a LedgerStatus other than OK:
+    NOT_ENOUGH_BOOKIES, NO_SUCH_LEDGER, LEDGER_CLOSED, NOT_WRITER, FENCED, BAD_REQUEST, ...)."""
 
-    def __init__(self, status: str, message: str) -> None:
-        self.status = status
+    def __init__(self, status: LedgerStatus | str, message: str) -> None:
+        self.status = LedgerStatus(status)
+        if self.status is LedgerStatus.OK:
+            raise ValueError(f"a LedgerError needs a failure status, not OK ({message})")
         self.message = message
-        super().__init__(f"{status}: {message}")
+        super().__init__(f"{self.status}: {message}")

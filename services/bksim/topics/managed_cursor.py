@@ -58,7 +58,7 @@ Persistence (each step logged; stats_internal()["lastPersist"] says where the la
 - delete: the znode first (a crash then leaks a ledger, never resurrects a cursor), then the ledger.
 
 Ownership: every znode write is a CAS on the version this cursor read or wrote. A CAS conflict (or a deleted
-znode, or a FENCED cursor ledger) means another broker owns the topic now: TopicError("TOPIC_FENCED"), the
+znode, or a FENCED cursor ledger) means another broker owns the topic now: TopicError(TopicStatus.TOPIC_FENCED), the
 cursor stops (state "Fenced"), `on_fenced` is called and every later call raises the same error.
 """
 from __future__ import annotations
@@ -74,6 +74,7 @@ from bksim.topics.positions import Position
 from bksim.model.config import TopicConfig
 from bksim.model.errors import (BadVersionError, ConnectionLossError, LedgerError, MetadataError, NodeExistsError,
                                 NoNodeError)
+from bksim.model.status import LedgerStatus, TopicStatus
 from bksim.ports.clock import Clock
 from bksim.ports.metadata import MetadataStore
 
@@ -83,7 +84,7 @@ STATS_RANGES_MAX = 100  # ranges individuallyDeletedMessages lists (the count is
 # Every other one (READ_FAILED, RECOVERY_FAILED, NOT_ENOUGH_BOOKIES, METADATA_ERROR, ...) fails the open: a retry
 # may succeed, and nothing is rolled back meanwhile (Pulsar falls back on read and recovery errors too; a
 # transient outage then costs the acks only the ledger held).
-GONE = ("NO_SUCH_LEDGER",)
+GONE = (LedgerStatus.NO_SUCH_LEDGER,)
 INITIAL_POSITIONS = ("earliest", "latest")
 
 OPEN, NO_LEDGER, CLOSED, DELETED, FENCED = "Open", "NoLedger", "Closed", "Deleted", "Fenced"
@@ -135,7 +136,8 @@ class ManagedCursor:
         """Open (creating or recovering) the cursor whose znode is `path`. `background_flush` False: nothing
         persists unless persist()/close() is called (tests, tools)."""
         if initial_position not in INITIAL_POSITIONS:
-            raise TopicError("BAD_REQUEST", f"initial position {initial_position!r} is not one of {INITIAL_POSITIONS}")
+            raise TopicError(TopicStatus.BAD_REQUEST,
+                             f"initial position {initial_position!r} is not one of {INITIAL_POSITIONS}")
         cursor = cls(name=name, path=path, layout=layout, ledgers=ledgers, store=store, clock=clock, config=config,
                      password=password, log=log, on_fenced=on_fenced)
         await cursor._open(initial_position)
@@ -151,7 +153,7 @@ class ManagedCursor:
         except NoNodeError:
             data = None
         except MetadataError as e:
-            raise TopicError("METADATA_ERROR", f"cursor {self.name}: reading {self.path}: {e}") from None
+            raise TopicError(TopicStatus.METADATA_ERROR, f"cursor {self.name}: reading {self.path}: {e}") from None
         if data is None:
             layout = self.layout
             md = (layout.previous_position(layout.first_position()) if initial_position == "earliest"
@@ -171,17 +173,19 @@ class ManagedCursor:
                 try:
                     data, self._znode_version = await self._store.get(self.path)
                 except MetadataError as e:
-                    raise TopicError("METADATA_ERROR", f"cursor {self.name}: reading {self.path}: {e}") from None
+                    raise TopicError(TopicStatus.METADATA_ERROR,
+                                     f"cursor {self.name}: reading {self.path}: {e}") from None
             except NoNodeError:
                 parent = self.path.rsplit("/", 1)[0]
-                raise TopicError("TOPIC_NOT_FOUND", f"cursor {self.name}: managed ledger znode {parent} does not "
-                                                    f"exist") from None
+                raise TopicError(TopicStatus.TOPIC_NOT_FOUND,
+                                 f"cursor {self.name}: managed ledger znode {parent} does not "
+                                 f"exist") from None
             except MetadataError as e:
-                raise TopicError("METADATA_ERROR", f"cursor {self.name}: creating {self.path}: {e}") from None
+                raise TopicError(TopicStatus.METADATA_ERROR, f"cursor {self.name}: creating {self.path}: {e}") from None
         try:
             znode = codec.decode_znode(data, self.path)
         except codec.CodecError as e:
-            raise TopicError("METADATA_ERROR", f"cursor {self.name}: {e}") from None
+            raise TopicError(TopicStatus.METADATA_ERROR, f"cursor {self.name}: {e}") from None
         self._ledger_id = znode.cursor_ledger
         source, reason, found = "znode", "", None
         if znode.cursor_ledger >= 0:
@@ -230,9 +234,10 @@ class ManagedCursor:
             found = await codec.find_last_snapshot(read, metadata.last_entry_id)
         except LedgerError as e:
             if e.status not in GONE:
-                raise TopicError("SERVICE_UNAVAILABLE", f"cursor {self.name}: cursor ledger {ledger_id} cannot be "
-                                                        f"read now ({e}); the open fails so that no acknowledgement "
-                                                        f"is rolled back: retry once its bookies serve it") from None
+                raise TopicError(TopicStatus.SERVICE_UNAVAILABLE,
+                                 f"cursor {self.name}: cursor ledger {ledger_id} cannot be "
+                                 f"read now ({e}); the open fails so that no acknowledgement "
+                                 f"is rolled back: retry once its bookies serve it") from None
             return None, f"cursor ledger {ledger_id} is unreadable ({e})"
         if found is None:
             return None, (f"cursor ledger {ledger_id} has no complete snapshot "
@@ -282,9 +287,9 @@ class ManagedCursor:
     # ------------------------------------------------------------------------------------------ acks
     def _writable(self) -> None:
         if self._fenced is not None:
-            raise TopicError("TOPIC_FENCED", self._fenced.message)
+            raise TopicError(TopicStatus.TOPIC_FENCED, self._fenced.message)
         if self._status in (CLOSED, DELETED):
-            raise TopicError("SERVICE_UNAVAILABLE", f"cursor {self.name} is {self._status.lower()}")
+            raise TopicError(TopicStatus.SERVICE_UNAVAILABLE, f"cursor {self.name} is {self._status.lower()}")
 
     def _touch(self) -> None:
         self.state.last_active = self._clock.wall_ms()
@@ -359,7 +364,7 @@ class ManagedCursor:
             try:
                 await asyncio.shield(persist)
             except TopicError as e:
-                if e.status == "TOPIC_FENCED":
+                if e.status is TopicStatus.TOPIC_FENCED:
                     return
                 self._log(f"cursor {self.name}: background persist failed: {e}")
             except Exception as e:  # a bug: say so, and keep persisting (a dead flusher would persist nothing)
@@ -384,7 +389,7 @@ class ManagedCursor:
                 if update_znode:
                     await self._write_znode(snap, self._ledger_id)
         except LedgerError as e:
-            if e.status == "FENCED":
+            if e.status is LedgerStatus.FENCED:
                 raise self._fence(f"cursor ledger {self._ledger_id} was fenced: another broker recovered it "
                                   f"({e})") from None
             self._check_not_aborted()
@@ -467,7 +472,8 @@ class ManagedCursor:
 
     def _check_not_aborted(self) -> None:
         if self._aborted:
-            raise TopicError("SERVICE_UNAVAILABLE", f"cursor {self.name} was aborted: nothing more is written")
+            raise TopicError(TopicStatus.SERVICE_UNAVAILABLE,
+                             f"cursor {self.name} was aborted: nothing more is written")
 
     async def _cas(self, raw: bytes) -> None:
         self._check_not_aborted()
@@ -482,21 +488,22 @@ class ManagedCursor:
         except ConnectionLossError as e:
             loss = e
         except MetadataError as e:
-            raise TopicError("METADATA_ERROR", f"cursor {self.name}: writing {self.path}: {e}") from None
+            raise TopicError(TopicStatus.METADATA_ERROR, f"cursor {self.name}: writing {self.path}: {e}") from None
         try:  # the outcome is unknown: read back and decide
             data, version = await self._store.get(self.path)
         except MetadataError as e:
-            raise TopicError("METADATA_ERROR", f"cursor {self.name}: writing {self.path}: {loss}; then {e}") from None
+            raise TopicError(TopicStatus.METADATA_ERROR,
+                             f"cursor {self.name}: writing {self.path}: {loss}; then {e}") from None
         if data == raw and version == self._znode_version + 1:
             self._znode_version = version
             return
         if version != self._znode_version:
             raise self._fence(f"{self.path} was changed by another broker (version {version}, "
                               f"{self._znode_version} expected)")
-        raise TopicError("METADATA_ERROR", f"cursor {self.name}: writing {self.path}: {loss} (not applied)")
+        raise TopicError(TopicStatus.METADATA_ERROR, f"cursor {self.name}: writing {self.path}: {loss} (not applied)")
 
     def _fence(self, why: str) -> TopicError:
-        error = TopicError("TOPIC_FENCED", f"cursor {self.name}: {why}")
+        error = TopicError(TopicStatus.TOPIC_FENCED, f"cursor {self.name}: {why}")
         if self._fenced is None:
             self._fenced = error
             self._status = FENCED
@@ -512,7 +519,7 @@ class ManagedCursor:
         try:
             await self._ledgers.delete_ledger(ledger_id, password=self._password)
         except LedgerError as e:
-            if e.status != "NO_SUCH_LEDGER":
+            if e.status is not LedgerStatus.NO_SUCH_LEDGER:
                 self._log(f"cursor {self.name}: cursor ledger {ledger_id} ({why}) not deleted: {e}; it leaks")
 
     def _stop_flusher(self) -> None:
@@ -547,7 +554,7 @@ class ManagedCursor:
                     try:
                         await self._ledgers.close_ledger(self._handle.ledger_id, self._password)
                     except LedgerError as e:
-                        if e.status == "FENCED":
+                        if e.status is LedgerStatus.FENCED:
                             raise self._fence(f"cursor ledger {self._ledger_id} was fenced ({e})") from None
                         self._log(f"cursor {self.name}: cursor ledger {self._ledger_id} not closed: {e} (the "
                                   f"next owner recovers it)")
@@ -575,7 +582,7 @@ class ManagedCursor:
             except NoNodeError:
                 raise self._fence(f"{self.path} was deleted by someone else") from None
             except MetadataError as e:
-                raise TopicError("METADATA_ERROR", f"cursor {self.name}: deleting {self.path}: {e}") from None
+                raise TopicError(TopicStatus.METADATA_ERROR, f"cursor {self.name}: deleting {self.path}: {e}") from None
             if self._handle is not None:
                 self._handle.abort(f"cursor {self.name} deleted")
                 self._handle = None

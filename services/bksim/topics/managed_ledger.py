@@ -33,6 +33,7 @@ from bksim.topics.positions import Position
 from bksim.metadata.ledger_metadata import LedgerMetadata
 from bksim.model.config import BrokerConfig, TopicConfig
 from bksim.model.errors import BadVersionError, LedgerError, MetadataError, NoNodeError
+from bksim.model.status import LedgerStatus, TopicStatus
 from bksim.ports.clock import Clock
 from bksim.ports.metadata import MetadataStore
 
@@ -137,9 +138,9 @@ class ManagedLedger:
         try:
             data, self.version = await self._store.get(self.path)
         except NoNodeError:
-            raise TopicError("TOPIC_NOT_FOUND", f"topic {self.name} does not exist") from None
+            raise TopicError(TopicStatus.TOPIC_NOT_FOUND, f"topic {self.name} does not exist") from None
         except MetadataError as e:
-            raise TopicError("METADATA_ERROR", f"topic {self.name}: {e}") from None
+            raise TopicError(TopicStatus.METADATA_ERROR, f"topic {self.name}: {e}") from None
         self.info = ManagedLedgerInfo.from_bytes(data)
         kept: list[LedgerInfo] = []
         empty: list[int] = []
@@ -148,7 +149,7 @@ class ManagedLedger:
                 try:
                     metadata = await self._recover_once(info.ledger_id)
                 except LedgerError as e:
-                    if e.status == "NO_SUCH_LEDGER":
+                    if e.status is LedgerStatus.NO_SUCH_LEDGER:
                         self._log(f"topic {self.name}: ledger {info.ledger_id} is gone; dropped from the list")
                         continue
                     raise _unavailable(f"topic {self.name}: recovering ledger {info.ledger_id} failed", e) from None
@@ -187,7 +188,7 @@ class ManagedLedger:
             except (LedgerError, TopicError) as e:
                 self._log(f"topic {self.name}: ledger {self._current.ledger_id} not closed cleanly ({e}); the next "
                           f"owner recovers it")
-        self._fail_pending(TopicError("SERVICE_UNAVAILABLE", f"topic {self.name} is closed on this broker"))
+        self._fail_pending(TopicError(TopicStatus.SERVICE_UNAVAILABLE, f"topic {self.name} is closed on this broker"))
 
     def abandon(self, reason: str) -> None:
         """Stop without closing (ownership lost, broker crash-like stop): pending appends fail, ledger stays open."""
@@ -211,8 +212,9 @@ class ManagedLedger:
         if self.state in ("Fenced", "Closed"):
             raise self._not_writable()
         if len(self._pending) >= self.config.pending_adds_max:
-            raise TopicError("TOO_MANY_REQUESTS", f"topic {self.name} has {len(self._pending)} appends pending "
-                                                  f"(topic.pending_adds_max)")
+            raise TopicError(TopicStatus.TOO_MANY_REQUESTS,
+                             f"topic {self.name} has {len(self._pending)} appends pending "
+                             f"(topic.pending_adds_max)")
         future = asyncio.get_running_loop().create_future()
         op = _PendingAdd(payload, future, on_confirmed)
         self._pending.append(op)
@@ -222,8 +224,9 @@ class ManagedLedger:
 
     def _not_writable(self) -> TopicError:
         if self.state == "Fenced":
-            return TopicError("TOPIC_FENCED", f"topic {self.name} is fenced on this broker: {self.fence_reason}")
-        return TopicError("SERVICE_UNAVAILABLE", f"topic {self.name} is closed on this broker")
+            return TopicError(TopicStatus.TOPIC_FENCED,
+                              f"topic {self.name} is fenced on this broker: {self.fence_reason}")
+        return TopicError(TopicStatus.SERVICE_UNAVAILABLE, f"topic {self.name} is closed on this broker")
 
     def _send(self, op: _PendingAdd) -> None:
         handle = self._handle
@@ -324,7 +327,7 @@ class ManagedLedger:
                     await self._start_ledger(reason=reason)
                     break
                 except TopicError as e:
-                    if e.status in ("TOPIC_FENCED",) or attempt == ROLL_ATTEMPTS_MAX - 1:
+                    if e.status is TopicStatus.TOPIC_FENCED or attempt == ROLL_ATTEMPTS_MAX - 1:
                         raise
                     self._log(f"topic {self.name}: creating the next ledger failed ({e}); retrying")
                     await self._clock.sleep_ms(RECOVERY_RETRY_MS)
@@ -337,7 +340,7 @@ class ManagedLedger:
                         break  # a failure or a roll started again: it re-sends the rest
         except TopicError as e:
             self._roll_task = None
-            self._fence(e.message if e.status == "TOPIC_FENCED" else f"rollover failed: {e}")
+            self._fence(e.message if e.status is TopicStatus.TOPIC_FENCED else f"rollover failed: {e}")
         except asyncio.CancelledError:
             self._roll_task = None
             raise
@@ -349,11 +352,13 @@ class ManagedLedger:
             try:
                 return await self._recover_once(ledger_id)
             except LedgerError as e:
-                if e.status in ("UNAUTHORIZED", "NO_SUCH_LEDGER"):
-                    raise TopicError("INTERNAL", f"topic {self.name}: ledger {ledger_id} cannot be recovered: {e}")
+                if e.status in (LedgerStatus.UNAUTHORIZED, LedgerStatus.NO_SUCH_LEDGER):
+                    raise TopicError(TopicStatus.INTERNAL,
+                                     f"topic {self.name}: ledger {ledger_id} cannot be recovered: {e}")
                 self._log(f"topic {self.name}: recovering ledger {ledger_id} failed ({e}); retrying")
             if self.state in ("Fenced", "Closed"):
-                raise TopicError("TOPIC_FENCED", f"topic {self.name}: stopped while recovering ledger {ledger_id}")
+                raise TopicError(TopicStatus.TOPIC_FENCED,
+                                 f"topic {self.name}: stopped while recovering ledger {ledger_id}")
             await self._clock.sleep_ms(RECOVERY_RETRY_MS)
 
     async def _recover_once(self, ledger_id: int) -> LedgerMetadata:
@@ -366,8 +371,9 @@ class ManagedLedger:
         try:
             return await asyncio.wait_for(self._ledgers.recover_ledger(ledger_id, password=LEDGER_PASSWORD), limit_s)
         except asyncio.TimeoutError:
-            raise LedgerError("RECOVERY_FAILED", f"recovery of ledger {ledger_id} took more than {limit_s:.0f}s; "
-                                                 f"abandoned") from None
+            raise LedgerError(LedgerStatus.RECOVERY_FAILED,
+                              f"recovery of ledger {ledger_id} took more than {limit_s:.0f}s; "
+                              f"abandoned") from None
 
     def _settle_after_close(self, info: LedgerInfo, metadata: LedgerMetadata) -> None:
         """The ledger is CLOSED at metadata.last_entry_id: pending appends at or below it are durable there
@@ -426,18 +432,19 @@ class ManagedLedger:
         try:
             self.version = await self._store.set(self.path, self.info.to_bytes(), self.version)
         except BadVersionError:
-            raise TopicError("TOPIC_FENCED", f"topic {self.name}: the managed ledger changed under us (another "
-                                             f"broker took it over)") from None
+            raise TopicError(TopicStatus.TOPIC_FENCED,
+                             f"topic {self.name}: the managed ledger changed under us (another "
+                             f"broker took it over)") from None
         except NoNodeError:
-            raise TopicError("TOPIC_FENCED", f"topic {self.name} was deleted") from None
+            raise TopicError(TopicStatus.TOPIC_FENCED, f"topic {self.name} was deleted") from None
         except MetadataError as e:
-            raise TopicError("METADATA_ERROR", f"topic {self.name}: {e}") from None
+            raise TopicError(TopicStatus.METADATA_ERROR, f"topic {self.name}: {e}") from None
 
     async def _delete_ledger(self, ledger_id: int) -> None:
         try:
             await self._ledgers.delete_ledger(ledger_id, password=LEDGER_PASSWORD)
         except LedgerError as e:
-            if e.status != "NO_SUCH_LEDGER":
+            if e.status is not LedgerStatus.NO_SUCH_LEDGER:
                 self._log(f"topic {self.name}: ledger {ledger_id} not deleted ({e}); it leaks until removed by hand")
         self._closed_metadata.pop(ledger_id, None)
 
@@ -447,7 +454,8 @@ class ManagedLedger:
         self._log(f"topic {self.name}: fenced: {reason}")
         if self._handle is not None:
             self._handle.abort(f"topic {self.name} is fenced")
-        self._fail_pending(TopicError("TOPIC_FENCED", f"topic {self.name} is fenced on this broker: {reason}"))
+        self._fail_pending(TopicError(TopicStatus.TOPIC_FENCED,
+                                      f"topic {self.name} is fenced on this broker: {reason}"))
         for listener in list(self._listeners):
             listener()
 
@@ -490,7 +498,7 @@ class ManagedLedger:
                 await self._write_info()
             except TopicError as e:
                 self.info.ledgers = previous
-                if e.status == "TOPIC_FENCED":
+                if e.status is TopicStatus.TOPIC_FENCED:
                     self._fence(e.message)
                 raise
         for info in victims:
@@ -693,8 +701,16 @@ class ManagedLedger:
         }
 
 
+# Ledger failures a topic client survives by trying again (possibly on another broker).
+_LEDGER_UNAVAILABLE = frozenset({LedgerStatus.NOT_ENOUGH_BOOKIES, LedgerStatus.READ_FAILED, LedgerStatus.RECOVERY_FAILED,
+                                 LedgerStatus.TOO_MANY_REQUESTS, LedgerStatus.ABORTED})
+
+
 def _unavailable(what: str, e: LedgerError) -> TopicError:
-    status = "SERVICE_UNAVAILABLE" if e.status in ("NOT_ENOUGH_BOOKIES", "READ_FAILED", "RECOVERY_FAILED",
-                                                   "TOO_MANY_REQUESTS", "ABORTED") else "METADATA_ERROR" \
-        if e.status == "METADATA_ERROR" else "INTERNAL"
+    if e.status in _LEDGER_UNAVAILABLE:
+        status = TopicStatus.SERVICE_UNAVAILABLE
+    elif e.status is LedgerStatus.METADATA_ERROR:
+        status = TopicStatus.METADATA_ERROR
+    else:
+        status = TopicStatus.INTERNAL
     return TopicError(status, f"{what}: {e}")

@@ -19,6 +19,7 @@ import urllib.parse
 from dataclasses import dataclass
 
 from bksim.topics.errors import TopicError
+from bksim.model.status import TopicStatus
 
 SCHEME = "persistent://"
 PARTITION_SUFFIX = "-partition-"
@@ -36,7 +37,7 @@ OWNERSHIP_ROOT = "/ownership"
 
 def check_name(kind: str, name: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
-        raise TopicError("BAD_REQUEST", f"{kind} name {name!r} is not valid: use 1-128 of [A-Za-z0-9_.=-]")
+        raise TopicError(TopicStatus.BAD_REQUEST, f"{kind} name {name!r} is not valid: use 1-128 of [A-Za-z0-9_.=-]")
     return name
 
 
@@ -44,7 +45,7 @@ def parse_namespace(text: str) -> tuple[str, str]:
     """'tenant/ns' -> (tenant, ns)."""
     parts = text.split("/") if isinstance(text, str) else []
     if len(parts) != 2:
-        raise TopicError("BAD_REQUEST", f"namespace {text!r} is not of the form 'tenant/namespace'")
+        raise TopicError(TopicStatus.BAD_REQUEST, f"namespace {text!r} is not of the form 'tenant/namespace'")
     return check_name("tenant", parts[0]), check_name("namespace", parts[1])
 
 
@@ -57,13 +58,15 @@ class TopicName:
     @staticmethod
     def parse(text: str) -> "TopicName":
         if not isinstance(text, str) or not text.startswith(SCHEME):
-            raise TopicError("BAD_REQUEST", f"topic {text!r} must look like persistent://tenant/namespace/topic")
+            raise TopicError(TopicStatus.BAD_REQUEST,
+                             f"topic {text!r} must look like persistent://tenant/namespace/topic")
         parts = text[len(SCHEME):].split("/")
         if len(parts) != 3:
-            raise TopicError("BAD_REQUEST", f"topic {text!r} must look like persistent://tenant/namespace/topic")
+            raise TopicError(TopicStatus.BAD_REQUEST,
+                             f"topic {text!r} must look like persistent://tenant/namespace/topic")
         name = TopicName(check_name("tenant", parts[0]), check_name("namespace", parts[1]), check_name("topic", parts[2]))
         if name.partition_index is not None and name.partition_index >= PARTITIONS_MAX:
-            raise TopicError("BAD_REQUEST", f"topic {text!r}: partition index beyond {PARTITIONS_MAX - 1}")
+            raise TopicError(TopicStatus.BAD_REQUEST, f"topic {text!r}: partition index beyond {PARTITIONS_MAX - 1}")
         return name
 
     def __str__(self) -> str:
@@ -106,7 +109,7 @@ class TopicName:
 
 def cursor_node(subscription: str) -> str:
     if not isinstance(subscription, str) or not 1 <= len(subscription) <= 256:
-        raise TopicError("BAD_REQUEST", f"subscription name {subscription!r} must be 1-256 characters")
+        raise TopicError(TopicStatus.BAD_REQUEST, f"subscription name {subscription!r} must be 1-256 characters")
     return urllib.parse.quote(subscription, safe="")
 
 

@@ -29,6 +29,7 @@ from bksim.formats.murmur3 import murmur3_32
 from bksim.metadata.paths import BROKERS_AVAILABLE
 from bksim.model.config import BrokerConfig, TopicConfig
 from bksim.model.errors import MetadataError, NodeExistsError, NoNodeError, NotEmptyError
+from bksim.model.status import TopicStatus
 from bksim.ports.clock import Clock
 from bksim.ports.metadata import MetadataStore
 
@@ -36,7 +37,7 @@ OWNERSHIP_CHECK_MS = 1_000
 
 
 def _meta(what: str, e: MetadataError) -> TopicError:
-    return TopicError("METADATA_ERROR", f"{what}: {e}")
+    return TopicError(TopicStatus.METADATA_ERROR, f"{what}: {e}")
 
 
 class TopicService:
@@ -68,7 +69,7 @@ class TopicService:
         try:
             await self.store.create(tenant_path(tenant), b"{}", make_parents=True)
         except NodeExistsError:
-            raise TopicError("ALREADY_EXISTS", f"tenant {tenant} already exists") from None
+            raise TopicError(TopicStatus.ALREADY_EXISTS, f"tenant {tenant} already exists") from None
         except MetadataError as e:
             raise _meta(f"creating tenant {tenant}", e) from None
 
@@ -86,20 +87,21 @@ class TopicService:
     async def _require_tenant(self, tenant: str) -> None:
         try:
             if await self.store.exists(tenant_path(tenant)) is None:
-                raise TopicError("TENANT_NOT_FOUND", f"tenant {tenant} does not exist (bksim tenant create {tenant})")
+                raise TopicError(TopicStatus.TENANT_NOT_FOUND,
+                                 f"tenant {tenant} does not exist (bksim tenant create {tenant})")
         except MetadataError as e:
             raise _meta(f"reading tenant {tenant}", e) from None
 
     async def create_namespace(self, namespace: str, policies: Policies) -> Policies:
         tenant, ns = parse_namespace(namespace)
         if policies.retention_ms < -1 or policies.retention_bytes < -1 or policies.ttl_ms < 0:
-            raise TopicError("BAD_REQUEST", f"namespace {namespace}: retention must be >= -1 and ttl >= 0")
+            raise TopicError(TopicStatus.BAD_REQUEST, f"namespace {namespace}: retention must be >= -1 and ttl >= 0")
         await self._require_tenant(tenant)
         try:
             await self.store.create(policies_path(tenant, ns), json.dumps(policies.to_json()).encode(),
                                     make_parents=True)
         except NodeExistsError:
-            raise TopicError("ALREADY_EXISTS", f"namespace {namespace} already exists") from None
+            raise TopicError(TopicStatus.ALREADY_EXISTS, f"namespace {namespace} already exists") from None
         except MetadataError as e:
             raise _meta(f"creating namespace {namespace}", e) from None
         return policies
@@ -109,8 +111,8 @@ class TopicService:
         try:
             data, _ = await self.store.get(policies_path(tenant, ns))
         except NoNodeError:
-            raise TopicError("NAMESPACE_NOT_FOUND", f"namespace {namespace} does not exist "
-                                                    f"(bksim namespace create {namespace})") from None
+            raise TopicError(TopicStatus.NAMESPACE_NOT_FOUND, f"namespace {namespace} does not exist "
+                                                              f"(bksim namespace create {namespace})") from None
         except MetadataError as e:
             raise _meta(f"reading namespace {namespace}", e) from None
         return Policies.from_json(json.loads(data or b"{}"))
@@ -124,13 +126,13 @@ class TopicService:
     async def create_topic(self, topic: str, partitions: int) -> int:
         name = TopicName.parse(topic)
         if name.partition_index is not None:
-            raise TopicError("BAD_REQUEST", f"{topic} names a partition; create the partitioned topic "
-                                            f"{name.base} instead")
+            raise TopicError(TopicStatus.BAD_REQUEST, f"{topic} names a partition; create the partitioned topic "
+                                                      f"{name.base} instead")
         if not 0 <= partitions <= PARTITIONS_MAX:
-            raise TopicError("BAD_REQUEST", f"partitions must be 0..{PARTITIONS_MAX}, not {partitions}")
+            raise TopicError(TopicStatus.BAD_REQUEST, f"partitions must be 0..{PARTITIONS_MAX}, not {partitions}")
         await self.get_namespace(name.ns)
         if await self._partitions(name) is not None or await self._exists(name.managed_ledger_path):
-            raise TopicError("ALREADY_EXISTS", f"topic {topic} already exists")
+            raise TopicError(TopicStatus.ALREADY_EXISTS, f"topic {topic} already exists")
         try:
             if partitions:
                 await self.store.create(name.partitioned_path, json.dumps({"partitions": partitions}).encode(),
@@ -143,7 +145,7 @@ class TopicService:
             else:
                 await ManagedLedger.create_znode(self.store, name)
         except NodeExistsError:
-            raise TopicError("ALREADY_EXISTS", f"topic {topic} already exists") from None
+            raise TopicError(TopicStatus.ALREADY_EXISTS, f"topic {topic} already exists") from None
         except MetadataError as e:
             raise _meta(f"creating topic {topic}", e) from None
         self._log(f"topic {topic}: created" + (f" with {partitions} partitions" if partitions else ""))
@@ -173,7 +175,7 @@ class TopicService:
             return partitions
         if await self._exists(name.managed_ledger_path):
             return 0
-        raise TopicError("TOPIC_NOT_FOUND", f"topic {topic} does not exist (bksim topic create {topic})")
+        raise TopicError(TopicStatus.TOPIC_NOT_FOUND, f"topic {topic} does not exist (bksim topic create {topic})")
 
     async def list_topics(self, namespace: str) -> list[str]:
         tenant, ns = parse_namespace(namespace)
@@ -195,14 +197,14 @@ class TopicService:
         for part in parts:
             owner = await self._owner(part)
             if owner is not None and owner[0] != self.broker_id:
-                raise TopicError("NOT_OWNER", f"topic {part} is served by broker {owner[0]}; delete it there",
+                raise TopicError(TopicStatus.NOT_OWNER, f"topic {part} is served by broker {owner[0]}; delete it there",
                                  owner_address=owner[1])
             loaded = self.topics.get(str(part))
             if loaded is not None and (loaded.producers or any(s.consumers for s in loaded.subscriptions.values())):
-                raise TopicError("NOT_ALLOWED", f"topic {part} has connected producers or consumers")
+                raise TopicError(TopicStatus.NOT_ALLOWED, f"topic {part} has connected producers or consumers")
             subs = await self._children(part.managed_ledger_path)
             if subs and not force:
-                raise TopicError("NOT_ALLOWED", f"topic {part} has subscriptions {subs}; use --force")
+                raise TopicError(TopicStatus.NOT_ALLOWED, f"topic {part} has subscriptions {subs}; use --force")
         for part in parts:
             await self._delete_one(part)
         if partitions:
@@ -238,7 +240,8 @@ class TopicService:
         except NoNodeError:
             pass
         except NotEmptyError:
-            raise TopicError("NOT_ALLOWED", f"topic {name} got a new subscription while being deleted") from None
+            raise TopicError(TopicStatus.NOT_ALLOWED,
+                             f"topic {name} got a new subscription while being deleted") from None
         except MetadataError as e:
             raise _meta(f"deleting {name}", e) from None
         try:
@@ -288,15 +291,16 @@ class TopicService:
     async def _require_topic(self, name: TopicName) -> None:
         if not await self._exists(name.managed_ledger_path):
             if name.partition_index is None and await self._partitions(name) is not None:
-                raise TopicError("BAD_REQUEST", f"{name} is partitioned: use its partitions "
-                                                f"({name}-partition-<i>)")
+                raise TopicError(TopicStatus.BAD_REQUEST, f"{name} is partitioned: use its partitions "
+                                                          f"({name}-partition-<i>)")
             await self.get_namespace(name.ns)
-            raise TopicError("TOPIC_NOT_FOUND", f"topic {name} does not exist (bksim topic create {name.base})")
+            raise TopicError(TopicStatus.TOPIC_NOT_FOUND,
+                             f"topic {name} does not exist (bksim topic create {name.base})")
 
     async def acquire(self, topic: str) -> Topic:
         """The topic, loaded here (taking ownership if nobody has it); NOT_OWNER if another broker has it."""
         if self._closing:
-            raise TopicError("SERVICE_UNAVAILABLE", "this broker is shutting down")
+            raise TopicError(TopicStatus.SERVICE_UNAVAILABLE, "this broker is shutting down")
         name = TopicName.parse(topic)
         key = str(name)
         loaded = self.topics.get(key)
@@ -329,7 +333,8 @@ class TopicService:
         except NodeExistsError:
             owner = await self._owner(name)
             if owner is None or owner[0] != self.broker_id:
-                raise TopicError("NOT_OWNER", f"topic {name} is served by broker {owner[0] if owner else '?'}",
+                raise TopicError(TopicStatus.NOT_OWNER,
+                                 f"topic {name} is served by broker {owner[0] if owner else '?'}",
                                  owner_address=owner[1] if owner else "") from None
             # our own znode from this session (a topic fenced here and being loaded again): keep it
         except MetadataError as e:

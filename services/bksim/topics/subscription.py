@@ -38,6 +38,7 @@ from bksim.formats.message import read_header
 from bksim.formats.murmur3 import murmur3_32
 from bksim.model.config import TopicConfig
 from bksim.model.errors import FormatError
+from bksim.model.status import TopicStatus
 from bksim.ports.clock import Clock
 
 TYPES = ("Exclusive", "Shared", "Failover", "Key_Shared")
@@ -105,7 +106,7 @@ class Subscription:
                  config: TopicConfig = TopicConfig(), partition: int = -1,
                  log: Callable[[str], None] = lambda line: None) -> None:
         if sub_type not in TYPES:
-            raise TopicError("BAD_REQUEST", f"subscription type {sub_type!r} is not one of {list(TYPES)}")
+            raise TopicError(TopicStatus.BAD_REQUEST, f"subscription type {sub_type!r} is not one of {list(TYPES)}")
         self.topic = topic
         self.name = name
         self.type = sub_type
@@ -138,20 +139,22 @@ class Subscription:
     # ---- consumers ---------------------------------------------------------------------------------------------
     def add_consumer(self, name: str, priority: int, sink: ConsumerSink, sub_type: str) -> Consumer:
         if self.closed:
-            raise TopicError("SERVICE_UNAVAILABLE", f"subscription {self.name} is closing")
+            raise TopicError(TopicStatus.SERVICE_UNAVAILABLE, f"subscription {self.name} is closing")
         if sub_type != self.type:
             if self.consumers:
-                raise TopicError("NOT_ALLOWED", f"subscription {self.name} is {self.type} with consumers "
-                                                f"connected; a {sub_type} consumer cannot join it")
+                raise TopicError(TopicStatus.NOT_ALLOWED, f"subscription {self.name} is {self.type} with consumers "
+                                                          f"connected; a {sub_type} consumer cannot join it")
             self.type = sub_type  # Pulsar lets the type change while nobody is connected
         if self.type == "Exclusive" and self.consumers:
-            raise TopicError("CONSUMER_BUSY", f"exclusive subscription {self.name} already has consumer "
-                                              f"{self.consumers[0].name}")
+            raise TopicError(TopicStatus.CONSUMER_BUSY, f"exclusive subscription {self.name} already has consumer "
+                                                        f"{self.consumers[0].name}")
         if len(self.consumers) >= self.config.consumers_per_subscription_max:
-            raise TopicError("TOO_MANY_REQUESTS", f"subscription {self.name} has {len(self.consumers)} consumers "
-                                                  f"(topic.consumers_per_subscription_max)")
+            raise TopicError(TopicStatus.TOO_MANY_REQUESTS,
+                             f"subscription {self.name} has {len(self.consumers)} consumers "
+                             f"(topic.consumers_per_subscription_max)")
         if any(c.name == name for c in self.consumers):
-            raise TopicError("CONSUMER_BUSY", f"a consumer named {name!r} is already connected to {self.name}")
+            raise TopicError(TopicStatus.CONSUMER_BUSY,
+                             f"a consumer named {name!r} is already connected to {self.name}")
         self._order += 1
         consumer = Consumer(name, priority, sink, self._order, connected_ms=self._clock.wall_ms())
         self.consumers.append(consumer)
@@ -207,7 +210,7 @@ class Subscription:
 
     def flow(self, consumer: Consumer, permits: int) -> None:
         if permits <= 0 or permits > 1_000_000:
-            raise TopicError("BAD_REQUEST", f"flow permits must be 1..1000000, not {permits}")
+            raise TopicError(TopicStatus.BAD_REQUEST, f"flow permits must be 1..1000000, not {permits}")
         consumer.permits += permits
         consumer.permits_max = max(consumer.permits_max, consumer.permits)
         self.wake()
@@ -219,14 +222,14 @@ class Subscription:
             return
         for pos, _, _ in ids:
             if not self.ml.contains(pos):
-                raise TopicError("INVALID_ACK", f"message {pos} does not exist in {self.topic} (last is "
-                                                f"{self.ml.last_confirmed})")
+                raise TopicError(TopicStatus.INVALID_ACK, f"message {pos} does not exist in {self.topic} (last is "
+                                                          f"{self.ml.last_confirmed})")
         if cumulative:
             if self.type in ("Shared", "Key_Shared"):
-                raise TopicError("NOT_ALLOWED", f"cumulative ack is not allowed on {self.type} subscription "
-                                                f"{self.name}: acknowledge messages individually")
+                raise TopicError(TopicStatus.NOT_ALLOWED, f"cumulative ack is not allowed on {self.type} subscription "
+                                                          f"{self.name}: acknowledge messages individually")
             if len(ids) != 1:
-                raise TopicError("BAD_REQUEST", "a cumulative ack names exactly one message")
+                raise TopicError(TopicStatus.BAD_REQUEST, "a cumulative ack names exactly one message")
             pos, batch_index, batch_size = ids[0]
             if batch_index >= 0:
                 if batch_index == batch_size - 1:
@@ -243,8 +246,9 @@ class Subscription:
             for pos, batch_index, batch_size in ids:
                 if batch_index >= 0:
                     if batch_size <= 0 or batch_index >= batch_size:
-                        raise TopicError("INVALID_ACK", f"batch index {batch_index} of {pos} is outside a batch "
-                                                        f"of {batch_size}")
+                        raise TopicError(TopicStatus.INVALID_ACK,
+                                         f"batch index {batch_index} of {pos} is outside a batch "
+                                         f"of {batch_size}")
                     if not self.cursor.ack_batch_indexes(pos, [batch_index], batch_size):
                         continue
                 else:

@@ -28,6 +28,7 @@ from bksim.topics.subscription import ConsumerSink, Subscription
 from bksim.formats.message import Message, encode_entry, read_header
 from bksim.model.config import TopicConfig
 from bksim.model.errors import FormatError, MetadataError, NoNodeError
+from bksim.model.status import TopicStatus
 from bksim.ports.clock import Clock
 
 DEDUP_CURSOR = "bksim.dedup"
@@ -96,7 +97,8 @@ class Topic:
         except NoNodeError:
             nodes = []
         except MetadataError as e:
-            raise TopicError("METADATA_ERROR", f"topic {self.name}: listing subscriptions failed: {e}") from None
+            raise TopicError(TopicStatus.METADATA_ERROR,
+                             f"topic {self.name}: listing subscriptions failed: {e}") from None
         for node in nodes:
             sub_name = subscription_of(node)
             if sub_name == DEDUP_CURSOR:
@@ -116,7 +118,8 @@ class Topic:
         if self._maintenance is not None:
             self._maintenance.cancel()
             await asyncio.gather(self._maintenance, return_exceptions=True)
-        error = TopicError("NOT_OWNER", f"topic {self.name} is being unloaded from this broker; look it up again")
+        error = TopicError(TopicStatus.NOT_OWNER,
+                           f"topic {self.name} is being unloaded from this broker; look it up again")
         for sub in list(self.subscriptions.values()):
             await sub.close(error)
         await self.ml.close()
@@ -131,7 +134,7 @@ class Topic:
         """Ownership lost: stop at once, drop producers and consumers (they look the topic up again)."""
         if self.fenced is not None:
             return
-        self.fenced = TopicError("TOPIC_FENCED", f"topic {self.name} is fenced on this broker: {reason}")
+        self.fenced = TopicError(TopicStatus.TOPIC_FENCED, f"topic {self.name} is fenced on this broker: {reason}")
         if self._maintenance is not None:
             self._maintenance.cancel()
         self.ml.abandon(reason)
@@ -152,7 +155,7 @@ class Topic:
             self._producer_seq += 1
             name = f"{broker_id}-{self.loaded_ms}-{self._producer_seq}"
         if name in self.producers:
-            raise TopicError("NOT_ALLOWED", f"a producer named {name!r} is already connected to {self.name}")
+            raise TopicError(TopicStatus.NOT_ALLOWED, f"a producer named {name!r} is already connected to {self.name}")
         self.producers[name] = Producer(name, self._clock.wall_ms())
         return name, self._persisted.get(name, -1) if self.policies.dedup else -1
 
@@ -163,10 +166,10 @@ class Topic:
         """Write one Send as one entry; its Position, or None when dedup dropped it as a duplicate."""
         self._check_serving()
         if not messages:
-            raise TopicError("BAD_REQUEST", "a Send holds at least one message")
+            raise TopicError(TopicStatus.BAD_REQUEST, "a Send holds at least one message")
         if len(messages) > self.config.batch_messages_max:
-            raise TopicError("BAD_REQUEST", f"a Send holds at most {self.config.batch_messages_max} messages "
-                                            f"(topic.batch_messages_max), not {len(messages)}")
+            raise TopicError(TopicStatus.BAD_REQUEST, f"a Send holds at most {self.config.batch_messages_max} messages "
+                                                      f"(topic.batch_messages_max), not {len(messages)}")
         seq = max(m.sequence_id for m in messages)
         if self.policies.dedup:
             while seq <= self._pushed.get(producer, -1):
@@ -176,18 +179,20 @@ class Topic:
                 try:
                     await asyncio.wait_for(self._settled.wait(), DEDUP_WAIT_MS_MAX / 1000)
                 except asyncio.TimeoutError:
-                    raise TopicError("TIMEOUT", f"producer {producer}: sequence id {seq} is still in flight") \
+                    raise TopicError(TopicStatus.TIMEOUT,
+                                     f"producer {producer}: sequence id {seq} is still in flight") \
                         from None
                 self._check_serving()
         try:
             entry = encode_entry(messages, producer_name=producer, publish_time_ms=self._clock.wall_ms(),
                                  batch=len(messages) > 1)
         except FormatError as e:
-            raise TopicError("BAD_REQUEST", str(e)) from None
+            raise TopicError(TopicStatus.BAD_REQUEST, str(e)) from None
         if len(entry) > self.ml.entry_bytes_max:
-            raise TopicError("MESSAGE_TOO_LARGE", f"the Send encodes to {len(entry)} bytes; at most "
-                                                  f"{self.ml.entry_bytes_max} (topic.message_bytes_max, capped by "
-                                                  f"broker.payload_bytes_max)")
+            raise TopicError(TopicStatus.MESSAGE_TOO_LARGE,
+                             f"the Send encodes to {len(entry)} bytes; at most "
+                             f"{self.ml.entry_bytes_max} (topic.message_bytes_max, capped by "
+                             f"broker.payload_bytes_max)")
         if self.policies.dedup:
             if len(self._pushed) >= self.config.dedup_producers_max and producer not in self._pushed:
                 self._forget_one_producer()
@@ -269,13 +274,14 @@ class Topic:
                         priority: int, sink: ConsumerSink):
         self._check_serving()
         if sub_name == DEDUP_CURSOR:
-            raise TopicError("BAD_REQUEST", f"subscription name {DEDUP_CURSOR!r} is reserved")
+            raise TopicError(TopicStatus.BAD_REQUEST, f"subscription name {DEDUP_CURSOR!r} is reserved")
         async with self._sub_lock:
             sub = self.subscriptions.get(sub_name)
             if sub is None:
                 if len(self.subscriptions) >= self.config.subscriptions_per_topic_max:
-                    raise TopicError("TOO_MANY_REQUESTS", f"topic {self.name} has {len(self.subscriptions)} "
-                                                          f"subscriptions (topic.subscriptions_per_topic_max)")
+                    raise TopicError(TopicStatus.TOO_MANY_REQUESTS,
+                                     f"topic {self.name} has {len(self.subscriptions)} "
+                                     f"subscriptions (topic.subscriptions_per_topic_max)")
                 cursor = await self._open_cursor(sub_name, initial_position, True)
                 sub = self._subscription(sub_name, sub_type, cursor)
                 self.subscriptions[sub_name] = sub
@@ -286,9 +292,9 @@ class Topic:
     async def unsubscribe(self, sub_name: str) -> None:
         sub = self.subscriptions.get(sub_name)
         if sub is None:
-            raise TopicError("SUBSCRIPTION_NOT_FOUND", f"topic {self.name} has no subscription {sub_name!r}")
+            raise TopicError(TopicStatus.SUBSCRIPTION_NOT_FOUND, f"topic {self.name} has no subscription {sub_name!r}")
         if sub.consumers:
-            raise TopicError("NOT_ALLOWED", f"subscription {sub_name} still has consumers")
+            raise TopicError(TopicStatus.NOT_ALLOWED, f"subscription {sub_name} still has consumers")
         await sub.close()
         await sub.cursor.delete()
         del self.subscriptions[sub_name]
@@ -313,7 +319,7 @@ class Topic:
                     await self.run_trim()
             except TopicError as e:
                 self._log(f"topic {self.name}: maintenance: {e}")
-                if e.status == "TOPIC_FENCED":
+                if e.status is TopicStatus.TOPIC_FENCED:
                     await self.fence(e.message)
 
     async def run_trim(self) -> list[int]:
@@ -350,9 +356,11 @@ class Topic:
         if self.fenced is not None:
             raise self.fenced
         if self.ml.state == "Fenced":
-            raise TopicError("TOPIC_FENCED", f"topic {self.name} is fenced on this broker: {self.ml.fence_reason}")
+            raise TopicError(TopicStatus.TOPIC_FENCED,
+                             f"topic {self.name} is fenced on this broker: {self.ml.fence_reason}")
         if self.ml.state == "Closed":
-            raise TopicError("NOT_OWNER", f"topic {self.name} is unloading from this broker; look it up again")
+            raise TopicError(TopicStatus.NOT_OWNER,
+                             f"topic {self.name} is unloading from this broker; look it up again")
 
     # ---- stats ---------------------------------------------------------------------------------------------------
     def stats(self) -> dict:
