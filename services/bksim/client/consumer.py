@@ -23,8 +23,10 @@ the broker refuses it with NOT_ALLOWED). `negative_acknowledge()` asks for redel
 `negative_ack_redelivery_delay_ms`; with `ack_timeout_ms` > 0, a received message not acknowledged within it is
 redelivered (both through a Redeliver request; the broker raises the redelivery count).
 
-Reconnects. On NOT_OWNER, TOPIC_FENCED, SERVICE_UNAVAILABLE, ... a partition consumer looks the topic up again
-and subscribes again (Backoff: bounded attempts, overall `operation_timeout_ms`), dropping the messages it had
+Reconnects. The stream's lifecycle (lookup, open, reconnect with back-off, close) is stream.py's
+PartitionStream, shared with the producer; the partition consumer is its role. On NOT_OWNER, TOPIC_FENCED,
+SERVICE_UNAVAILABLE (or the transport failing), ... a partition consumer looks the topic up again and subscribes
+again (Backoff: bounded attempts, overall `operation_timeout_ms`), dropping the messages it had
 queued but the application had not received, and granting its permits again. Messages received but not
 acknowledged may come again (at-least-once); acks waiting to be sent are sent on the new stream. Any other
 refusal, or giving up, fails the consumer: receive() raises the error once the queue is empty.
@@ -37,10 +39,9 @@ import logging
 import threading
 import time
 
-import grpc
 
-from bksim.client.core import Backoff, end_stream as _end
-from bksim.client.errors import ClientError, from_error_pb, from_rpc_error
+from bksim.client.errors import ClientError, from_error_pb
+from bksim.client.stream import CLOSE_WAIT_S, PartitionStream, StreamKind
 from bksim.client.types import InitialPosition, Message, MessageId, SubscriptionType
 from bksim.formats.message import decode_entry
 from bksim.gen import topic_pb2
@@ -54,7 +55,6 @@ NEGATIVE_ACK_DELAY_MS_DEFAULT = 60_000
 ACK_GROUP_TIME_MS_DEFAULT = 10
 ACK_GROUP_MAX = 1000          # grouped acks sent at once when this many wait
 ACK_IDS_PER_REQUEST_MAX = 10_000  # ids in one Ack / Redeliver request
-CLOSE_WAIT_S = 2.0            # how long close() waits for the broker to end a half-closed stream
 TICK_MIN_S, TICK_MAX_S = 0.01, 1.0   # the redelivery tracker's tick (a quarter of the shortest delay)
 
 
@@ -410,32 +410,38 @@ class Consumer:
         self.close()
 
 
+SUBSCRIBE_STREAM = StreamKind(method="Subscribe", open_name="Subscribe", ready_kind="subscribed",
+                              stream_name="subscribe", ready_words="the consumer was subscribed",
+                              busy_status="CONSUMER_BUSY")
+
+
 class _PartitionConsumer:
-    """One partition's Subscribe stream (see the module docstring)."""
+    """One partition's flow control and pending requests, and the role they play on its Subscribe stream
+    (stream.py; see the module docstring)."""
 
     def __init__(self, consumer: Consumer, topic: str, index: int) -> None:
         self.consumer = consumer
         self.topic = topic
         self.index = index
-        self.name = ""
-        self.epoch = 0           # streams opened so far; a message remembers the one it came on
         self.refill = 0          # messages received (or skipped) since the last Flow, under the consumer's lock
         self.active: bool | None = None
-        self.address = ""
-        self._call = None
-        self._outbox: asyncio.Queue | None = None
-        self._task: asyncio.Task | None = None
-        self._stopping = False
         self._request_id = 0
         self._waiting: dict[int, tuple[asyncio.Future | None, str]] = {}  # request id -> (future, kind)
         self._ack_backlog: list[tuple[MessageId, int]] = []  # grouped acks while no stream is up
+        self.stream = PartitionStream(consumer._client, topic, SUBSCRIBE_STREAM, self)
+
+    @property
+    def name(self) -> str:
+        return self.stream.name
+
+    @property
+    def epoch(self) -> int:
+        """Streams opened so far; a message remembers the one it came on (permits of an older one are void)."""
+        return self.stream.opened
 
     # -- requests (loop thread) --------------------------------------------------------------------------------
     def _put(self, request: topic_pb2.ConsumeRequest) -> bool:
-        if self._outbox is None:
-            return False
-        self._outbox.put_nowait(request)
-        return True
+        return self.stream.put(request)
 
     def send_flow(self, permits: int, epoch: int) -> None:
         if epoch == self.epoch and permits > 0:
@@ -444,7 +450,7 @@ class _PartitionConsumer:
     def send_acks(self, ids: list[tuple[MessageId, int]]) -> None:
         """Grouped acks of (message id, batch size): not awaited; a refusal is logged and kept as
         consumer.last_ack_error. Kept for the next stream while none is up."""
-        if self._outbox is None:
+        if not self.stream.up:
             self._ack_backlog.extend(ids)
             return
         for start in range(0, len(ids), ACK_IDS_PER_REQUEST_MAX):
@@ -489,154 +495,75 @@ class _PartitionConsumer:
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self, name: str) -> None:
-        self.name = name
-        ready = asyncio.get_running_loop().create_future()
-        self._task = asyncio.get_running_loop().create_task(self._run(ready))
-        try:
-            await ready
-        except BaseException:
-            self._stopping = True
-            self._task.cancel()
-            raise
+        await self.stream.start(name)
 
     async def stop(self) -> None:
-        self._stopping = True
-        if self._outbox is not None:
-            self._outbox.put_nowait(None)  # half-close: the broker removes the consumer and ends the stream
-        if self._task is None:
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), CLOSE_WAIT_S)
-        except (TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping anyway
-            pass
-        self._task.cancel()
-        if self._call is not None:
-            _end(self._call, self._outbox)
+        await self.stream.stop()
 
-    async def _run(self, ready: asyncio.Future) -> None:
+    # -- the stream's role (loop thread) -----------------------------------------------------------------------
+    def describe(self) -> str:
+        return f"consumer of {self.topic} (subscription {self.consumer._subscription})"
+
+    def open_request(self, name: str) -> topic_pb2.ConsumeRequest:
         consumer = self.consumer
-        backoff = consumer._client._backoff()
-        hint = ""
-        while not self._stopping:
-            try:
-                await self._connect(hint)
-            except ClientError as e:
-                hint = ""
-                if not ready.done() and not e.retriable:
-                    ready.set_exception(e)
-                    return
-                # reconnecting: the broker may not have dropped this name's previous stream yet
-                retriable = e.retriable or e.status == "CONSUMER_BUSY"
-                if not retriable or backoff.expired():
-                    final = ClientError(e.status, f"consumer of {self.topic} (subscription {consumer._subscription}): "
-                                                  f"gave up connecting after {backoff.attempts} attempts: {e.message}",
-                                        from_broker=e.from_broker, grpc_code=e.grpc_code)
-                    if not ready.done():
-                        ready.set_exception(final)
-                    consumer._fail(final)
-                    return
-                await asyncio.sleep(backoff.next_delay_s())  # back-off between reconnect attempts
-                continue
-            backoff.reset()
-            if not ready.done():
-                ready.set_result(None)
-            error = await self._serve()
-            self._fail_waiting(error)
-            if self._stopping:
-                return
-            consumer._purge(self)
-            if not error.retriable:
-                consumer._fail(error)
-                return
-            hint = error.owner_address if error.status == "NOT_OWNER" else ""
-            await asyncio.sleep(backoff.next_delay_s())  # the broker said try again: not at once
+        return topic_pb2.ConsumeRequest(open=topic_pb2.SubscribeOpen(
+            topic=self.topic, subscription=consumer._subscription, type=consumer._type.value, consumer_name=name,
+            priority=consumer._priority, initial_position=consumer._initial_position.value))
 
-    def _fail_waiting(self, error: ClientError) -> None:
+    def opened(self, subscribed: topic_pb2.Subscribed) -> str:
+        """A new stream: grant the whole receive queue's permits again, and send the acks kept meanwhile."""
+        consumer = self.consumer
+        with consumer._lock:
+            self.refill = 0
+        self._put(topic_pb2.ConsumeRequest(flow=topic_pb2.Flow(permits=consumer._queue_size)))
+        if self._ack_backlog:
+            backlog, self._ack_backlog = self._ack_backlog, []
+            self.send_acks(backlog)
+        return subscribed.consumer_name
+
+    def writer(self, outbox: asyncio.Queue) -> None:
+        return None
+
+    def received(self, response: topic_pb2.ConsumeResponse) -> ClientError | None:
+        kind = response.WhichOneof("kind")
+        if kind == "deliveries":
+            try:
+                self._on_deliveries(response.deliveries.deliveries)
+            except FormatError as e:
+                return ClientError("INTERNAL", f"broker {self.stream.address} delivered an entry of {self.topic} "
+                                               f"that does not decode: {e}", from_broker=True)
+        elif kind == "ack_result":
+            self._answer(response.ack_result.request_id, response.ack_result)
+        elif kind == "seek_result":
+            if not response.seek_result.HasField("error"):
+                permits = self.consumer._purge(self)  # what came before the seek is stale
+                self.send_flow(permits, self.epoch)
+            self._answer(response.seek_result.request_id, response.seek_result)
+        elif kind == "active_change":
+            self.active = response.active_change.active
+        elif kind == "error":
+            return from_error_pb(response.error, self.stream.address)
+        return None
+
+    def ended(self, error: ClientError) -> None:
+        """Requests waiting for an answer fail (also when stopping)."""
         waiting, self._waiting = self._waiting, {}
         for future, _kind in waiting.values():
             if future is not None and not future.done():
                 future.set_exception(ClientError(error.status, f"the stream ended before the answer: {error.message}",
                                                  from_broker=error.from_broker))
 
-    async def _connect(self, hint: str) -> None:
-        consumer = self.consumer
-        conns = consumer._client._conns
-        address = hint or await conns.lookup(self.topic)
-        outbox: asyncio.Queue = asyncio.Queue()
-        outbox.put_nowait(topic_pb2.ConsumeRequest(open=topic_pb2.SubscribeOpen(
-            topic=self.topic, subscription=consumer._subscription, type=consumer._type.value,
-            consumer_name=self.name, priority=consumer._priority, initial_position=consumer._initial_position.value)))
+    def lost(self, error: ClientError) -> bool:
+        """Messages queued and not yet received are dropped (the next stream sends them again)."""
+        self.consumer._purge(self)
+        return False
 
-        async def requests():
-            while True:
-                item = await outbox.get()
-                if item is None:
-                    return
-                yield item
-
-        call = conns.stub(address).Subscribe(requests())
-        try:
-            response = await asyncio.wait_for(call.read(), conns.operation_timeout_s)
-        except TimeoutError:
-            _end(call, outbox)
-            raise ClientError("TIMEOUT", f"broker {address} did not answer Subscribe for {self.topic} within "
-                                         f"{conns.operation_timeout_s:.1f}s") from None
-        except grpc.aio.AioRpcError as e:
-            _end(call, outbox)
-            raise from_rpc_error(e, address) from None
-        kind = response.WhichOneof("kind") if response is not grpc.aio.EOF else None
-        if kind != "subscribed":
-            _end(call, outbox)
-            if kind == "error":
-                raise from_error_pb(response.error, address)
-            raise ClientError("SERVICE_UNAVAILABLE", f"broker {address} ended the subscribe stream of {self.topic} "
-                                                     f"before the consumer was subscribed")
-        self.name = response.subscribed.consumer_name
-        self.epoch += 1
-        self._call, self._outbox, self.address = call, outbox, address
-        with consumer._lock:
-            self.refill = 0
-        outbox.put_nowait(topic_pb2.ConsumeRequest(flow=topic_pb2.Flow(permits=consumer._queue_size)))
-        if self._ack_backlog:
-            backlog, self._ack_backlog = self._ack_backlog, []
-            self.send_acks(backlog)
-        if self._stopping:
-            outbox.put_nowait(None)
-
-    async def _serve(self) -> ClientError:
-        call, outbox, address = self._call, self._outbox, self.address
-        try:
-            while True:
-                response = await call.read()
-                if response is grpc.aio.EOF:
-                    return ClientError("SERVICE_UNAVAILABLE", f"broker {address} ended the subscribe stream of "
-                                                              f"{self.topic}")
-                kind = response.WhichOneof("kind")
-                if kind == "deliveries":
-                    self._on_deliveries(response.deliveries.deliveries)
-                elif kind == "ack_result":
-                    self._answer(response.ack_result.request_id, response.ack_result)
-                elif kind == "seek_result":
-                    if not response.seek_result.HasField("error"):
-                        permits = self.consumer._purge(self)  # what came before the seek is stale
-                        self.send_flow(permits, self.epoch)
-                    self._answer(response.seek_result.request_id, response.seek_result)
-                elif kind == "active_change":
-                    self.active = response.active_change.active
-                elif kind == "error":
-                    return from_error_pb(response.error, address)
-        except grpc.aio.AioRpcError as e:
-            return from_rpc_error(e, address)
-        except FormatError as e:
-            return ClientError("INTERNAL", f"broker {address} delivered an entry of {self.topic} that does not "
-                                           f"decode: {e}", from_broker=True)
-        finally:
-            _end(call, outbox)
-            self._call = self._outbox = None
+    def fail(self, error: ClientError) -> None:
+        self.consumer._fail(error)
 
     def _answer(self, request_id: int, result) -> None:
         future, kind = self._waiting.pop(request_id, (None, ""))
-        error = from_error_pb(result.error, self.address) if result.HasField("error") else None
+        error = from_error_pb(result.error, self.stream.address) if result.HasField("error") else None
         if future is None:
             if error is not None:
                 self.consumer.last_ack_error = error

@@ -12,10 +12,11 @@ Sequence ids increase by one per message and per partition, from `initial_sequen
 broker's `last_sequence_id` + 1 for this producer name (so a producer with a stable name continues after what
 the broker persisted, and dedup drops re-sent duplicates).
 
-Reconnects. On NOT_OWNER, TOPIC_FENCED, SERVICE_UNAVAILABLE (or the transport failing), ... the partition
-producer looks the topic up again and opens a new stream to the owner, waiting between attempts (Backoff:
-bounded attempts, overall `operation_timeout_ms`); its un-receipted Sends go again first, in order, with the
-same sequence ids. A per-Send refusal (MESSAGE_TOO_LARGE, BAD_REQUEST) fails the oldest un-receipted batch
+Reconnects. The stream's lifecycle (lookup, open, reconnect with back-off, close) is stream.py's
+PartitionStream, shared with the consumer; the partition producer is its role. On NOT_OWNER, TOPIC_FENCED,
+SERVICE_UNAVAILABLE (or the transport failing), ... the partition producer looks the topic up again and opens
+a new stream to the owner, waiting between attempts (Backoff: bounded attempts, overall
+`operation_timeout_ms`); its un-receipted Sends go again first, in order, with the same sequence ids. A per-Send refusal (MESSAGE_TOO_LARGE, BAD_REQUEST) fails the oldest un-receipted batch
 and the rest go again. Any other refusal, or giving up reconnecting, fails the producer: every pending
 message's callback gets the error and later sends raise it.
 
@@ -37,10 +38,9 @@ import threading
 import time
 from typing import Callable
 
-import grpc
 
-from bksim.client.core import Backoff, end_stream as _end
-from bksim.client.errors import ClientError, from_error_pb, from_rpc_error
+from bksim.client.errors import ClientError, from_error_pb
+from bksim.client.stream import CLOSE_WAIT_S, PartitionStream, StreamKind
 from bksim.client.types import MessageId, RoutingMode
 from bksim.formats.murmur3 import murmur3_32
 from bksim.gen import topic_pb2
@@ -54,7 +54,6 @@ MAX_PENDING_MESSAGES_DEFAULT = 1000
 MAX_MESSAGE_BYTES_DEFAULT = TopicConfig().message_bytes_max  # the broker's default bound on one entry
 MESSAGE_OVERHEAD_BYTES = 40  # entry bytes per message besides payload, key and properties (formats/message.py)
 ENTRY_OVERHEAD_BYTES = 64    # entry header bytes besides the producer name
-CLOSE_WAIT_S = 2.0           # how long close() waits for the broker to end a half-closed stream
 SEND_WAIT_GRACE_S = 5.0      # send() waits the send timeout plus this for the timeout to be reported
 
 Callback = Callable[[ClientError | None, MessageId | None], None]
@@ -423,188 +422,103 @@ class Producer:
         self.close()
 
 
+PRODUCE_STREAM = StreamKind(method="Produce", open_name="ProducerOpen", ready_kind="ready", stream_name="produce",
+                            ready_words="the producer was ready", busy_status="NOT_ALLOWED")
+PER_SEND_REFUSALS = frozenset({"MESSAGE_TOO_LARGE", "BAD_REQUEST"})  # fail the oldest batch only, then go on
+
+
 class _PartitionProducer:
-    """One partition's Produce stream and its batches (see the module docstring)."""
+    """One partition's batches and the role they play on its Produce stream (stream.py; see the module
+    docstring)."""
 
     def __init__(self, producer: Producer, topic: str, index: int) -> None:
         self.producer = producer
         self.topic = topic
         self.index = index
-        self.name = ""
         self.open: _Batch | None = None                  # under the producer's lock
         self.unsent: collections.deque[_Batch] = collections.deque()   # under the lock
         self.inflight: collections.deque[_Batch] = collections.deque()  # changed under the lock, loop thread
         self.next_seq = 0                                # under the lock
         self.wake_scheduled = False                      # under the lock
         self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self._call = None
-        self._outbox: asyncio.Queue | None = None
-        self._stopping = False
         self._request_id = 0
-        self.connections = 0                             # streams opened so far (tests read it)
-        self.address = ""                                # the broker of the current stream
+        self.stream = PartitionStream(producer._client, topic, PRODUCE_STREAM, self)
+
+    @property
+    def name(self) -> str:
+        return self.stream.name
 
     def wake(self) -> None:  # loop thread
         with self.producer._lock:
             self.wake_scheduled = False
         self._wake.set()
 
-    # -- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self, name: str) -> None:
-        self.name = name
-        ready = asyncio.get_running_loop().create_future()
-        self._task = asyncio.get_running_loop().create_task(self._run(ready))
-        try:
-            await ready
-        except BaseException:
-            self._stopping = True
-            self._task.cancel()
-            raise
+        await self.stream.start(name)
 
     async def stop(self) -> None:
-        self._stopping = True
-        if self._outbox is not None:
-            self._outbox.put_nowait(None)  # half-close: the broker ends the stream after the last receipt
-        if self._task is None:
-            return
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), CLOSE_WAIT_S)
-        except (TimeoutError, asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping anyway
-            pass
-        self._task.cancel()
-        if self._call is not None:
-            _end(self._call, self._outbox)
+        await self.stream.stop()
 
-    async def _run(self, ready: asyncio.Future) -> None:
-        client = self.producer._client
-        backoff = client._backoff()
-        hint = ""
-        while not self._stopping:
-            try:
-                await self._connect(hint)
-            except ClientError as e:
-                hint = ""
-                if not ready.done() and not e.retriable:
-                    ready.set_exception(e)
-                    return
-                # reconnecting: the broker may not have dropped this name's previous stream yet
-                retriable = e.retriable or e.status == "NOT_ALLOWED"
-                if not retriable or backoff.expired():
-                    self._give_up(e, ready, backoff)
-                    return
-                await asyncio.sleep(backoff.next_delay_s())  # back-off between reconnect attempts
-                continue
-            backoff.reset()
-            if not ready.done():
-                ready.set_result(None)
-            error = await self._serve()
-            if self._stopping:
-                return
-            hint = error.owner_address if error.status == "NOT_OWNER" else ""
-            if not error.retriable:
-                if error.status in ("MESSAGE_TOO_LARGE", "BAD_REQUEST"):
-                    head = next((b for b in self.inflight if not b.done), None)
-                    if head is not None:
-                        self.producer._complete(head, error, None)
-                        self._requeue()
-                        continue  # reconnect at once for the rest
+    # -- the stream's role (loop thread) -----------------------------------------------------------------------
+    def describe(self) -> str:
+        return f"producer on {self.topic}"
+
+    def open_request(self, name: str) -> topic_pb2.ProduceRequest:
+        return topic_pb2.ProduceRequest(open=topic_pb2.ProducerOpen(topic=self.topic, producer_name=name))
+
+    def opened(self, ready: topic_pb2.ProducerReady) -> str:
+        """Sequence ids go on from `initial_sequence_id` on the first stream, else after what the broker
+        persisted for this producer name (and never back)."""
+        producer = self.producer
+        with producer._lock:
+            if self.stream.opened == 1 and producer._initial_seq is not None:
+                self.next_seq = max(self.next_seq, producer._initial_seq)
+            else:
+                self.next_seq = max(self.next_seq, ready.last_sequence_id + 1)
+        return ready.producer_name
+
+    def writer(self, outbox: asyncio.Queue):
+        self._wake.set()  # batches re-queued from the previous stream go first
+        return self._pump(outbox)
+
+    def received(self, response: topic_pb2.ProduceResponse) -> ClientError | None:
+        kind = response.WhichOneof("kind")
+        if kind == "receipt":
+            return self._on_receipt(response.receipt)
+        if kind == "error":
+            return from_error_pb(response.error, self.stream.address)
+        return None
+
+    def ended(self, error: ClientError) -> None:
+        pass
+
+    def lost(self, error: ClientError) -> bool:
+        """Un-receipted batches go again first, in order, with their sequence ids; a per-Send refusal fails
+        only the oldest of them, and the rest go again at once."""
+        if not error.retriable and error.status in PER_SEND_REFUSALS:
+            head = next((b for b in self.inflight if not b.done), None)
+            if head is not None:
+                self.producer._complete(head, error, None)
                 self._requeue()
-                self.producer._fail(error)
-                return
-            self._requeue()
-            await asyncio.sleep(backoff.next_delay_s())  # the broker said try again: not at once
+                return True
+        self._requeue()
+        return False
 
-    def _give_up(self, error: ClientError, ready: asyncio.Future, backoff: Backoff) -> None:
-        why = (f"producer on {self.topic}: gave up connecting after {backoff.attempts} attempts in "
-               f"{time.monotonic() - backoff.started:.1f}s: {error.message}")
-        final = ClientError(error.status, why, from_broker=error.from_broker, grpc_code=error.grpc_code)
-        if not ready.done():
-            ready.set_exception(final)
-        self.producer._fail(final)
+    def fail(self, error: ClientError) -> None:
+        self.producer._fail(error)
 
     def _requeue(self) -> None:
-        """The stream ended: un-receipted batches go again first, in order, with their sequence ids."""
         with self.producer._lock:
             again = [b for b in self.inflight if not b.done]
             self.inflight.clear()
             self.unsent.extendleft(reversed(again))
-
-    async def _connect(self, hint: str) -> None:
-        producer = self.producer
-        conns = producer._client._conns
-        address = hint or await conns.lookup(self.topic)
-        outbox: asyncio.Queue = asyncio.Queue()
-        outbox.put_nowait(topic_pb2.ProduceRequest(open=topic_pb2.ProducerOpen(topic=self.topic,
-                                                                                producer_name=self.name)))
-
-        async def requests():
-            while True:
-                item = await outbox.get()
-                if item is None:
-                    return
-                yield item
-
-        call = conns.stub(address).Produce(requests())
-        self.connections += 1
-        try:
-            response = await asyncio.wait_for(call.read(), conns.operation_timeout_s)
-        except TimeoutError:
-            _end(call, outbox)
-            raise ClientError("TIMEOUT", f"broker {address} did not answer ProducerOpen for {self.topic} within "
-                                         f"{conns.operation_timeout_s:.1f}s") from None
-        except grpc.aio.AioRpcError as e:
-            _end(call, outbox)
-            raise from_rpc_error(e, address) from None
-        kind = response.WhichOneof("kind") if response is not grpc.aio.EOF else None
-        if kind != "ready":
-            _end(call, outbox)
-            if kind == "error":
-                raise from_error_pb(response.error, address)
-            raise ClientError("SERVICE_UNAVAILABLE", f"broker {address} ended the produce stream of {self.topic} "
-                                                     f"before the producer was ready")
-        ready = response.ready
-        self.name = ready.producer_name
-        with producer._lock:
-            if self.connections == 1 and producer._initial_seq is not None:
-                self.next_seq = max(self.next_seq, producer._initial_seq)
-            else:
-                self.next_seq = max(self.next_seq, ready.last_sequence_id + 1)
-        self._call, self._outbox, self.address = call, outbox, address
-        if self._stopping:
-            outbox.put_nowait(None)
-
-    async def _serve(self) -> ClientError:
-        """Write sealed batches and read receipts until the stream ends; the error that ended it."""
-        call, outbox, address = self._call, self._outbox, self.address
-        writer = asyncio.get_running_loop().create_task(self._pump(outbox))
-        self._wake.set()  # batches re-queued from the previous stream go first
-        try:
-            while True:
-                response = await call.read()
-                if response is grpc.aio.EOF:
-                    return ClientError("SERVICE_UNAVAILABLE", f"broker {address} ended the produce stream of "
-                                                              f"{self.topic}")
-                kind = response.WhichOneof("kind")
-                if kind == "receipt":
-                    error = self._on_receipt(response.receipt)
-                    if error is not None:
-                        return error
-                elif kind == "error":
-                    return from_error_pb(response.error, address)
-        except grpc.aio.AioRpcError as e:
-            return from_rpc_error(e, address)
-        finally:
-            writer.cancel()
-            _end(call, outbox)
-            self._call = self._outbox = None
 
     async def _pump(self, outbox: asyncio.Queue) -> None:
         lock = self.producer._lock
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if self._stopping:
+            if self.stream.stopping:
                 return
             while True:
                 with lock:
@@ -620,11 +534,11 @@ class _PartitionProducer:
 
     def _on_receipt(self, receipt: topic_pb2.SendReceipt) -> ClientError | None:
         if not self.inflight:
-            return ClientError("INTERNAL", f"broker {self.address} sent receipt {receipt.request_id} for "
+            return ClientError("INTERNAL", f"broker {self.stream.address} sent receipt {receipt.request_id} for "
                                            f"{self.topic} with no Send waiting")
         batch = self.inflight[0]
         if batch.request.send.request_id != receipt.request_id:
-            return ClientError("INTERNAL", f"broker {self.address} sent receipt {receipt.request_id} for "
+            return ClientError("INTERNAL", f"broker {self.stream.address} sent receipt {receipt.request_id} for "
                                            f"{self.topic}, expected {batch.request.send.request_id}")
         with self.producer._lock:
             self.inflight.popleft()

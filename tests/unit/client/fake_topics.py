@@ -88,6 +88,7 @@ class FakeCluster:
         self.fail_sends: list[tuple[str, str]] = []        # next Sends: end the stream with (status, owner_address)
         self.hold_receipts = False                         # persist Sends but answer none (send timeout tests)
         self.fail_subscribe: list[str] = []                # next Subscribes: refuse with this status
+        self.fail_produce_opens: list[str] = []            # next ProducerOpens: refuse with this status
 
     def start(self, n: int = 1) -> "FakeCluster":
         for _ in range(n):
@@ -303,6 +304,8 @@ class FakeBroker(topic_pb2_grpc.TopicsServicer):
         c = self.cluster
         first = await request_iterator.__anext__()
         try:
+            if c.fail_produce_opens:
+                raise Refusal(c.fail_produce_opens.pop(0), "injected refusal")
             t = self._topic(first.open.topic)
             if c.owner_of(t.name) != self.address:
                 raise Refusal("NOT_OWNER", f"{t.name} is served elsewhere", c.owner_of(t.name))

@@ -159,6 +159,21 @@ def test_exclusive_busy_is_raised_at_subscribe(fake, client):
     assert e.value.status == "CONSUMER_BUSY"
 
 
+def test_a_retriable_refusal_at_subscribe_is_retried_and_giving_up_is_bounded(fake):
+    from bksim.client import Client
+
+    fake.add_topic(TOPIC)
+    fake.publish(TOPIC, [Stored(b"a")])
+    with Client(fake.addresses, operation_timeout_ms=500, backoff_initial_ms=20, backoff_max_ms=50) as c:
+        fake.fail_subscribe.append("SERVICE_UNAVAILABLE")
+        assert _sub(c).receive(2000).data() == b"a"
+        fake.fail_subscribe.extend(["SERVICE_UNAVAILABLE"] * 1000)
+        with pytest.raises(ClientError) as e:
+            c.subscribe(TOPIC, "other", SubscriptionType.Exclusive)
+    assert e.value.status == "SERVICE_UNAVAILABLE" and e.value.from_broker
+    assert f"consumer of {TOPIC} (subscription other): gave up connecting after" in e.value.message
+
+
 def test_reconnect_resubscribes_and_regrants_permits(fake, client):
     fake.add_topic(TOPIC)
     fake.publish(TOPIC, [Stored(b"a")])

@@ -133,6 +133,15 @@ def test_sequence_ids_continue_after_the_brokers_last_one(fake, client):
     assert [m.sequence_id for m in fake.published(TOPIC)] == [0, 1, 2, 3]
 
 
+def test_initial_sequence_id_holds_when_the_first_open_was_refused_and_retried(fake, client):
+    fake.add_topic(TOPIC)
+    fake.fail_produce_opens.append("SERVICE_UNAVAILABLE")  # retriable: the producer opens again
+    with client.create_producer(TOPIC, initial_sequence_id=100) as p:
+        p.send(b"x")
+    assert fake.fail_produce_opens == []
+    assert [m.sequence_id for m in fake.published(TOPIC)] == [100]
+
+
 def test_explicit_sequence_ids_must_increase(fake, client):
     fake.add_topic(TOPIC)
     p = client.create_producer(TOPIC)
