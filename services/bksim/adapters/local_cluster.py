@@ -138,8 +138,10 @@ class LocalCluster:
         self.cwd = cwd
         self.log = log
         self.zookeeper: ZooKeeperServer | None = None
+        self.owns_zookeeper = True  # False: a shared ZooKeeper (attach_zookeeper), which stop_all() leaves running
         self.bookies: list[Node] = []
         self.brokers: list[Node] = []
+        self.last_pids: dict[str, int] = {}  # name -> pid of its latest incarnation, kept after it stopped (reports)
 
     # -- layout ------------------------------------------------------------------------------------------
     @property
@@ -155,9 +157,6 @@ class LocalCluster:
 
     def pid_path(self, name: str) -> str:
         return os.path.join(self.pids_dir, f"{name}.pid")
-
-    def bookie_dir(self, index: int) -> str:
-        return os.path.join(self.run_dir, f"bookie-{index}")
 
     @property
     def nodes(self) -> list[Node]:
@@ -181,6 +180,10 @@ class LocalCluster:
                 cfg_path=os.path.join(self.run_dir, "zoo.cfg"))
         return self.zookeeper
 
+    def attach_zookeeper(self, server: ZooKeeperServer) -> None:
+        """Run the bookies and brokers on a ZooKeeper started elsewhere (stop_all() leaves it running)."""
+        self.zookeeper, self.owns_zookeeper = server, False
+
     def start_zookeeper(self, port: int | None = None, *, host: str | None = None, tick_time_ms: int = 200,
                         heap_mb: int = 256, data_dir: str | None = None,
                         timeout_s: float = ZOOKEEPER_READY_TIMEOUT_S) -> ZooKeeperServer:
@@ -196,6 +199,7 @@ class LocalCluster:
                                    f"(no live pid in {server.pid_path}); stop it or set zookeeper.port")
             with processes.interrupts_deferred():  # a Ctrl-C between the fork and the pid file orphans nothing
                 pid = server.start()
+            self.last_pids["zookeeper"] = pid
             self.log(f"zookeeper: started pid {pid} on {server.connect} (log {server.log_path})")
         self.wait_zookeeper(timeout_s)
         return server
@@ -214,7 +218,7 @@ class LocalCluster:
             raise ClusterError(f"zookeeper (pid {self.zookeeper.pid}) did not stop")
         time.sleep(down_s)  # the fault itself: ZooKeeper is away this long
         with processes.interrupts_deferred():
-            self.zookeeper.start()
+            self.last_pids["zookeeper"] = self.zookeeper.start()
         self.wait_zookeeper(timeout_s)
 
     @property
@@ -245,35 +249,35 @@ class LocalCluster:
         return env
 
     def add_bookie(self, port: int | None = None, *, host: str | None = None, argv: list[str] | None = None,
-                   env: Mapping[str, str] | None = None) -> Node:
-        """Declare bookie-<i> (not started): `port` None picks a free one; its id is host:port."""
-        index = len(self.bookies) + 1
+                   env: Mapping[str, str | None] | None = None, name: str | None = None) -> Node:
+        """Declare bookie-<i> (or `name`; not started): `port` None picks a free one; its id is host:port; its
+        directory <run_dir>/<name>. `env` adds to or overrides its environment (None: unset that variable)."""
+        name = name or f"bookie-{len(self.bookies) + 1}"
         host = host or self.host
         port = port or free_port(host)
-        home = self.bookie_dir(index)
+        home = os.path.join(self.run_dir, name)
         node_env = self.base_env()
         node_env.update({"BKSIM_BOOKIE_HOST": host, "BKSIM_BOOKIE_PORT": str(port),
                          "BKSIM_BOOKIE_BOOKIE_ID": f"{host}:{port}",
                          "BKSIM_BOOKIE_JOURNAL_DIR": os.path.join(home, "journal"),
                          "BKSIM_BOOKIE_LEDGER_DIR": os.path.join(home, "ledgers")})
-        node_env.update(env or {})
-        node = Node(f"bookie-{index}", "bookie", host, port, node_env, self.log_path(f"bookie-{index}"),
-                    self.pid_path(f"bookie-{index}"), argv or child_argv("bookie", self.config_path), home=home)
+        node = Node(name, "bookie", host, port, _overridden(node_env, env), self.log_path(name), self.pid_path(name),
+                    argv or child_argv("bookie", self.config_path), home=home)
         self.bookies.append(node)
         return node
 
     def add_broker(self, port: int | None = None, *, host: str | None = None, argv: list[str] | None = None,
-                   env: Mapping[str, str] | None = None) -> Node:
-        """Declare broker-<i> (not started): `port` None picks a free one; its id and address are host:port."""
-        index = len(self.brokers) + 1
+                   env: Mapping[str, str | None] | None = None, name: str | None = None) -> Node:
+        """Declare broker-<i> (or `name`; not started): `port` None picks a free one; its id and address are
+        host:port. `env` adds to or overrides its environment (None: unset that variable)."""
+        name = name or f"broker-{len(self.brokers) + 1}"
         host = host or self.host
         port = port or free_port(host)
         node_env = self.base_env()
         node_env.update({"BKSIM_BROKER_HOST": host, "BKSIM_BROKER_PORT": str(port),
                          "BKSIM_BROKER_BROKER_ID": f"{host}:{port}"})
-        node_env.update(env or {})
-        node = Node(f"broker-{index}", "broker", host, port, node_env, self.log_path(f"broker-{index}"),
-                    self.pid_path(f"broker-{index}"), argv or child_argv("broker", self.config_path))
+        node = Node(name, "broker", host, port, _overridden(node_env, env), self.log_path(name), self.pid_path(name),
+                    argv or child_argv("broker", self.config_path))
         self.brokers.append(node)
         return node
 
@@ -301,6 +305,7 @@ class LocalCluster:
         with processes.interrupts_deferred():  # a Ctrl-C between the fork and `node.pid = ...` would orphan it
             node.spawned_ms = int(time.time() * 1000)
             node.pid = processes.spawn(argv, node.env, node.log_path, node.pid_path, cwd=self.cwd)
+        self.last_pids[node.name] = node.pid
         node.paused = False
         node.incarnations += 1
         self.log(f"{node.name}: started pid {node.pid} as {node.node_id} (log {node.log_path})")
@@ -450,7 +455,7 @@ class LocalCluster:
             for node in running:
                 if not node.alive():
                     node.pid = None
-        if self.zookeeper is not None and self.zookeeper.pid is not None:
+        if self.owns_zookeeper and self.zookeeper is not None and self.zookeeper.pid is not None:
             pid = self.zookeeper.pid
             if self.zookeeper.stop(ZOOKEEPER_STOP_TIMEOUT_S):
                 self.log(f"zookeeper: stopped pid {pid}")
@@ -563,6 +568,15 @@ def stop_zookeeper_pid_file(server: ZooKeeperServer, log: Callable[[str], None] 
     else:
         return [f"zookeeper pid {pid}"]
     return []
+
+
+def _overridden(env: dict[str, str], overrides: Mapping[str, str | None] | None) -> dict[str, str]:
+    for key, value in (overrides or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
 
 
 def _state(doc: dict) -> str:

@@ -1,8 +1,7 @@
 """bookie-add: AddEntries batches against one real bookie process, compared with grpc-baseline.
 
-Starts a real ZooKeeper (adapters.zookeeper_server) and one `bksim bookie run` process (its port, run dir,
-journal and ledger dirs given as BKSIM_ environment overrides, everything under the benchmark's temp dir),
-waits until the bookie's gRPC health says SERVING, then streams AddRequests through
+Starts a real ZooKeeper and one `bksim bookie run` process (perf.ledger_write.LedgerCluster without a broker,
+everything under the benchmark's temp dir), waits until the bookie's gRPC health says SERVING, then streams AddRequests through
 bookie_client.AddStream with the same window, batch size, record size and entry factory as grpc-baseline
 (`grpc_baseline.drive`), and waits for every ack. OK means the entry is durable (journal fsync). The
 bookie is stopped with SIGTERM (drain + checkpoint; its stop time is reported), then ZooKeeper, by pid.
@@ -15,22 +14,21 @@ import asyncio
 import os
 import shutil
 import sys
-import tempfile
 import time
 from typing import Callable
 
 from bksim.adapters import processes
 from bksim.adapters.bookie_client import BookieClient, BookieUnavailable
-from bksim.adapters.zookeeper_server import ZooKeeperServer
+from bksim.adapters.local_cluster import Node
 from bksim.gen import bookie_pb2
 from bksim.model.config import Config
 from bksim.perf.grpc_baseline import RESPONSE_TIMEOUT_S, EntryFactory, drive, drive_result
 from bksim.perf.machine import process_cpu_s
-from bksim.perf.procs import Child, ProcessGroup, free_port, interrupts_deferred, run_interruptible
+from bksim.perf.ledger_write import LedgerCluster
+from bksim.perf.procs import Child, ProcessGroup, run_interruptible
 from bksim.perf.stats import Result
 
 TARGET_RATIO = 0.5
-ZOOKEEPER_READY_TIMEOUT_S = 60.0
 BOOKIE_READY_TIMEOUT_S = 60.0
 LEDGER_ID = 7
 PY_SPY_WAIT_S = 90.0  # py-spy stops by itself after the measurement's duration; wait this long at most
@@ -45,50 +43,27 @@ def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds:
     threads during the measurement and writes collapsed stacks (flamegraph.pl / speedscope input) there. The cluster's
     directory (a fresh one per call) is removed afterwards unless `keep`, so repeated runs start alike.
     """
-    group = ProcessGroup()
-    run_dir = tempfile.mkdtemp(prefix="cluster-", dir=workdir)
-    try:
-        zk = ZooKeeperServer("127.0.0.1", free_port(), os.path.join(run_dir, "zookeeper"),
-                             config.zookeeper.tick_time_ms, config.zookeeper.heap_mb,
-                             os.path.join(run_dir, "zookeeper.log"))
-        with interrupts_deferred():  # a Ctrl-C between the start and the adopt would orphan ZooKeeper
-            zk_pid = zk.start()
-            group.adopt("zookeeper", zk_pid, zk.log_path, zk.stop)
-        zk.wait_ready(ZOOKEEPER_READY_TIMEOUT_S)
-        port = free_port()
-        bookie_home = os.path.join(run_dir, f"bookie-{port}")
-        env = dict(os.environ)
-        env.update({
-            "BKSIM_CLUSTER_RUN_DIR": run_dir,
-            "BKSIM_ZOOKEEPER_HOST": zk.host,
-            "BKSIM_ZOOKEEPER_PORT": str(zk.port),
-            "BKSIM_BOOKIE_HOST": "127.0.0.1",
-            "BKSIM_BOOKIE_PORT": str(port),
-            "BKSIM_BOOKIE_BOOKIE_ID": f"127.0.0.1:{port}",
-            "BKSIM_BOOKIE_JOURNAL_DIR": os.path.join(bookie_home, "journal"),
-            "BKSIM_BOOKIE_LEDGER_DIR": os.path.join(bookie_home, "ledgers"),
-            "PYTHONUNBUFFERED": "1",
-        })
-        argv = [sys.executable, "-m", "bksim.cli.main"] + (["--config", config_path] if config_path else [])
-        bookie = group.spawn("bookie", argv + ["bookie", "run"], os.path.join(run_dir, "bookie.log"), env)
-        profiler = _profiler(group, bookie, py_spy_out, seconds, run_dir)
-        result, bookie_cpu_s, idle = run_interruptible(_measure(bookie, port, record_bytes, batch, inflight,
-                                                                seconds, records_max, idle_guard, profiler))
-        stop_started = time.monotonic()
-        stopped = group.stop(bookie)
-        stop_s = time.monotonic() - stop_started
-    finally:
-        group.stop_all()
-        if not keep:
-            shutil.rmtree(run_dir, ignore_errors=True)
+    group = ProcessGroup()  # py-spy, when asked for
+    with LedgerCluster(workdir, 1, config, config_path, keep, brokers=0) as cluster:
+        try:
+            bookie = cluster.bookies[0]
+            profiler = _profiler(group, bookie, py_spy_out, seconds, cluster.run_dir)
+            result, bookie_cpu_s, idle = run_interruptible(_measure(bookie, record_bytes, batch, inflight, seconds,
+                                                                    records_max, idle_guard, profiler))
+            server_pid, zk_pid = bookie.pid, cluster.zookeeper.pid
+            stop_started = time.monotonic()
+            stopped = cluster.stop(bookie)
+            stop_s = time.monotonic() - stop_started
+        finally:
+            group.stop_all()
     out = drive_result("bookie-add", record_bytes, batch, inflight, result, idle, bookie_cpu_s)
     out.extra["bookie_stop_s"] = stop_s if stopped else -1.0
-    out.extra["server_pid"] = bookie.pid  # both stopped before measure() returns
+    out.extra["server_pid"] = server_pid  # both stopped before measure() returns
     out.extra["zookeeper_pid"] = zk_pid
     return out
 
 
-def _profiler(group: ProcessGroup, bookie: Child, out: str | None, seconds: float,
+def _profiler(group: ProcessGroup, bookie: Node, out: str | None, seconds: float,
               run_dir: str) -> Callable[[], Child] | None:
     """A function that starts py-spy on the bookie (None without `out`)."""
     if not out:
@@ -102,9 +77,9 @@ def _profiler(group: ProcessGroup, bookie: Child, out: str | None, seconds: floa
     return lambda: group.spawn("py-spy", argv, os.path.join(run_dir, "py-spy.log"))
 
 
-async def _measure(bookie: Child, port: int, record_bytes: int, batch: int, inflight: int, seconds: float,
+async def _measure(bookie: Node, record_bytes: int, batch: int, inflight: int, seconds: float,
                    records_max: int, idle_guard: Callable[[str], float], profiler: Callable[[], Child] | None):
-    async with BookieClient(f"127.0.0.1:{port}", deadline_s=RESPONSE_TIMEOUT_S) as client:
+    async with BookieClient(bookie.address, deadline_s=RESPONSE_TIMEOUT_S) as client:
         await _wait_serving(client, bookie)
         idle = idle_guard("bookie-add")
         spy = profiler() if profiler else None
@@ -121,7 +96,7 @@ async def _measure(bookie: Child, port: int, record_bytes: int, batch: int, infl
     return result, cpu_s, idle
 
 
-async def _wait_serving(client: BookieClient, bookie: Child) -> None:
+async def _wait_serving(client: BookieClient, bookie: Node) -> None:
     """Wait (bounded) until the bookie's health check says SERVING; fail fast with its log if it exits."""
     deadline = time.monotonic() + BOOKIE_READY_TIMEOUT_S
     last = ""

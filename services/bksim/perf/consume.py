@@ -88,9 +88,7 @@ def measure(workdir: str, shape: Shape, message_bytes: int, batch: int, max_pend
                                         "producer_lag_max_ms": lag_ms, **cpu,
                                         "p95_ms": latencies.percentile_s(95.0) * 1000.0}))
     for r in results:
-        r.extra["broker_pid"] = cluster.broker.pid
-        r.extra["bookie_pids"] = ",".join(str(b.pid) for b in cluster.bookies)
-        r.extra["zookeeper_pid"] = cluster.zookeeper.pid
+        r.extra.update(cluster.pids())
     return results
 
 

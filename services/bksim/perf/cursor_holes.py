@@ -1,8 +1,8 @@
 """cursor-holes: a cursor with millions of ack holes survives a broker kill and a clean restart,
 with the size of its snapshot and the time to persist and to recover it.
 
-The world: a real ZooKeeper and real bookie processes (perf.ledger_write.LedgerCluster; its broker process is
-not used). The broker side runs in this process, as `bksim broker run` wires it (`InProcessBroker`: a kazoo
+The world: a real ZooKeeper and real bookie processes (perf.ledger_write.LedgerCluster, without a broker
+process). The broker side runs in this process, as `bksim broker run` wires it (`InProcessBroker`: a kazoo
 session, ZkMetadataStore, GrpcBookieTransport, LedgerService); each "broker" has its own ZooKeeper session and
 bookie connections. The topic's message ledgers are not written: the cursor reads only the layout, so
 `FixedLayout` plays a managed ledger of `entries` entries in ledgers of `ledger_entries` each. The cursor
@@ -294,83 +294,17 @@ def _clock():
 
 
 # ---------------------------------------------------------------------------------------------- the benchmark
-class BookieCluster:
-    """ZooKeeper + `bookies` bookie processes under a fresh directory in `workdir` (no broker process: the broker
-    side runs in this process). A context manager: every child is stopped by pid on exit, the directory removed
-    unless `keep`."""
+async def wait_bookies(cluster, broker: InProcessBroker) -> None:
+    """Wait (bounded) until every bookie of `cluster` (a perf.ledger_write.LedgerCluster) is registered writable,
+    as `broker` sees them."""
+    from bksim.perf.ledger_write import CLUSTER_READY_TIMEOUT_S
 
-    def __init__(self, workdir: str, bookies: int, config: Config, config_path: str | None = None,
-                 keep: bool = False) -> None:
-        from bksim.perf.procs import ProcessGroup
-
-        self.workdir, self.bookie_count, self.config, self.config_path, self.keep = (
-            workdir, bookies, config, config_path, keep)
-        self.group = ProcessGroup()
-        self.run_dir = ""
-        self.zk_hosts = ""
-        self.bookies = []
-
-    def __enter__(self) -> "BookieCluster":
-        import tempfile
-
-        self.run_dir = tempfile.mkdtemp(prefix="cluster-", dir=self.workdir)
-        try:
-            self._start()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import shutil
-
-        self.group.stop_all()
-        if self.run_dir and not self.keep:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
-
-    def _start(self) -> None:
-        import os
-        import sys
-
-        from bksim.adapters.zookeeper_server import ZooKeeperServer
-        from bksim.perf.ledger_write import ZOOKEEPER_READY_TIMEOUT_S
-        from bksim.perf.procs import free_port, interrupts_deferred
-
-        z = self.config.zookeeper
-        zk = ZooKeeperServer("127.0.0.1", free_port(), os.path.join(self.run_dir, "zookeeper"), z.tick_time_ms,
-                             z.heap_mb, os.path.join(self.run_dir, "zookeeper.log"))
-        with interrupts_deferred():  # a Ctrl-C between the start and the adopt would orphan ZooKeeper
-            pid = zk.start()
-            self.group.adopt("zookeeper", pid, zk.log_path, zk.stop)
-        zk.wait_ready(ZOOKEEPER_READY_TIMEOUT_S)
-        self.zk_hosts = f"{zk.host}:{zk.port}"
-        base = dict(os.environ)
-        base.update({"BKSIM_CLUSTER_RUN_DIR": self.run_dir, "BKSIM_ZOOKEEPER_HOST": zk.host,
-                     "BKSIM_ZOOKEEPER_PORT": str(zk.port), "PYTHONUNBUFFERED": "1"})
-        argv = [sys.executable, "-m", "bksim.cli.main"] + (["--config", self.config_path] if self.config_path else [])
-        for i in range(self.bookie_count):
-            port = free_port()
-            home = os.path.join(self.run_dir, f"bookie-{i + 1}")
-            env = dict(base)
-            env.update({"BKSIM_BOOKIE_HOST": "127.0.0.1", "BKSIM_BOOKIE_PORT": str(port),
-                        "BKSIM_BOOKIE_BOOKIE_ID": f"127.0.0.1:{port}",
-                        "BKSIM_BOOKIE_JOURNAL_DIR": os.path.join(home, "journal"),
-                        "BKSIM_BOOKIE_LEDGER_DIR": os.path.join(home, "ledgers")})
-            self.bookies.append(self.group.spawn(f"bookie-{i + 1}", argv + ["bookie", "run"],
-                                                 os.path.join(self.run_dir, f"bookie-{i + 1}.log"), env))
-
-    async def wait_ready(self, broker: InProcessBroker) -> None:
-        """Wait (bounded) until every bookie is registered writable."""
-        from bksim.perf.ledger_write import CLUSTER_READY_TIMEOUT_S
-
-        deadline = time.monotonic() + CLUSTER_READY_TIMEOUT_S
-        while len(await broker.service.writable_bookies()) < self.bookie_count:
-            for child in self.bookies:
-                if not child.alive():
-                    raise RuntimeError(f"{child.name} (pid {child.pid}) exited; its log:\n{child.log_tail()}")
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"{self.bookie_count} bookies not registered after {CLUSTER_READY_TIMEOUT_S:.0f} s")
-            await asyncio.sleep(0.1)
+    deadline = time.monotonic() + CLUSTER_READY_TIMEOUT_S
+    while len(await broker.service.writable_bookies()) < len(cluster.bookies):
+        cluster.check_alive()
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{len(cluster.bookies)} bookies not registered after {CLUSTER_READY_TIMEOUT_S:.0f} s")
+        await asyncio.sleep(0.1)
 
 
 def measure(workdir: str, entries: int, ledger_entries: int, pattern: str, bookies: int, idle_guard, config: Config,
@@ -381,14 +315,16 @@ def measure(workdir: str, entries: int, ledger_entries: int, pattern: str, booki
                     write_quorum_size=min(config.topic.write_quorum_size, bookies),
                     ack_quorum_size=min(config.topic.ack_quorum_size, bookies))
     layout = FixedLayout(entries, ledger_entries)
-    with BookieCluster(workdir, bookies, config, config_path, keep) as cluster:
+    from bksim.perf.ledger_write import LedgerCluster
+
+    with LedgerCluster(workdir, bookies, config, config_path, keep, brokers=0) as cluster:
         async def main() -> Report:
-            probe = await InProcessBroker.connect(cluster.zk_hosts, config, log)
+            probe = await InProcessBroker.connect(cluster.zk_connect, config, log)
             try:
-                await cluster.wait_ready(probe)
+                await wait_bookies(cluster, probe)
             finally:
                 await probe.close()
-            return await roundtrip(lambda: InProcessBroker.connect(cluster.zk_hosts, config, log), layout, topic,
+            return await roundtrip(lambda: InProcessBroker.connect(cluster.zk_connect, config, log), layout, topic,
                                    pattern, log=log, idle=idle_guard)
         report = run_interruptible(main())
     return results(report), report

@@ -1,9 +1,8 @@
 """failover: the producer's gap when the broker that owns its topic is killed (kill -9), on a fresh cluster.
 
-The cluster: perf/ledger_write.LedgerCluster (real ZooKeeper, `bookies` bookie processes, one broker) plus a
-second broker (spawn_broker). The brokers' ZooKeeper session timeout is `session_timeout_ms` (set through
-BKSIM_ZOOKEEPER_SESSION_TIMEOUT_MS while the children start): the killed owner's ephemeral ownership znode
-lives that long, so it bounds the takeover from below, as in Pulsar.
+The cluster: perf/ledger_write.LedgerCluster (real ZooKeeper, `bookies` bookie processes, two brokers). The
+brokers' ZooKeeper session timeout is `session_timeout_ms` (the children's BKSIM_ZOOKEEPER_SESSION_TIMEOUT_MS):
+the killed owner's ephemeral ownership znode lives that long, so it bounds the takeover from below, as in Pulsar.
 
 The run: a topic (dedup on), one Producer through both brokers sending `rate` messages/s of `message_bytes`
 (send_async, batching 1 ms). After `before_s` seconds the owner is killed with SIGKILL. The run goes on
@@ -15,7 +14,6 @@ until receipts have flowed again for `after_s` seconds (bounded by the session t
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 import uuid
@@ -50,20 +48,11 @@ def measure(workdir: str, config: Config, *, bookies: int = 3, session_timeout_m
             message_bytes: int = 100, before_s: float = 3.0, after_s: float = 3.0,
             config_path: str | None = None) -> FailoverResult:
     env = {"BKSIM_ZOOKEEPER_SESSION_TIMEOUT_MS": str(session_timeout_ms)}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    cluster = LedgerCluster(workdir, bookies, config, config_path, brokers=2, child_env=env).__enter__()
+    second = cluster.brokers[1]
     try:
-        cluster = LedgerCluster(workdir, bookies, config, config_path).__enter__()
-        second, second_address = cluster.spawn_broker("broker-2")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    try:
-        return _run(cluster, [cluster.broker_address, second_address], {cluster.broker_address: cluster.broker,
-                                                                         second_address: second},
+        return _run(cluster, [cluster.broker_address, second.address], {cluster.broker_address: cluster.broker,
+                                                                         second.address: second},
                     session_timeout_ms, rate, message_bytes, before_s, after_s)
     finally:
         cluster.__exit__(None, None, None)

@@ -1,10 +1,9 @@
 """ledger-write: appends through a real broker to a ledger on E real bookies, compared with grpc-baseline.
 
-The cluster (`LedgerCluster`, also used by perf/recovery.py): a real ZooKeeper, E `bksim bookie run`
-processes and one `bksim broker run` process, each configured by BKSIM_ environment overrides (ports, ids,
-directories, all under a fresh directory in the benchmark's temp dir), children of one ProcessGroup, so
-every one is stopped by pid whatever happens. Ready means: the broker's health says SERVING and its
-ListBookies shows at least E writable bookies.
+The cluster (`LedgerCluster`, also used by the other cluster benchmarks): adapters.local_cluster's real
+ZooKeeper, E `bksim bookie run` processes and (by default) one `bksim broker run` process, under a fresh
+directory in the benchmark's temp dir, every one stopped by pid whatever happens. Ready means: the broker's
+health says SERVING and its ListBookies shows at least E writable bookies.
 
 A measurement creates a ledger (E/Qw/Qa) through the broker (CreateLedger) and appends batches of `batch`
 payloads of `entry_bytes` bytes on one Append stream (adapters.broker_client.AppendStream, at most
@@ -44,10 +43,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from bksim.adapters.broker_client import BrokerCallError, BrokerClient
-from bksim.adapters.zookeeper_server import ZooKeeperServer
+from bksim.adapters.local_cluster import LocalCluster, Node
 from bksim.model.config import Config
-from bksim.perf.machine import idle_fraction, process_cpu_s, read_cpu_times
-from bksim.perf.procs import Child, ProcessGroup, free_port, interrupts_deferred, run_interruptible
+from bksim.perf.machine import idle_fraction, read_cpu_times
+from bksim.perf.procs import run_interruptible
 from bksim.perf.stats import LatencyRecorder, Result, make_result
 
 PASSWORD = b"bksim-perf"
@@ -65,34 +64,26 @@ FUTURES_PRUNE_AT = 4096  # keep the list of outstanding futures short
 
 
 # ---------------------------------------------------------------------------------------------- the cluster
-class LedgerCluster:
-    """ZooKeeper + `bookies` bookie processes + one broker process under a fresh directory in `workdir`.
+class LedgerCluster(LocalCluster):
+    """ZooKeeper + `bookies` bookie processes + `brokers` broker processes under a fresh directory in `workdir`;
+    `child_env`: BKSIM_ overrides for every bookie and broker.
 
     Use as a context manager: `__enter__` starts everything (not waiting for readiness: `await
-    wait_ready(client)`), `__exit__` stops every child by pid (newest first) and removes the directory
-    unless `keep`.
+    wait_serving(client)`), `__exit__` stops every child by pid and removes the directory unless `keep`.
     """
 
     def __init__(self, workdir: str, bookies: int, config: Config, config_path: str | None = None,
-                 keep: bool = False) -> None:
+                 keep: bool = False, brokers: int = 1, child_env: dict[str, str] | None = None) -> None:
         if bookies < 1:
             raise ValueError(f"a cluster needs at least 1 bookie, got {bookies}")
-        self.workdir = workdir
+        super().__init__(tempfile.mkdtemp(prefix="cluster-", dir=workdir), config_path=config_path,
+                         child_env=child_env)
         self.bookie_count = bookies
+        self.broker_count = brokers
         self.config = config
-        self.config_path = config_path
         self.keep = keep
-        self.group = ProcessGroup()
-        self.run_dir = ""
-        self.zookeeper: Child | None = None
-        self.bookies: list[Child] = []
-        self.bookie_ids: list[str] = []
-        self.journal_dirs: list[str] = []
-        self.broker: Child | None = None
-        self.broker_address = ""
 
     def __enter__(self) -> "LedgerCluster":
-        self.run_dir = tempfile.mkdtemp(prefix="cluster-", dir=self.workdir)
         try:
             self._start()
         except BaseException:
@@ -101,60 +92,57 @@ class LedgerCluster:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.group.stop_all()
-        if self.run_dir and not self.keep:
+        for failure in self.stop_all():
+            print(f"# {failure} did not stop", file=sys.stderr)
+        if not self.keep:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def _start(self) -> None:
-        config = self.config
-        zk = ZooKeeperServer("127.0.0.1", free_port(), os.path.join(self.run_dir, "zookeeper"),
-                             config.zookeeper.tick_time_ms, config.zookeeper.heap_mb,
-                             os.path.join(self.run_dir, "zookeeper.log"))
-        with interrupts_deferred():  # a Ctrl-C between the start and the adopt would orphan ZooKeeper
-            pid = zk.start()
-            self.zookeeper = self.group.adopt("zookeeper", pid, zk.log_path, zk.stop)
-        zk.wait_ready(ZOOKEEPER_READY_TIMEOUT_S)
-        base = dict(os.environ)
-        base.update({"BKSIM_CLUSTER_RUN_DIR": self.run_dir, "BKSIM_ZOOKEEPER_HOST": zk.host,
-                     "BKSIM_ZOOKEEPER_PORT": str(zk.port), "PYTHONUNBUFFERED": "1"})
-        argv = [sys.executable, "-m", "bksim.cli.main"] + (["--config", self.config_path] if self.config_path else [])
-        for i in range(self.bookie_count):
-            port = free_port()
-            home = os.path.join(self.run_dir, f"bookie-{i + 1}")
-            env = dict(base)
-            env.update({"BKSIM_BOOKIE_HOST": "127.0.0.1", "BKSIM_BOOKIE_PORT": str(port),
-                        "BKSIM_BOOKIE_BOOKIE_ID": f"127.0.0.1:{port}",
-                        "BKSIM_BOOKIE_JOURNAL_DIR": os.path.join(home, "journal"),
-                        "BKSIM_BOOKIE_LEDGER_DIR": os.path.join(home, "ledgers")})
-            self.bookies.append(self.group.spawn(f"bookie-{i + 1}", argv + ["bookie", "run"],
-                                                 os.path.join(self.run_dir, f"bookie-{i + 1}.log"), env))
-            self.bookie_ids.append(f"127.0.0.1:{port}")
-            self.journal_dirs.append(os.path.join(home, "journal"))
-        self._base_env, self._argv = base, argv
-        self.broker, self.broker_address = self.spawn_broker("broker")
+        z = self.config.zookeeper
+        self.start_zookeeper(tick_time_ms=z.tick_time_ms, heap_mb=z.heap_mb, timeout_s=ZOOKEEPER_READY_TIMEOUT_S)
+        for _ in range(self.bookie_count):
+            self.spawn(self.add_bookie())
+        for _ in range(self.broker_count):
+            self.spawn_broker()
 
-    def spawn_broker(self, name: str) -> tuple[Child, str]:
-        """Start one more `bksim broker run` on this cluster (perf failover runs two); (child, address)."""
-        port = free_port()
-        env = dict(self._base_env)
-        env.update({"BKSIM_BROKER_HOST": "127.0.0.1", "BKSIM_BROKER_PORT": str(port),
-                    "BKSIM_BROKER_BROKER_ID": f"127.0.0.1:{port}"})
-        child = self.group.spawn(name, self._argv + ["broker", "run"], os.path.join(self.run_dir, f"{name}.log"), env)
-        return child, f"127.0.0.1:{port}"
+    def spawn_broker(self) -> Node:
+        """Start one more `bksim broker run` on this cluster (perf failover runs two)."""
+        node = self.add_broker()
+        self.spawn(node)
+        return node
 
-    def servers(self) -> list[Child]:
-        """The broker and the bookies (the processes whose CPU is reported)."""
-        return [self.broker, *self.bookies]
+    @property
+    def broker(self) -> Node:
+        return self.brokers[0]
+
+    @property
+    def broker_address(self) -> str:
+        return self.broker.address
+
+    @property
+    def bookie_ids(self) -> list[str]:
+        return [b.node_id for b in self.bookies]
+
+    @property
+    def journal_dirs(self) -> list[str]:
+        return [b.journal_dir for b in self.bookies]
+
+    def pids(self) -> dict[str, object]:
+        """The pids of the broker, the bookies and ZooKeeper for a report (kept after they stopped)."""
+        return {"broker_pid": self.last_pids.get(self.broker.name) if self.brokers else None,
+                "bookie_pids": ",".join(str(self.last_pids.get(b.name)) for b in self.bookies),
+                "zookeeper_pid": self.last_pids.get("zookeeper")}
+
+    def servers(self) -> list[Node]:
+        """The brokers and the bookies (the processes whose CPU is reported)."""
+        return [*self.brokers, *self.bookies]
 
     def check_alive(self) -> None:
-        for child in self.servers():
-            if not child.alive():
-                raise RuntimeError(f"{child.name} (pid {child.pid}) exited; its log:\n{child.log_tail()}")
+        for node in self.servers():
+            if not node.alive():
+                raise RuntimeError(f"{node.name} (pid {node.pid}) exited; its log:\n{node.log_tail()}")
 
-    def logs(self) -> str:
-        return "\n".join(f"--- {c.name} (pid {c.pid}) ---\n{c.log_tail(15)}" for c in self.servers())
-
-    async def wait_ready(self, client: BrokerClient, bookies_writable: int) -> None:
+    async def wait_serving(self, client: BrokerClient, bookies_writable: int) -> None:
         """Wait (bounded) until the broker serves and lists `bookies_writable` writable bookies."""
         deadline = time.monotonic() + CLUSTER_READY_TIMEOUT_S
         last = "nothing yet"
@@ -177,11 +165,8 @@ class LedgerCluster:
             await asyncio.sleep(0.1)
 
     def cpu_s(self) -> dict[str, float]:
-        """CPU seconds used so far by each server process, ZooKeeper and this process."""
-        out = {c.name: process_cpu_s(c.pid) for c in self.servers()}
-        out["zookeeper"] = process_cpu_s(self.zookeeper.pid)
-        out["client"] = time.process_time()
-        return out
+        """CPU seconds used so far by each server process, ZooKeeper and this process ("client")."""
+        return {**super().cpu_s(), "client": time.process_time()}
 
 
 @dataclass
@@ -204,7 +189,7 @@ class CpuMeter:
         per_s = (lambda s: s / elapsed_s) if elapsed_s > 0 else (lambda s: 0.0)
         idle = idle_fraction(self._machine_before, machine_after)
         busy = None if idle is None else (1.0 - idle) * cores  # None: /proc/stat did not advance
-        return {"broker_cpu_cores": per_s(used["broker"]), "bookies_cpu_cores": per_s(sum(bookies)),
+        return {"broker_cpu_cores": per_s(used[self.cluster.broker.name]), "bookies_cpu_cores": per_s(sum(bookies)),
                 "bookie_cpu_cores_max": per_s(max(bookies)), "zookeeper_cpu_cores": per_s(used["zookeeper"]),
                 "client_cpu_cores": per_s(used["client"]), "machine_busy_cores": busy,
                 "others_cpu_cores": None if busy is None else max(0.0, busy - per_s(sum(used.values())))}
@@ -327,7 +312,7 @@ async def _measure_all(cluster: LedgerCluster, shape: Shape, entry_bytes: int, b
                        idle_guard: Callable[[str], float], half_after_max: bool) -> list[Result]:
     results = []
     async with BrokerClient(cluster.broker_address, deadline_s=CALL_DEADLINE_S) as client:
-        await cluster.wait_ready(client, shape.ensemble)
+        await cluster.wait_serving(client, shape.ensemble)
         plan = list(rates)
         while plan:
             rate = plan.pop(0)
@@ -373,9 +358,7 @@ async def _measure_one(cluster: LedgerCluster, client: BrokerClient, shape: Shap
         extra["schedule_lag_max_ms"] = run.schedule_lag_max_s * 1000.0
     extra.update(cpu)
     extra["ledger_id"] = info.ledger_id
-    extra["broker_pid"] = cluster.broker.pid
-    extra["bookie_pids"] = ",".join(str(b.pid) for b in cluster.bookies)
-    extra["zookeeper_pid"] = cluster.zookeeper.pid
+    extra.update(cluster.pids())
     return make_result(name, entry_bytes, batch, run.elapsed_s, run.latencies, idle, extra)
 
 

@@ -3,8 +3,8 @@ latency.
 
 The cluster (`topic_cluster`): perf/ledger_write.LedgerCluster — a real ZooKeeper, E `bksim bookie run`
 processes and one `bksim broker run` (which serves the Topics API next to the Broker API) — with the topic's
-ledgers shaped E/Qw/Qa through BKSIM_TOPIC_ENSEMBLE_SIZE / _WRITE_QUORUM_SIZE / _ACK_QUORUM_SIZE (set in this
-process's environment only while the children start). A fresh tenant/namespace (retention forever) and a
+ledgers shaped E/Qw/Qa through the children's BKSIM_TOPIC_ENSEMBLE_SIZE / _WRITE_QUORUM_SIZE /
+_ACK_QUORUM_SIZE. A fresh tenant/namespace (retention forever) and a
 topic (`--partitions`) per measurement.
 
 The measurement (closed loop): one Producer (batching on: `batch` messages, 128 KiB, 1 ms; at most
@@ -19,7 +19,6 @@ Target (every process on this machine's 2 cores): >= 100,000 msgs/s of 100 bytes
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -48,16 +47,7 @@ def topic_cluster(workdir: str, shape: Shape, config: Config, config_path: str |
     """A started, ready LedgerCluster whose broker makes topic ledgers of `shape`; stopped (by pid) on exit."""
     env = {"BKSIM_TOPIC_ENSEMBLE_SIZE": str(shape.ensemble), "BKSIM_TOPIC_WRITE_QUORUM_SIZE": str(shape.write_quorum),
            "BKSIM_TOPIC_ACK_QUORUM_SIZE": str(shape.ack_quorum)}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        cluster = LedgerCluster(workdir, shape.ensemble, config, config_path, keep).__enter__()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    cluster = LedgerCluster(workdir, shape.ensemble, config, config_path, keep, child_env=env).__enter__()
     try:
         run_interruptible(_wait_ready(cluster, shape.ensemble))
         yield cluster
@@ -67,7 +57,7 @@ def topic_cluster(workdir: str, shape: Shape, config: Config, config_path: str |
 
 async def _wait_ready(cluster: LedgerCluster, bookies: int) -> None:
     async with BrokerClient(cluster.broker_address, deadline_s=CALL_DEADLINE_S) as client:
-        await cluster.wait_ready(client, bookies)
+        await cluster.wait_serving(client, bookies)
 
 
 def fresh_topic(client: Client, partitions: int) -> str:
@@ -156,9 +146,7 @@ def measure(workdir: str, shape: Shape, message_bytes: int, batch: int, max_pend
              "messages_per_entry": run.sent / stats["entries"] if stats["entries"] else 0.0,
              "p95_ms": run.latencies.percentile_s(95.0) * 1000.0}
     extra.update(cpu)
-    extra["broker_pid"] = cluster.broker.pid
-    extra["bookie_pids"] = ",".join(str(b.pid) for b in cluster.bookies)
-    extra["zookeeper_pid"] = cluster.zookeeper.pid
+    extra.update(cluster.pids())
     return [make_result("produce", message_bytes, batch, run.elapsed_s, run.latencies, idle, extra)]
 
 

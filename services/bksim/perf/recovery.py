@@ -172,7 +172,7 @@ async def _measure(cluster: LedgerCluster, shape: Shape, entries: int, entry_byt
                    idle_guard: Callable[[str], float]) -> list[Result]:
     async with BrokerClient(cluster.broker_address, deadline_s=CALL_DEADLINE_S,
                             recover_deadline_s=RECOVER_DEADLINE_S) as client:
-        await cluster.wait_ready(client, shape.ensemble)
+        await cluster.wait_serving(client, shape.ensemble)
         warm = await _open_ledger_with_window(client, shape, 1, entry_bytes, lambda e: e - 1, batch)
         reference = await _open_ledger_with_window(client, shape, entries, entry_bytes, lambda e: e - 1, batch)
         window = await _open_ledger_with_window(client, shape, entries, entry_bytes, lambda e: min(lac, e - 1), batch)
@@ -197,8 +197,8 @@ async def _measure(cluster: LedgerCluster, shape: Shape, entries: int, entry_byt
             extra["fixed_s"] = ref.seconds
             extra["per_entry_ms"] = per_entry_ms
         extra.update(r.cpu)
-        extra["broker_pid"] = cluster.broker.pid
-        extra["zookeeper_pid"] = cluster.zookeeper.pid
+        pids = cluster.pids()
+        extra["broker_pid"], extra["zookeeper_pid"] = pids["broker_pid"], pids["zookeeper_pid"]
         results.append(make_result(name, entry_bytes, 1, r.seconds, latencies, r.idle_before, extra))
     return results
 
