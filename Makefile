@@ -73,7 +73,7 @@ clean:
 	rm -rf $(RUN_DIR)
 
 # ---- benchmarks (perf targets go here) -----------------------------------------------------------------
-# `make perf` runs every benchmark; see the README section Benchmarks.
+# `make perf` runs every benchmark; see docs/benchmarks.md.
 PERF_SECONDS ?= 5
 PERF_REPEAT ?= 3
 .PHONY: perf
@@ -96,7 +96,7 @@ AUDIT_SIZE ?= 1GB
 perf-audit: deps
 	$(BKSIM) perf audit --size $(AUDIT_SIZE)
 
-# ---- journal audit (see the README section "Audit") --------------------------------------------------------
+# ---- journal audit (see docs/audit.md) ---------------------------------------------------------------------
 # `make audit`: the local cluster of `make up` (every bookie's journals and entry logs under $(RUN_DIR)) against
 # a metadata snapshot taken now; report in $(AUDIT_OUT). AUDIT_ARGS passes more flags (AUDIT_ARGS=--local).
 AUDIT_OUT ?= $(RUN_DIR)/audit
@@ -107,7 +107,7 @@ audit: deps
 	$(BKSIM) audit --journals $(wildcard $(RUN_DIR)/bookie-*) --entrylogs $(wildcard $(RUN_DIR)/bookie-*) \
 	  --metadata $(AUDIT_OUT)/snapshot.json --out $(AUDIT_OUT) $(AUDIT_ARGS)
 
-# ---- deterministic simulation (see the README section "Deterministic simulation") -----------------------
+# ---- deterministic simulation (see docs/simulation.md) --------------------------------------------------
 # `make sim SEED=N` runs one seed of the ledger world (prints its plan, PASS or the violated invariant with the
 # trace tail); `make sim-sweep SEEDS=N` runs seeds 1..N with a progress line and a summary. SIM_ARGS passes
 # more flags (SIM_ARGS=--trace; SIM_ARGS='--world bookie' for the bookie world, where STEPS=K sets the
@@ -123,7 +123,7 @@ sim: venv proto
 sim-sweep: venv proto
 	$(BKSIM) sim --sweep $(SEEDS) $(if $(STEPS),--steps $(STEPS)) $(SIM_ARGS)
 
-# ---- containers (see the README section "Containers") ---------------------------------------------------
+# ---- containers (see docs/containers.md) ----------------------------------------------------------------
 # compose-tools: Debian's docker-compose (v1), which tests/integration/test_compose_config.py runs
 # (`docker-compose config` needs no engine). compose-check: the whole deployment end to end on a private
 # dockerd (bksim compose check: build, up on host networking, write/read, kill a bookie, no loss, down).
@@ -138,7 +138,7 @@ COMPOSE_CHECK_ARGS ?= --audit
 compose-check: deps compose-tools
 	$(BKSIM) compose check $(COMPOSE_CHECK_ARGS)
 
-# ---- chaos (see the README section "Chaos") -------------------------------------------------------------
+# ---- chaos (see docs/chaos.md) --------------------------------------------------------------------------
 # `make chaos` runs a campaign: CHAOS_RUNS runs of random scenarios and seeds, each on a fresh cluster under
 # .run/chaos/, with a progress line and a summary table (also written to .run/chaos/campaign-<time>.md).
 # CHAOS_ARGS passes more flags (e.g. CHAOS_ARGS='--scenarios broker-kill,bookie-kill --seed 7').

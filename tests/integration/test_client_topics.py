@@ -1,8 +1,8 @@
 """bksim.client against real brokers (tests/integration/broker_harness.py: ZooKeeper, 3 bookies, 2 brokers):
 produce and consume through lookups and redirects, batches and batch-index acks, partitioned topics, every
-subscription type's client-visible contract, dedup with a stable producer name, and the refusals the issue
-lists as bad input (unknown topic/namespace, cumulative ack on Shared, unknown message id, oversize message,
-too many pending messages) — each a ClientError with the broker's status and text, nothing lost."""
+subscription type's client-visible contract, dedup with a stable producer name, and the refusals of bad input
+(unknown topic/namespace, cumulative ack on Shared, unknown message id, oversize message, too many pending
+messages) — each a ClientError with the broker's status and text, nothing lost."""
 from __future__ import annotations
 
 import uuid

@@ -12,7 +12,7 @@
   module's bookie and broker: its healthchecks pass on live servers and fail on a dead port, and its
   `zookeeper` mode starts a ZooKeeper from BKSIM_ variables.
 
-`make compose-check` runs the same files end to end on a private dockerd (README, "Containers").
+`make compose-check` runs the same files end to end on a private dockerd (docs/containers.md).
 """
 from __future__ import annotations
 

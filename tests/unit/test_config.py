@@ -1,4 +1,5 @@
-"""The configuration schema, deploy/bksim.toml and the README's table agree; loading rejects bad input."""
+"""The configuration schema, deploy/bksim.toml and the table in docs/configuration.md agree; loading rejects
+bad input."""
 from __future__ import annotations
 
 import dataclasses
@@ -44,13 +45,13 @@ def test_deploy_file_documents_every_option_on_the_line_above_it():
         assert lines[index - 1].startswith(f"# {doc}"), f"{section}.{name}: doc comment missing above it"
 
 
-def test_deploy_file_and_readme_table_are_up_to_date():
+def test_deploy_file_and_docs_table_are_up_to_date():
     render = _render()
     assert open(TOML_PATH).read() == render.toml_text(), "run .venv/bin/python deploy/render_config.py --write"
-    readme = open(os.path.join(REPO, "README.md")).read()
-    assert render.readme_table() in readme, "README config table is stale: run deploy/render_config.py --write"
+    doc = open(os.path.join(REPO, "docs", "configuration.md")).read()
+    assert render.doc_table() in doc, "docs/configuration.md's table is stale: run deploy/render_config.py --write"
     for section, name, _, _ in schema.describe():
-        assert f"| `{section}` | `{name}` |" in readme
+        assert f"| `{section}` | `{name}` |" in doc
 
 
 def test_loading_the_deploy_file_gives_the_defaults():
@@ -129,3 +130,19 @@ def test_a_throttled_add_is_answered_before_the_broker_gives_up_on_the_bookie(tm
     path.write_text("[bookie]\nwrite_cache_throttle_ms_max = 500\n[broker]\nbookie_timeout_ms = 1000\n")
     config = loader.load(str(path), env={})
     assert (config.bookie.write_cache_throttle_ms_max, config.broker.bookie_timeout_ms) == (500, 1000)
+
+
+def test_frame_limits_are_checked_against_each_other_naming_both():
+    """An entry travels in one bookie frame, and a bookie's frame must fit what its clients receive
+    (schema.FRAME_BYTES_MAX, the default frame, which the bookie clients import)."""
+    from bksim.adapters.bookie_client import FRAME_BYTES_MAX as client_frame
+    assert client_frame == schema.FRAME_BYTES_MAX == schema.BookieConfig().frame_bytes_max
+    too_big = schema.FRAME_BYTES_MAX + 1
+    with pytest.raises(ConfigError) as e:
+        loader.load(TOML_PATH, env={"BKSIM_BOOKIE_FRAME_BYTES_MAX": str(too_big)})
+    assert f"bookie.frame_bytes_max ({too_big})" in str(e.value) and f"({schema.FRAME_BYTES_MAX}," in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        loader.load(TOML_PATH, env={"BKSIM_BOOKIE_ENTRY_BYTES_MAX": "4096", "BKSIM_BOOKIE_FRAME_BYTES_MAX": "4096"})
+    assert "bookie.entry_bytes_max (4096)" in str(e.value) and "bookie.frame_bytes_max (4096)" in str(e.value)
+    smaller = loader.load(TOML_PATH, env={"BKSIM_BOOKIE_ENTRY_BYTES_MAX": "4096", "BKSIM_BOOKIE_FRAME_BYTES_MAX": "8192"})
+    assert (smaller.bookie.entry_bytes_max, smaller.bookie.frame_bytes_max) == (4096, 8192)

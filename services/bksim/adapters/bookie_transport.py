@@ -25,8 +25,8 @@ Invariants:
 - Closing a channel (retiring it, or close()) cancels the calls still in flight on it, and gRPC reports such
   a call to its awaiter as asyncio.CancelledError, not as an AioRpcError. Every call here turns that into
   BookieUnreachable ("cancelled with its channel"): another call's connection failure never makes an answer
-  vanish. Only a cancellation of the caller's own task propagates as CancelledError. (A ledger recovery once
-  waited forever for a fencing read-forward call cancelled so: chaos bookie-kill seed 616843657.)
+  vanish. Only a cancellation of the caller's own task propagates as CancelledError. (Otherwise a ledger recovery
+  would wait forever for a fencing read-forward call cancelled so.)
 - read_entries is one ReadEntries call, plus one more for the rest each time the bookie's answer was full
   (the entries it left unread come back TOO_MANY_REQUESTS), all within the one `timeout_ms`.
 - After `close()` every call raises BookieUnreachable; close itself is bounded by `timeout_ms`.

@@ -13,7 +13,7 @@ Three measurements of the same files (in the page cache: they were just written)
   (parse and rules: run.timing_s.job), so interpreter start-up and imports are not counted;
 - Spark: `bksim audit --master MASTER` (default local[2]) as a child process; its figure is the time after
   the SparkSession is up (run.timing_s.after_session: listing, parse, rules and writing the records as
-  Parquet), the issue's "after the session is up". The session start is reported separately, and so is
+  Parquet): the "after the session is up" of the Spark target. The session start is reported separately, and so is
   the ratio the run would have without its Parquet write (`ratio_without_parquet`: the write's JVM warm-up
   and per-row work are most of the Spark time on 2 cores).
 
@@ -252,7 +252,7 @@ def ratios(results: list[Result]) -> list[Ratio]:
 
 
 def targets(all_ratios: list[Ratio]) -> list[dict]:
-    """The issue's two targets, judged on the last ratio of each kind (the median when there were runs)."""
+    """The two targets, judged on the last ratio of each kind (the median when there were runs)."""
     out = []
     for name, what in (("audit-spark", "Spark after the session is up"), ("audit-local", "--local")):
         kind = [q for q in all_ratios if q.subject.startswith(name)]

@@ -7,7 +7,7 @@ the killed owner's ephemeral ownership znode lives that long, so it bounds the t
 The run: a topic (dedup on), one Producer through both brokers sending `rate` messages/s of `message_bytes`
 (send_async, batching 1 ms). After `before_s` seconds the owner is killed with SIGKILL. The run goes on
 until receipts have flowed again for `after_s` seconds (bounded by the session timeout + 60 s). Figures:
-- gap: the longest time between two consecutive receipts (the producer-to-producer gap the issue asks for);
+- gap: the longest time between two consecutive receipts (the producer-to-producer gap);
 - kill -> first receipt: from the SIGKILL to the first receipt after it;
 - then every receipted message is consumed from the beginning (Exclusive, earliest): lost must be 0, and
   with dedup no message may sit at two positions.

@@ -364,7 +364,7 @@ async def _measure_one(cluster: LedgerCluster, client: BrokerClient, shape: Shap
 
 # ---------------------------------------------------------------------------------------------- verdicts
 def targets(results: list[Result]) -> list[dict]:
-    """The issue's two targets, judged on these results: [{"target", "value", "met"}] (met None = not
+    """The two targets, judged on these results: [{"target", "value", "met"}] (met None = not
     established by this run)."""
     out = []
     for r in results:

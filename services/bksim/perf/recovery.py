@@ -308,7 +308,7 @@ def broker_log_span(log_path: str, ledger_id: int) -> tuple[float, int, int]:
 
 
 def targets(results: list[Result]) -> list[dict]:
-    """The issue's recovery target judged on these results (met None: the window is not the target's)."""
+    """The recovery target judged on these results (met None: the window is not the target's)."""
     out = []
     for r in results:
         if r.name != "recovery":

@@ -1,4 +1,4 @@
-"""The first simulation: one bookie's storage engine (the real BookieEngine, unchanged) on a simulated disk,
+"""The bookie simulation: one bookie's storage engine (the real BookieEngine, unchanged) on a simulated disk,
 key-value store and clock, driven by one seed, with crashes, torn tails, latencies and bit flips.
 
 Owns the world of one run (SimDisk + SimKvRegistry + SimClock on a SimLoop), the workload (clients adding

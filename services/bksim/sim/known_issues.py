@@ -7,10 +7,10 @@ checks that each entry still reproduces with its seed (when the engine is fixed 
 seed to tests/sim/test_regressions.py and delete the entry). Plain `bksim sim` / `make sim` /
 `make sim-sweep` tolerate nothing.
 
-Found and fixed so far (their seeds are regression tests): the known LAC after a restart fell below the
-LAC of the last durable entry (seed 4); close() cancelled a checkpoint in the middle of an entry-log roll
-and then failed on the file left behind (seed 24); the known LAC was parsed from an entry read back
-without a digest check, so a flipped bit became the ledger's LAC (seed 342).
+The regression seeds in tests/sim/test_regressions.py hold what the fixed ones checked: the known LAC
+after a restart never falls below the LAC of the last durable entry (seed 4); close() during a checkpoint's
+entry-log roll stops cleanly (seed 24); the known LAC is never parsed from an entry read back without a
+digest check (seed 342).
 """
 from __future__ import annotations
 

@@ -1,10 +1,14 @@
-"""The plan of one bookie simulation: every knob, all drawn from the seed.
+"""The plans of the simulations: every knob, all drawn from the seed.
 
-Owns the choice of sizes (tiny, so journals and entry logs roll and checkpoints happen often), the
-workload mix and the fault plan (crash probability, torn tails, latencies, bit flips). `describe()` lists
-every knob, so a run can print what it did and a failure can be understood from its output alone.
+BookiePlan (the bookie world) owns the choice of sizes (tiny, so journals and entry logs roll and checkpoints
+happen often), the workload mix and the fault plan (crash probability, torn tails, latencies, bit flips).
+LedgerPlan (the ledger world) owns the number of bookies and brokers, the writers' and readers' workload, the
+network's delays, the timeouts, the bookies' storage knobs and the fault schedule (FaultEvents in virtual
+time). `describe()` lists every knob, so a
+run can print what it did and a failure can be understood from its output alone.
 
-Invariant: `BookiePlan.from_seed(seed, steps)` is a pure function of its arguments.
+Invariant: `BookiePlan.from_seed(seed, steps)` and `LedgerPlan.from_seed(seed)` are pure functions of their
+arguments.
 """
 from __future__ import annotations
 

@@ -365,8 +365,8 @@ class ManagedLedger:
         """One recovery attempt, bounded: an attempt that neither ends nor fails within RECOVERY_ATTEMPT_TIMEOUTS
         bookie timeouts is abandoned (LedgerError RECOVERY_FAILED) so the caller tries again. A backstop: every
         bookie call of a recovery has its own deadline, and a call cancelled with its gRPC channel is "no
-        answer" (the cause of the hang chaos bookie-kill seed 616843657 saw after two bookies of the ensemble
-        came back: tests/integration/test_recovery_lost_answer.py), so an attempt normally ends well before."""
+        answer" (tests/integration/test_recovery_lost_answer.py: two bookies of the ensemble come back during a
+        recovery), so an attempt normally ends well before."""
         limit_s = RECOVERY_ATTEMPT_TIMEOUTS * self._broker_config.bookie_timeout_ms / 1000
         try:
             return await asyncio.wait_for(self._ledgers.recover_ledger(ledger_id, password=LEDGER_PASSWORD), limit_s)

@@ -194,7 +194,7 @@ def test_reconnect_resubscribes_and_regrants_permits(fake, client):
 
 def test_a_stream_broken_by_the_transport_with_internal_is_resubscribed(fake, client):
     # grpc.aio ends a stream with INTERNAL "Internal error from Core" when the broker dies under a write: the
-    # consumer must subscribe again (it used to take INTERNAL for the broker's own refusal and stop for good)
+    # consumer must subscribe again (INTERNAL from the transport is not the broker's own refusal: it does not stop)
     fake.add_topic(TOPIC)
     fake.publish(TOPIC, [Stored(b"a")])
     consumer = _sub(client, receiver_queue_size=10)
