@@ -75,6 +75,7 @@ class LedgerService:
         # why recently ended handles ended (closed, fenced, ...), so a late append gets that answer rather than
         # NOT_WRITER; bounded like the handles themselves, oldest forgotten first
         self._ended: collections.OrderedDict[int, tuple[LedgerError, LedgerMetadata]] = collections.OrderedDict()
+        self._recoveries: list[LedgerRecovery] = []  # recoveries running now, oldest first
 
     # -- bookies -------------------------------------------------------------------------------------------
     async def writable_bookies(self) -> list[str]:
@@ -245,8 +246,12 @@ class LedgerService:
                                   write_quorum_size=metadata.write_quorum_size,
                                   ack_quorum_size=metadata.ack_quorum_size, rng=self._rng,
                                   digest_type=metadata.digest_type, read_window=self.config.read_window_max)
-        run = RecoveryRun(recovery=recovery, **self._driver_args(ledger_id, metadata, version))
-        closed = await run.run()
+        self._recoveries.append(recovery)
+        try:
+            run = RecoveryRun(recovery=recovery, **self._driver_args(ledger_id, metadata, version))
+            closed = await run.run()
+        finally:
+            self._recoveries.remove(recovery)
         self._log(f"ledger {ledger_id}: recovered and CLOSED at last_entry_id {closed.last_entry_id} "
                   f"(recovered LAC {recovery.recovered_lac}, {len(recovery.found)} entries written back)")
         return closed
@@ -307,6 +312,11 @@ class LedgerService:
     @property
     def open_handles(self) -> list[LedgerHandle]:
         return list(self._handles.values())
+
+    @property
+    def running_recoveries(self) -> list[LedgerRecovery]:
+        """The state machines of the recoveries this broker runs now (for invariant checks)."""
+        return list(self._recoveries)
 
     async def close(self, *, close_ledgers: bool) -> None:
         """Shut down. `close_ledgers`: close every ledger this broker writes first (a clean stop, like a

@@ -152,11 +152,14 @@ class LedgerWriter:
         # write set of entry e = _write_sets[e % E] (ensemble indexes); E and Qw never change for a ledger
         e = len(self.ensemble)
         self._write_sets = [tuple(write_set_indexes(i, e, write_quorum_size)) for i in range(e)]
+        self._write_set_members = [frozenset(ws) for ws in self._write_sets]
+        self.events = 0  # events taken so far: a checker re-checks the invariants only after a new one
         self._seen = (last_add_confirmed, length)  # (LAC, confirmed_length) at the last check_invariants()
 
     # -- events ------------------------------------------------------------------------------------------
     def append(self, payload: bytes) -> list[Command]:
         """Assign the next entry id (LAP + 1) and send it to its write set (held while the ensemble changes)."""
+        self.events += 1
         if self.state not in (WriterState.WRITING, WriterState.CHANGING_ENSEMBLE) or self._close_requested:
             raise WriterError(f"ledger {self.ledger_id}: cannot append in state {self.state.value}"
                               + (f" ({self.failure})" if self.failure else "")
@@ -175,6 +178,7 @@ class LedgerWriter:
     def append_existing(self, entry: bytes, ledger_length: int) -> list[Command]:
         """Recovery write-back: send an entry exactly as a bookie returned it (same bytes on every replica:
         NoLogDivergence). It must be the next entry id (LAP + 1)."""
+        self.events += 1
         if not self.recovery:
             raise WriterError(f"ledger {self.ledger_id}: append_existing is for recovery write-back only")
         if self.state is not WriterState.WRITING or self._close_requested:
@@ -190,6 +194,7 @@ class LedgerWriter:
                       writable_bookies: Sequence[str] = ()) -> list[Command]:
         """A bookie answered an add (status None = timeout). `writable_bookies`: current candidates for
         replacing a failed bookie (needed only when status is an error)."""
+        self.events += 1
         if self.state in (WriterState.FAILED, WriterState.CLOSED):
             return []  # late answers after the end change nothing
         pending = self._pending.get(entry_id)
@@ -214,6 +219,7 @@ class LedgerWriter:
                        writable_bookies: Sequence[str] = ()) -> list[Command]:
         """The answers of one batch from `bookie`: the same commands as on_add_result for each in turn, with a
         fast path when every answer is OK (the common case at thousands of entries per second)."""
+        self.events += 1
         if self.state in (WriterState.FAILED, WriterState.CLOSED):
             return []
         if all(s is StatusCode.OK for s in statuses):
@@ -232,6 +238,7 @@ class LedgerWriter:
 
     def on_ensemble_changed(self, first_entry_id: int, ensemble: Sequence[str]) -> list[Command]:
         """The UpdateEnsemble CAS succeeded with this last segment."""
+        self.events += 1
         self._require(WriterState.CHANGING_ENSEMBLE, "on_ensemble_changed")
         old = self.ensemble
         self.ensemble, self.segment_first_entry_id = tuple(ensemble), first_entry_id
@@ -258,6 +265,7 @@ class LedgerWriter:
         """The CAS met another version. `ledger_state`/`ensemble`: the metadata as re-read. Not OPEN (for a
         recovery writer: not IN_RECOVERY) means another client recovered or closed the ledger: this writer
         is fenced. Otherwise: re-decide."""
+        self.events += 1
         self._require(WriterState.CHANGING_ENSEMBLE, "on_ensemble_change_rejected")
         if ledger_state != self._expected_state:
             return self._fail(f"ledger {self.ledger_id} is {ledger_state} in the metadata: another client "
@@ -269,12 +277,14 @@ class LedgerWriter:
 
     def close(self) -> list[Command]:
         """Stop taking appends; CLOSE once every pending add is acknowledged (or right away if none)."""
+        self.events += 1
         if self.state in (WriterState.FAILED, WriterState.CLOSED):
             raise WriterError(f"ledger {self.ledger_id}: cannot close in state {self.state.value}")
         self._close_requested = True
         return self._maybe_close()
 
     def on_closed(self) -> list[Command]:
+        self.events += 1
         self._require(WriterState.CLOSING, "on_closed")
         self.state = WriterState.CLOSED
         return []
@@ -302,24 +312,22 @@ class LedgerWriter:
             if len(pending) != lap - lac:
                 self._broken("PendingInOrder", f"{len(pending)} adds pending, LAC {lac}, LAP {lap}: expected "
                                                f"exactly {lac + 1}..{lap}")
-            length = self.confirmed_length
+            length, expected = self.confirmed_length, lac + 1
             must_be_sent = state is not WriterState.CHANGING_ENSEMBLE
-            write_sets = self._write_sets
-            for entry_id in range(lac + 1, lap + 1):
-                p = pending.get(entry_id)
-                if p is None or p.entry_id != entry_id:
-                    self._broken("PendingInOrder", f"entry {entry_id} (between LAC {lac} and LAP {lap}) is not "
-                                                   f"pending under its id: {p and p.entry_id}")
-                if p.length < length:
-                    self._broken("PendingInOrder", f"entry {entry_id} has ledger length {p.length}, below "
-                                                   f"{length} before it")
-                length = p.length
-                if p.acked and not p.acked.issubset(write_sets[entry_id % e]):
-                    self._broken("AcksFromWriteSet", f"entry {entry_id} acked by ensemble indexes "
+            members = self._write_set_members
+            for p in pending.values():  # in insertion (= id) order
+                if p.entry_id != expected or p.length < length:
+                    self._broken("PendingInOrder", f"pending add {p.entry_id} (ledger length {p.length}) where "
+                                                   f"{expected} (length >= {length}) belongs: expected exactly "
+                                                   f"{lac + 1}..{lap}")
+                if p.acked and not p.acked <= members[expected % e]:
+                    self._broken("AcksFromWriteSet", f"entry {expected} acked by ensemble indexes "
                                                      f"{sorted(p.acked)}, its write set is "
-                                                     f"{list(write_sets[entry_id % e])}")
+                                                     f"{list(self._write_sets[expected % e])}")
                 if must_be_sent and not p.sent:
-                    self._broken("SentUnlessChanging", f"entry {entry_id} pending unsent while {state.value}")
+                    self._broken("SentUnlessChanging", f"entry {expected} pending unsent while {state.value}")
+                length = p.length
+                expected += 1
             if length != self.length:
                 self._broken("PendingInOrder", f"the last pending add (LAP {lap}) has ledger length {length}, "
                                                f"the writer's length is {self.length}")
@@ -334,7 +342,7 @@ class LedgerWriter:
                 self._broken("StateMatchesFields", f"{state.value}, close requested {self._close_requested}, "
                                                    f"LAC {lac}, LAP {lap}")
         if len(set(self.ensemble)) != e or e != len(self._write_sets) or not e >= qw >= qa >= 1 \
-                or any(not 0 <= i < e for i in self._failed):
+                or (self._failed and any(not 0 <= i < e for i in self._failed)):
             self._broken("EnsembleShape", f"ensemble {list(self.ensemble)} (E fixed at {len(self._write_sets)}), "
                                           f"Qw={qw} Qa={qa}, failed indexes {sorted(self._failed)}")
         if not self.recovery and self.segment_first_entry_id > lac + 1:
@@ -405,6 +413,7 @@ class LedgerWriter:
     def abort(self, reason: str) -> list[Command]:
         """The shell gives up (metadata unreachable, broker shutting down): fail every pending add (outcome
         unknown), take no more events. The ledger stays as the metadata says (OPEN: a later recovery closes it)."""
+        self.events += 1
         if self.state in (WriterState.FAILED, WriterState.CLOSED):
             return []
         return self._fail(reason, LedgerStatus.ABORTED)

@@ -16,7 +16,9 @@ every bookie and broker runs again, every writer finishes, every ledger whose wr
 recovery (bounded retries), and a final audit reads every ledger back through a broker and inspects every
 bookie engine directly (AllAckedEntriesAreReadable, AllCommittedEntriesReachAckQuorum, NoLogDivergence,
 NoOutOfOrderEntries, NoDivergenceBetweenClientAndMetaData). The checks of sim.ledger_checks run on every
-acknowledgement, metadata write, bookie answer and read.
+acknowledgement, metadata write, bookie answer and read; after every step of the loop, every live writer and
+running recovery of every broker checks its own invariants (check_invariants(): a broken one is a violation
+named after it).
 
 Determinism: all randomness comes from streams derived from the seed (plan.rng_for), time is the SimLoop's,
 nothing iterates in address or string-hash order: one seed gives one byte-identical trace.
@@ -30,10 +32,12 @@ from dataclasses import dataclass, field
 
 from bksim.broker.handle import LedgerHandle
 from bksim.broker.ledgers import LedgerService
+from bksim.ledger.writer import LedgerWriter
 from bksim.metadata.ledger_metadata import LedgerState
 from bksim.metadata.memory import SessionView
 from bksim.model.config import BrokerConfig
 from bksim.model.errors import LedgerError
+from bksim.model.invariants import InvariantError
 from bksim.model.status import StatusCode as S
 from bksim.sim import loop as sim_loop
 from bksim.sim.bookie_checks import InvariantViolation
@@ -146,6 +150,7 @@ class LedgerWorld:
         self._fault_tasks: set[asyncio.Task] = set()
         self._timers: list[asyncio.TimerHandle] = []
         self._violated = asyncio.Event()
+        self._writer_events: dict[LedgerWriter, int] = {}  # writer -> its events at its last invariant check
         self._liveness = False
         self.violation: InvariantViolation | None = None
         self.error = ""
@@ -180,6 +185,27 @@ class LedgerWorld:
                 raise InvariantViolation("EngineNeverRaises", bookie.handler_errors[0])
             if bookie.storage_failures:
                 raise InvariantViolation("StorageFailsOnlyUnderFaults", bookie.storage_failures[0])
+
+    def _check_machines(self) -> None:
+        """After every loop step: the invariants of every live writer that took an event since its last check,
+        and of every running recovery (the first broken one is the run's violation; nothing is checked after
+        it)."""
+        if self.violation is not None:
+            return
+        checked = self._writer_events
+        try:
+            for broker in self.brokers.values():
+                if not broker.alive:
+                    continue
+                for handle in broker.service.open_handles:
+                    writer = handle.writer
+                    if checked.get(writer) != writer.events:
+                        writer.check_invariants()
+                        checked[writer] = writer.events
+                for recovery in broker.service.running_recoveries:
+                    recovery.check_invariants()
+        except InvariantError as e:
+            self._fail(InvariantViolation(e.invariant, f"{broker.label}: {e}"))
 
     def _spawn(self, owner: set[asyncio.Task], coro, name: str) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(self._guarded(coro), name=name)
@@ -217,6 +243,15 @@ class LedgerWorld:
         loop = asyncio.get_running_loop()
         for event in self.plan.events:
             self._timers.append(loop.call_at(event.at_ms / 1000.0, self._fire, event))
+        if isinstance(loop, sim_loop.SimLoop):
+            loop.after_step = self._check_machines
+        try:
+            await self._safety_and_liveness()
+        finally:
+            if isinstance(loop, sim_loop.SimLoop):
+                loop.after_step = None
+
+    async def _safety_and_liveness(self) -> None:
         try:
             await asyncio.wait_for(self._violated.wait(), self.plan.run_ms / 1000.0)
         except TimeoutError:

@@ -17,6 +17,8 @@ Invariants:
   all_tasks) iterate in the same order in every run of a seed.
 - No threads: `run_in_executor` (and so `asyncio.to_thread`) raises SimThreadsRefused. No sockets, no
   pipes, no signals: there is no selector; the loop never polls for I/O.
+- `after_step`, when set, runs after every iteration (the world's invariant checks); it must not schedule
+  anything, so setting it leaves a seed's trace unchanged.
 - Nothing ready and no timer pending while the main coroutine is unfinished is a deadlock: SimDeadlock.
   More than SAME_TIME_ITERATIONS_MAX iterations without time moving is a livelock: SimLivelock.
 
@@ -28,7 +30,7 @@ import asyncio
 import heapq
 import itertools
 import math
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from bksim.model.errors import BksimError
@@ -114,6 +116,7 @@ class SimLoop(asyncio.BaseEventLoop):
         self.seed = seed
         self.set_task_factory(lambda loop, coro, **kw: _SimTask(coro, loop=loop, **kw))
         self.uncaught: list[str] = []  # exception-handler messages (kept out of traces: GC timing varies)
+        self.after_step: Callable[[], None] | None = None
         self.set_exception_handler(self._record_uncaught)
 
     def _next_seq(self) -> int:
@@ -181,6 +184,8 @@ class SimLoop(asyncio.BaseEventLoop):
             if not handle._cancelled:
                 handle._run()
         handle = None  # break reference cycles through an exception's traceback
+        if self.after_step is not None:
+            self.after_step()
         if self._now_ns != self._same_time_ns:
             self._same_time_ns, self._same_time_iterations = self._now_ns, 0
         else:

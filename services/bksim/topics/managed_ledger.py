@@ -16,11 +16,38 @@ Invariants:
   are re-sent, in order, to the next ledger. No duplicate enters the log on this path.
 - trimming removes only a contiguous prefix of closed ledgers below every cursor's persisted mark-delete,
   metadata first, then the ledgers.
+
+States (ManagedLedgerState; `_move` refuses a move the table below does not list with ManagedLedgerStateError):
+
+    NONE ──open──> LEDGER_OPENED <──roll done── ROLLING     (full, old, or a failed add: close or recover the
+      │                 │ └──────────roll──────────> │        current ledger, then create the next)
+      └────────────┬────┴────────────────────────────┘
+                   ├──abandon, CAS lost, roll failed──> FENCED   (every pending and later append: TOPIC_FENCED)
+                   └──close──────────────────────────> CLOSED   (clean close on this broker)
+
+FENCED and CLOSED are final: a topic is loaded again into a new ManagedLedger.
+
+check_invariants() raises InvariantError naming the invariant broken (the unit tests call it after every
+operation):
+- LedgersOrdered: ledger ids strictly increase along the list (positions compare by ledger id).
+- OnlyLastLedgerOpen: at most one ledger of the list is open (closed_ms 0), and it is the last one.
+- CurrentIsLast: the ledger written (or last written) by this broker is the last of the list.
+- CountsConsistent: entries and sizes are >= 0, an empty ledger has size 0; a ledger whose closing metadata
+  is known has entries = last_entry_id + 1 and size = length; the open current ledger counts exactly the
+  entries confirmed in it.
+- StateMatchesFields: unless FENCED or CLOSED, LEDGER_OPENED <=> a handle on the open current ledger and no
+  roll running; ROLLING: a roll is running; NONE: none is; FENCED / CLOSED: no append is pending.
+- ConfirmedInOrder: no ledger after last_confirmed's holds a confirmed entry; last_confirmed lies within its
+  ledger; the head of the pending queue is never confirmed (a confirmed head is acknowledged at once);
+  appends sent to one ledger hold increasing entry ids; at most topic.pending_adds_max are pending.
+- CacheBounded: the entry cache holds confirmed positions only, its byte count is the sum of its payloads
+  and at most its bound.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import enum
 import json
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
@@ -32,7 +59,8 @@ from bksim.topics.names import TopicName
 from bksim.topics.positions import Position
 from bksim.metadata.ledger_metadata import LedgerMetadata
 from bksim.model.config import BrokerConfig, TopicConfig
-from bksim.model.errors import BadVersionError, LedgerError, MetadataError, NoNodeError
+from bksim.model.errors import BadVersionError, BksimError, LedgerError, MetadataError, NoNodeError
+from bksim.model.invariants import InvariantError
 from bksim.model.status import LedgerStatus, TopicStatus
 from bksim.ports.clock import Clock
 from bksim.ports.metadata import MetadataStore
@@ -41,6 +69,30 @@ LEDGER_PASSWORD = b"bksim-managed-ledger"  # topic ledgers are written and read 
 RECOVERY_RETRY_MS = 500
 ROLL_ATTEMPTS_MAX = 20
 RECOVERY_ATTEMPT_TIMEOUTS = 6  # one recovery attempt may take this many broker.bookie_timeout_ms
+
+
+class ManagedLedgerState(enum.StrEnum):
+    """The managed ledger's life (the values are Pulsar's ManagedLedgerImpl.State names, shown by stats)."""
+    NONE = "None"                   # created, not opened yet
+    LEDGER_OPENED = "LedgerOpened"  # a ledger is open for writing: appends go to it
+    ROLLING = "Rolling"             # closing (or recovering) the current ledger and creating the next
+    FENCED = "Fenced"               # ownership lost on this broker: every append fails with TOPIC_FENCED
+    CLOSED = "Closed"               # closed cleanly on this broker (unload, shutdown)
+
+
+_S = ManagedLedgerState
+TRANSITIONS: dict[ManagedLedgerState, frozenset[ManagedLedgerState]] = {
+    _S.NONE: frozenset({_S.LEDGER_OPENED, _S.FENCED, _S.CLOSED}),
+    _S.LEDGER_OPENED: frozenset({_S.ROLLING, _S.FENCED, _S.CLOSED}),
+    _S.ROLLING: frozenset({_S.LEDGER_OPENED, _S.FENCED, _S.CLOSED}),
+    _S.FENCED: frozenset(),
+    _S.CLOSED: frozenset(),
+}
+FINAL = frozenset({_S.FENCED, _S.CLOSED})
+
+
+class ManagedLedgerStateError(BksimError):
+    """A state move the managed ledger's transition table does not allow (a bug in its caller or in itself)."""
 
 
 @dataclass(slots=True)
@@ -108,7 +160,7 @@ class ManagedLedger:
         self._log = log
         self.info = ManagedLedgerInfo()
         self.version = -1
-        self.state = "None"   # None -> LedgerOpened <-> Rolling -> ... | Fenced | Closed
+        self._state = ManagedLedgerState.NONE
         self._handle = None
         self._current: LedgerInfo | None = None
         self._current_sent_entries = 0
@@ -126,6 +178,76 @@ class ManagedLedger:
         self.entries_added = 0   # since this broker opened the topic
         self.bytes_added = 0
         self.last_ledger_created_ms = 0
+
+    @property
+    def state(self) -> ManagedLedgerState:
+        return self._state
+
+    def _move(self, to: ManagedLedgerState) -> None:
+        """The one way the state changes: refuses a move the transition table (TRANSITIONS) does not list."""
+        if to not in TRANSITIONS[self._state]:
+            raise ManagedLedgerStateError(f"topic {self.name}: the managed ledger cannot move from {self._state} "
+                                          f"to {to} (allowed: {sorted(TRANSITIONS[self._state]) or 'none'})")
+        self._state = to
+
+    def check_invariants(self) -> None:
+        """Raise InvariantError if the state breaks an invariant of the module docstring. Costs O(ledgers +
+        pending + cached entries); for tests and debugging, between operations (not inside one)."""
+        ledgers, current, state = self.info.ledgers, self._current, self._state
+        ids = [i.ledger_id for i in ledgers]
+        if any(a >= b for a, b in zip(ids, ids[1:])):
+            self._broken("LedgersOrdered", f"ledger ids {ids}")
+        open_ids = [i.ledger_id for i in ledgers if not i.closed_ms]
+        if len(open_ids) > 1 or (open_ids and open_ids[0] != ids[-1]):
+            self._broken("OnlyLastLedgerOpen", f"open ledgers {open_ids} in {ids}")
+        if current is not None and (not ledgers or current is not ledgers[-1]):
+            self._broken("CurrentIsLast", f"current ledger {current.ledger_id}, ledgers {ids}")
+        for info in ledgers:
+            md = self._closed_metadata.get(info.ledger_id) if info.closed_ms else None
+            if (info.entries < 0 or info.size < 0 or (info.entries == 0 and info.size != 0)
+                    or (md is not None and (info.entries, info.size) != (md.last_entry_id + 1, md.length))):
+                self._broken("CountsConsistent", f"ledger {info.ledger_id}: {info.entries} entries, {info.size} "
+                                                 f"bytes" + (f", closed at {md.last_entry_id} with length "
+                                                             f"{md.length}" if md is not None else ""))
+        if current is not None and not current.closed_ms and current.entries != self._last_entry_of_current() + 1:
+            self._broken("CountsConsistent", f"open ledger {current.ledger_id} counts {current.entries} entries, "
+                                             f"last confirmed {self._last_confirmed}")
+        opened = (self._handle is not None and current is not None and not current.closed_ms
+                  and self._handle.ledger_id == current.ledger_id and self._roll_task is None)
+        if (state not in FINAL and (state is ManagedLedgerState.LEDGER_OPENED) != opened
+                or (state is ManagedLedgerState.ROLLING and self._roll_task is None)
+                or (state is ManagedLedgerState.NONE and self._roll_task is not None)
+                or (state in FINAL and self._pending)):
+            self._broken("StateMatchesFields", f"handle {self._handle.ledger_id if self._handle else None}, current "
+                                               f"{current.ledger_id if current else None}, roll "
+                                               f"{'running' if self._roll_task else 'none'}, "
+                                               f"{len(self._pending)} pending")
+        last = self._last_confirmed
+        after = [i.ledger_id for i in ledgers if i.ledger_id > last.ledger and (self.entries_in(i.ledger_id) or 0)]
+        within = last.ledger not in ids or last.entry < (self.entries_in(last.ledger) or 0)
+        if after or not within:
+            self._broken("ConfirmedInOrder", f"last confirmed {last}, ledgers after it with entries {after}")
+        if self._pending and self._pending[0].entry_id >= 0:
+            self._broken("ConfirmedInOrder", f"the pending head is confirmed at {self._pending[0].entry_id} in "
+                                             f"ledger {self._pending[0].ledger_id}")
+        sent: dict[int, int] = {}
+        for op in self._pending:
+            if op.sent_id >= 0:
+                if op.sent_id <= sent.get(op.ledger_id, -1):
+                    self._broken("ConfirmedInOrder", f"pending appends sent to ledger {op.ledger_id} out of order "
+                                                     f"({sent[op.ledger_id]} then {op.sent_id})")
+                sent[op.ledger_id] = op.sent_id
+        if len(self._pending) > self.config.pending_adds_max:
+            self._broken("ConfirmedInOrder", f"{len(self._pending)} appends pending, at most "
+                                             f"{self.config.pending_adds_max}")
+        cached = sum(len(p) for p in self._cache.values())
+        beyond = [p for p in self._cache if p > last]
+        if cached != self._cache_bytes or beyond or (self._cache and self._cache_bytes > self._cache_bytes_max):
+            self._broken("CacheBounded", f"{self._cache_bytes} bytes counted, {cached} cached (at most "
+                                         f"{self._cache_bytes_max}), beyond last confirmed {last}: {beyond[:3]}")
+
+    def _broken(self, invariant: str, detail: str) -> None:
+        raise InvariantError(f"topic {self.name} managed ledger ({self._state})", invariant, detail)
 
     # ---- open / close --------------------------------------------------------------------------------------
     @staticmethod
@@ -166,19 +288,23 @@ class ManagedLedger:
         self._set_last_confirmed_to_end()
         for ledger_id in empty:
             await self._delete_ledger(ledger_id)
-        self.state = "LedgerOpened"
+        if self._state in FINAL:  # abandoned or closed while opening
+            raise self._not_writable()
+        self._move(ManagedLedgerState.LEDGER_OPENED)
         self._log(f"topic {self.name}: opened with ledgers {[i.ledger_id for i in self.info.ledgers]}")
 
     async def close(self) -> None:
         """Clean close (broker shutdown, unload): wait for pending appends, close the ledger, record it."""
-        if self.state in ("Closed", "Fenced"):
+        if self._state in FINAL:
             return
         if self._roll_task is not None:
             await asyncio.gather(self._roll_task, return_exceptions=True)
         waiting = [p.future for p in self._pending]
         if waiting:
             await asyncio.gather(*waiting, return_exceptions=True)
-        self.state = "Closed"
+        if self._state in FINAL:  # fenced meanwhile (a failed roll), which failed every pending append
+            return
+        self._move(ManagedLedgerState.CLOSED)
         if self._handle is not None and self._current is not None:
             try:
                 metadata = await self._handle.close()
@@ -192,7 +318,7 @@ class ManagedLedger:
 
     def abandon(self, reason: str) -> None:
         """Stop without closing (ownership lost, broker crash-like stop): pending appends fail, ledger stays open."""
-        if self.state not in ("Closed", "Fenced"):
+        if self._state not in FINAL:
             self._fence(reason)
 
     # ---- appends -----------------------------------------------------------------------------------------------
@@ -209,7 +335,7 @@ class ManagedLedger:
         (dedup's persisted sequence ids, which a dedup snapshot at last_confirmed claims to cover) is recorded
         there, as Pulsar records them in the add-complete callback; a continuation of the future runs later, after
         other appends may have been confirmed and snapshotted."""
-        if self.state in ("Fenced", "Closed"):
+        if self._state in FINAL:
             raise self._not_writable()
         if len(self._pending) >= self.config.pending_adds_max:
             raise TopicError(TopicStatus.TOO_MANY_REQUESTS,
@@ -223,7 +349,7 @@ class ManagedLedger:
         return future
 
     def _not_writable(self) -> TopicError:
-        if self.state == "Fenced":
+        if self._state is ManagedLedgerState.FENCED:
             return TopicError(TopicStatus.TOPIC_FENCED,
                               f"topic {self.name} is fenced on this broker: {self.fence_reason}")
         return TopicError(TopicStatus.SERVICE_UNAVAILABLE, f"topic {self.name} is closed on this broker")
@@ -282,7 +408,7 @@ class ManagedLedger:
                 listener()
 
     def _add_failed(self, ledger_id: int, error: BaseException) -> None:
-        if self.state in ("Fenced", "Closed") or self._roll_task is not None:
+        if self._state in FINAL or self._roll_task is not None:
             return  # the roll in progress sorts out every pending append
         self._log(f"topic {self.name}: add to ledger {ledger_id} failed ({error}); recovering it and moving on")
         self._start_roll("failed", failed_ledger=ledger_id)
@@ -299,14 +425,14 @@ class ManagedLedger:
 
     def check_rollover(self) -> None:
         """Periodic: roll a ledger that got too old while idle (called by the topic's maintenance task)."""
-        if self.state == "LedgerOpened" and self._roll_task is None and self._ledger_full():
+        if self._state is ManagedLedgerState.LEDGER_OPENED and self._roll_task is None and self._ledger_full():
             self._start_roll("age")
 
     # ---- rollover (also the failure path) -----------------------------------------------------------------
     def _start_roll(self, reason: str, failed_ledger: int | None = None) -> None:
-        if self._roll_task is not None or self.state in ("Fenced", "Closed"):
+        if self._roll_task is not None or self._state in FINAL:
             return
-        self.state = "Rolling"
+        self._move(ManagedLedgerState.ROLLING)
         self._roll_task = asyncio.get_running_loop().create_task(self._roll(reason, failed_ledger))
 
     async def _roll(self, reason: str, failed_ledger: int | None) -> None:
@@ -331,8 +457,10 @@ class ManagedLedger:
                         raise
                     self._log(f"topic {self.name}: creating the next ledger failed ({e}); retrying")
                     await self._clock.sleep_ms(RECOVERY_RETRY_MS)
-            self.state = "LedgerOpened"
             self._roll_task = None
+            if self._state in FINAL:  # fenced while rolling: the fence failed every pending append
+                return
+            self._move(ManagedLedgerState.LEDGER_OPENED)
             for op in list(self._pending):
                 if op.entry_id < 0 and op.ledger_id != self._handle.ledger_id:
                     self._send(op)
@@ -356,7 +484,7 @@ class ManagedLedger:
                     raise TopicError(TopicStatus.INTERNAL,
                                      f"topic {self.name}: ledger {ledger_id} cannot be recovered: {e}")
                 self._log(f"topic {self.name}: recovering ledger {ledger_id} failed ({e}); retrying")
-            if self.state in ("Fenced", "Closed"):
+            if self._state in FINAL:
                 raise TopicError(TopicStatus.TOPIC_FENCED,
                                  f"topic {self.name}: stopped while recovering ledger {ledger_id}")
             await self._clock.sleep_ms(RECOVERY_RETRY_MS)
@@ -449,7 +577,9 @@ class ManagedLedger:
         self._closed_metadata.pop(ledger_id, None)
 
     def _fence(self, reason: str) -> None:
-        self.state = "Fenced"
+        if self._state in FINAL:  # already fenced (or closed): pending appends failed then
+            return
+        self._move(ManagedLedgerState.FENCED)
         self.fence_reason = reason
         self._log(f"topic {self.name}: fenced: {reason}")
         if self._handle is not None:
@@ -473,7 +603,7 @@ class ManagedLedger:
         than retention_ms or beyond retention_bytes (-1 = no limit of that kind). Metadata first, then the
         ledgers. Returns deleted ids. An in-memory mark-delete is not enough: after a crash the cursor comes
         back at its persisted position, which must still name entries that exist (dedup replays from it)."""
-        if self.state in ("Fenced", "Closed") or (retention_ms < 0 and retention_bytes < 0):
+        if self._state in FINAL or (retention_ms < 0 and retention_bytes < 0):
             return []
         async with self._metadata_lock:
             now = self._clock.wall_ms()
@@ -695,15 +825,15 @@ class ManagedLedger:
             "lastLedgerCreatedTimestamp": self.last_ledger_created_ms,
             "pendingAddEntriesCount": len(self._pending),
             "lastConfirmedEntry": str(self._last_confirmed),
-            "state": self.state,
+            "state": self._state.value,
             "ledgers": [{"ledgerId": i.ledger_id, "entries": self.entries_in(i.ledger_id) or 0, "size": i.size,
                          "ctime_ms": i.ctime_ms, "closed": bool(i.closed_ms)} for i in self.info.ledgers],
         }
 
 
 # Ledger failures a topic client survives by trying again (possibly on another broker).
-_LEDGER_UNAVAILABLE = frozenset({LedgerStatus.NOT_ENOUGH_BOOKIES, LedgerStatus.READ_FAILED, LedgerStatus.RECOVERY_FAILED,
-                                 LedgerStatus.TOO_MANY_REQUESTS, LedgerStatus.ABORTED})
+_LEDGER_UNAVAILABLE = frozenset({LedgerStatus.NOT_ENOUGH_BOOKIES, LedgerStatus.READ_FAILED,
+                                 LedgerStatus.RECOVERY_FAILED, LedgerStatus.TOO_MANY_REQUESTS, LedgerStatus.ABORTED})
 
 
 def _unavailable(what: str, e: LedgerError) -> TopicError:

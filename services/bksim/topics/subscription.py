@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from bksim.topics.errors import TopicError
+from bksim.topics.managed_ledger import ManagedLedgerState
 from bksim.topics.positions import Position
 from bksim.formats.message import read_header
 from bksim.formats.murmur3 import murmur3_32
@@ -380,7 +381,7 @@ class Subscription:
         out.clear()
 
     async def _dispatch_once(self) -> bool:
-        if not self.consumers or self.ml.state == "Fenced" or self._seeking:
+        if not self.consumers or self.ml.state is ManagedLedgerState.FENCED or self._seeking:
             return False
         if self._switch_not_before > self._clock.monotonic_ms():
             return False

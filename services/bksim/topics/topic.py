@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bksim.topics.errors import TopicError
-from bksim.topics.managed_ledger import ManagedLedger
+from bksim.topics.managed_ledger import ManagedLedger, ManagedLedgerState
 from bksim.topics.names import TopicName, subscription_of
 from bksim.topics.positions import Position
 from bksim.topics.subscription import ConsumerSink, Subscription
@@ -355,10 +355,10 @@ class Topic:
     def _check_serving(self) -> None:
         if self.fenced is not None:
             raise self.fenced
-        if self.ml.state == "Fenced":
+        if self.ml.state is ManagedLedgerState.FENCED:
             raise TopicError(TopicStatus.TOPIC_FENCED,
                              f"topic {self.name} is fenced on this broker: {self.ml.fence_reason}")
-        if self.ml.state == "Closed":
+        if self.ml.state is ManagedLedgerState.CLOSED:
             raise TopicError(TopicStatus.NOT_OWNER,
                              f"topic {self.name} is unloading from this broker; look it up again")
 

@@ -1,6 +1,8 @@
 """The managed ledger (topics/managed_ledger.py) over the in-memory metadata store and FakeBookies (an
 in-memory fake of the bookie transport): order, rollover, the failed-add path (recover, acknowledge what is
-durable, re-send the rest), takeover fencing, trimming and the LedgerLayout arithmetic."""
+durable, re-send the rest), takeover fencing, trimming and the LedgerLayout arithmetic. check_invariants()
+runs after every operation; its own tests corrupt a state and see it caught, and the transition table
+refuses a move it does not list."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +12,10 @@ import pytest
 
 from bksim.broker.ledgers import LedgerService
 from bksim.topics.errors import TopicError
-from bksim.topics.managed_ledger import ManagedLedger
+from bksim.model.invariants import InvariantError
+from bksim.model.status import TopicStatus
+from bksim.topics import managed_ledger
+from bksim.topics.managed_ledger import FINAL, TRANSITIONS, ManagedLedger, ManagedLedgerState, ManagedLedgerStateError
 from bksim.topics.names import TopicName
 from bksim.topics.positions import Position
 from bksim.metadata.memory import InMemoryMetadataStore
@@ -43,6 +48,11 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def checked(*mls):
+    for ml in mls:
+        ml.check_invariants()
+
+
 async def read_all(ml):
     out, pos = [], ml.first_position()
     while pos <= ml.last_confirmed:
@@ -57,12 +67,16 @@ async def read_all(ml):
 def test_appends_confirm_in_order_and_roll_by_entries():
     async def main():
         _, _, [ml] = await world(TopicConfig(ledger_entries_max=10))
+        checked(ml)
         await ml.open()
+        checked(ml)
         positions = await asyncio.gather(*[ml.append(b"m%d" % i) for i in range(35)])
+        checked(ml)
         assert positions == sorted(positions) and len(set(positions)) == 35
         assert len(ml.ledger_ids()) >= 4  # 10 entries per ledger
         assert [p for p, _ in await read_all(ml)] == positions
         assert [d for _, d in await read_all(ml)] == [b"m%d" % i for i in range(35)]
+        checked(ml)
         assert ml.entries_between(Position(-1, -1), ml.last_confirmed) == 35
         assert ml.next_position(positions[9]) == positions[10]
         assert ml.previous_position(positions[10]) == positions[9]
@@ -74,15 +88,19 @@ def test_reopen_by_another_broker_fences_the_old_one_and_keeps_everything():
         _, _, [a, b] = await world(brokers=2)
         await a.open()
         acked = await asyncio.gather(*[a.append(b"a%d" % i) for i in range(20)])
+        checked(a)
         await b.open()  # takeover: recovers a's ledger, starts its own
+        checked(a, b)
         assert b.last_confirmed == acked[-1]
         assert [d for _, d in await read_all(b)] == [b"a%d" % i for i in range(20)]
         with pytest.raises(TopicError) as info:  # a's next write is fenced (ledger fenced, then the CAS fails)
             await a.append(b"late")
         assert info.value.status == "TOPIC_FENCED"
-        assert a.state == "Fenced"
+        assert a.state is ManagedLedgerState.FENCED and a.stats_internal()["state"] == "Fenced"
+        checked(a, b)
         more = await asyncio.gather(*[b.append(b"b%d" % i) for i in range(5)])
         assert more[0] > acked[-1]
+        checked(a, b)
     run(main())
 
 
@@ -91,6 +109,7 @@ def test_failed_add_recovers_the_ledger_and_resends_only_what_is_not_durable():
         store, fake, [ml] = await world(TopicConfig(ensemble_size=2, write_quorum_size=2, ack_quorum_size=2))
         await ml.open()
         await asyncio.gather(*[ml.append(b"x%d" % i) for i in range(5)])
+        checked(ml)
         first_ledger = ml.ledger_ids()[-1]
         ensemble = ml._handle.metadata.ensemble
         reg = store.session("bookies")
@@ -105,9 +124,11 @@ def test_failed_add_recovers_the_ledger_and_resends_only_what_is_not_durable():
             await reg.create(bookie_path(b), b"{}", ephemeral=True)
         positions = await asyncio.wait_for(asyncio.gather(*futures), 10)
         assert positions == sorted(positions)
+        checked(ml)
         data = [d for _, d in await read_all(ml)]
         assert data == [b"x%d" % i for i in range(5)] + [b"y%d" % i for i in range(5)]  # no duplicates
         assert ml.ledger_ids()[-1] != first_ledger
+        checked(ml)
     run(main())
 
 
@@ -116,13 +137,72 @@ def test_trim_deletes_only_a_consumed_prefix_metadata_first():
         store, _, [ml] = await world(TopicConfig(ledger_entries_max=5))
         await ml.open()
         positions = await asyncio.gather(*[ml.append(b"m%d" % i) for i in range(20)])
+        checked(ml)
         ids = ml.ledger_ids()
         # slowest cursor consumed up to the end of the second ledger
         slowest = positions[9]
         deleted = await ml.trim(slowest, retention_ms=0, retention_bytes=-1)
         assert deleted == ids[:2]
         assert ml.ledger_ids() == ids[2:]
+        checked(ml)
         assert await ml.trim(None, retention_ms=-1, retention_bytes=-1) == []  # keep forever
+        checked(ml)
         for lid in deleted:
             assert await store.session("x").exists(f"/ledgers/00/0000/L{lid:04d}") is None
+    run(main())
+
+
+def test_close_is_final_and_the_transition_table_refuses_other_moves():
+    async def main():
+        _, _, [ml] = await world(TopicConfig(ledger_entries_max=3))
+        with pytest.raises(ManagedLedgerStateError, match="cannot move from None to Rolling"):
+            ml._move(ManagedLedgerState.ROLLING)  # a roll needs an open ledger
+        await ml.open()
+        await asyncio.gather(*[ml.append(b"c%d" % i) for i in range(7)])
+        checked(ml)
+        await ml.close()
+        assert ml.state is ManagedLedgerState.CLOSED
+        checked(ml)
+        with pytest.raises(TopicError) as info:
+            ml.append(b"late")
+        assert info.value.status is TopicStatus.SERVICE_UNAVAILABLE
+        for state in ManagedLedgerState:
+            with pytest.raises(ManagedLedgerStateError, match="from Closed"):
+                ml._move(state)
+        assert ml.state is ManagedLedgerState.CLOSED
+        ml.abandon("too late")  # a closed ledger stays closed
+        assert ml.state is ManagedLedgerState.CLOSED
+        checked(ml)
+    run(main())
+    assert all(not TRANSITIONS[s] for s in FINAL) and set(TRANSITIONS) == set(ManagedLedgerState)
+
+
+def confirmed_op(ml):
+    """A pending append already confirmed at the next position, left at the head of the queue."""
+    op = managed_ledger._PendingAdd(b"z", asyncio.get_running_loop().create_future(), None)
+    op.ledger_id, op.sent_id = ml.last_confirmed.ledger, ml.last_confirmed.entry + 1
+    op.entry_id = op.sent_id
+    return op
+
+
+@pytest.mark.parametrize("corrupt, invariant", [
+    (lambda ml: ml.info.ledgers.reverse(), "LedgersOrdered"),
+    (lambda ml: setattr(ml.info.ledgers[0], "closed_ms", 0), "OnlyLastLedgerOpen"),
+    (lambda ml: setattr(ml, "_current", ml.info.ledgers[0]), "CurrentIsLast"),
+    (lambda ml: setattr(ml.info.ledgers[-1], "entries", ml.info.ledgers[-1].entries + 1), "CountsConsistent"),
+    (lambda ml: setattr(ml.info.ledgers[0], "size", ml.info.ledgers[0].size - 1), "CountsConsistent"),
+    (lambda ml: setattr(ml, "_state", ManagedLedgerState.ROLLING), "StateMatchesFields"),
+    (lambda ml: ml._pending.appendleft(confirmed_op(ml)), "ConfirmedInOrder"),
+    (lambda ml: setattr(ml, "_cache_bytes", ml._cache_bytes + 1), "CacheBounded"),
+])
+def test_a_corrupted_state_is_caught(corrupt, invariant):
+    async def main():
+        _, _, [ml] = await world(TopicConfig(ledger_entries_max=4))
+        await ml.open()
+        await asyncio.gather(*[ml.append(b"k%d" % i) for i in range(10)])  # two full ledgers, one being written
+        checked(ml)
+        corrupt(ml)
+        with pytest.raises(InvariantError) as info:
+            ml.check_invariants()
+        assert info.value.invariant == invariant, info.value
     run(main())
