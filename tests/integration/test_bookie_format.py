@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from bksim.adapters import registration
+from bksim.adapters import bookie_cookies, registration
 from bksim.adapters.bookie_client import BookieClient
 from bksim.bookie import cookie as cookies
 from bksim.cli import bookie_cmd
@@ -45,7 +45,7 @@ def test_format_refuses_then_reinitialises_the_bookie_as_a_new_one(zookeeper, zk
     bookie = BookieProcess(zookeeper, tmp_path)
     bookies.append(bookie)
     bookie.start(zk)
-    old_ledger = bookie_cmd.draw_ledger_id(zk)  # a ledger id as the broker gets one, from the id generator
+    old_ledger = bookie_cookies.draw_ledger_id(zk)  # a ledger id as the broker gets one, from the id generator
     add_some(bookie, old_ledger)
     dirs = (bookie.journal_dir, bookie.ledger_dir)
     before = listing(*dirs)
@@ -122,10 +122,10 @@ def test_format_never_touches_another_bookies_directory(zookeeper, zk, tmp_path)
     theirs = cookies.Cookie("127.0.0.1:4000", "inst", "/x/journal", b.ledger_dir)
     with open(cookies.cookie_path(b.ledger_dir), "wb") as f:
         f.write(cookies.encode(theirs))
-    with pytest.raises(bookie_cmd.BookieFormatError,
+    with pytest.raises(bookie_cookies.BookieFormatError,
                        match=f"ledger directory {b.ledger_dir} holds the cookie of bookie 127.0.0.1:4000, not of "
                              f"bookie {b.bookie_id}"):
-        bookie_cmd.format_bookie(zk, config, force=True, delete_cookie=True)
+        bookie_cookies.format_bookie(zk, config, force=True, delete_cookie=True)
     assert os.listdir(b.ledger_dir) == ["COOKIE"]
 
 
@@ -141,10 +141,10 @@ def test_format_empties_the_journal_archive_and_counts_incarnations_from_zookeep
     with open(os.path.join(b.journal_archive_dir, "sub", "y"), "wb") as f:
         f.write(b"y" * 7)
     os.makedirs(os.path.join(b.journal_archive_dir, "lost+found"))  # a file system's own: left alone
-    with pytest.raises(bookie_cmd.BookieFormatError, match=f"journal archive directory {b.journal_archive_dir} "
+    with pytest.raises(bookie_cookies.BookieFormatError, match=f"journal archive directory {b.journal_archive_dir} "
                                                            f"holds 2 files, 57 bytes"):
-        bookie_cmd.format_bookie(zk, config, force=False, delete_cookie=True)
-    out = bookie_cmd.format_bookie(zk, config, force=True, delete_cookie=True)
+        bookie_cookies.format_bookie(zk, config, force=False, delete_cookie=True)
+    out = bookie_cookies.format_bookie(zk, config, force=True, delete_cookie=True)
     assert [(d["role"], d["files"], d["bytes"], d["removed"]) for d in out["directories"]] == [
         ("journal directory", 0, 0, False), ("ledger directory", 0, 0, False),
         ("journal archive directory", 2, 57, True)]
