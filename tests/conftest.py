@@ -1,8 +1,8 @@
 """Fixtures shared by all tests.
 
-- `zookeeper` (session): one real ZooKeeper server (Debian's jars) on a free loopback port, tickTime
-  200 ms (so a lost session expires in about a second), data under pytest's tmp dir; stopped by pid at the
-  end of the session. Yields the `ZooKeeperServer`; use `.connect` ("127.0.0.1:port"), `.host`, `.port`.
+- `zookeeper` (session): one real ZooKeeper server (Debian's jars, started by the local-cluster launcher,
+  adapters.local_cluster) on a free loopback port, tickTime 200 ms (so a lost session expires in about a
+  second), data under pytest's tmp dir; stopped by pid at the end of the session. Yields the `ZooKeeperServer`; use `.connect` ("127.0.0.1:port"), `.host`, `.port`.
 - `zk_client` (function): a started kazoo client on that server, stopped afterwards.
 - `zk_root` (function): a unique absolute path ("/t-<hex>") a test may use as its own namespace.
 
@@ -26,17 +26,14 @@ ZK_READY_TIMEOUT_S = 30.0
 
 @pytest.fixture(scope="session")
 def zookeeper(tmp_path_factory):
-    from bksim.adapters.zookeeper_server import ZooKeeperServer
+    from bksim.adapters.local_cluster import LocalCluster
 
-    base = tmp_path_factory.mktemp("zookeeper")
-    server = ZooKeeperServer(host="127.0.0.1", port=free_port(), data_dir=str(base / "data"),
-                             tick_time_ms=ZK_TICK_TIME_MS, heap_mb=ZK_HEAP_MB, log_path=str(base / "zookeeper.log"))
-    server.start()
+    cluster = LocalCluster(str(tmp_path_factory.mktemp("zookeeper")))
     try:
-        server.wait_ready(ZK_READY_TIMEOUT_S)
-        yield server
+        yield cluster.start_zookeeper(free_port(), tick_time_ms=ZK_TICK_TIME_MS, heap_mb=ZK_HEAP_MB,
+                                      timeout_s=ZK_READY_TIMEOUT_S)
     finally:
-        assert server.stop(timeout_s=10.0), f"ZooKeeper pid {server.pid} did not stop"
+        assert not cluster.stop_all(), f"ZooKeeper pid {cluster.zookeeper.pid} did not stop"
 
 
 @pytest.fixture

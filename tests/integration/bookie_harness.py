@@ -1,9 +1,10 @@
 """Real `bksim bookie run` processes for integration tests, and the workload helpers they share.
 
-`BookieProcess` starts a bookie with processes.spawn (its own session, log file), passes configuration
-only through BKSIM_ environment variables (cwd is the test's tmp dir, so no deploy/bksim.toml is read),
-and waits for observable conditions with deadlines: the ZooKeeper registration owned by a new session,
-the process exit. Nothing here sleeps to synchronise.
+`BookieProcess` is one bookie of the local-cluster launcher (adapters.local_cluster, `launcher()` below: on
+the session's ZooKeeper, configuration only through BKSIM_ environment variables, cwd the test's tmp dir so
+no deploy/bksim.toml is read; the id is the bookie's default, host:port) and waits for observable conditions
+with deadlines: the ZooKeeper registration owned by a new session, the process exit. Nothing here sleeps to
+synchronise.
 """
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ import asyncio
 import collections
 import os
 import random
-import sys
 from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient
 
 from bksim.adapters import processes
+from bksim.adapters.local_cluster import LocalCluster
 from bksim.adapters.bookie_client import BookieClient, BookieUnavailable
 from bksim.formats.entry import encode_entry, master_key
 from bksim.model.status import StatusCode
-from helpers import free_port, wait_until, wait_until_async
+from helpers import wait_until, wait_until_async
 
 SESSION_TIMEOUT_MS = 2000  # with the fixture's 200 ms tick: a killed bookie's node expires in ~2 s
 START_TIMEOUT_S = 20.0
@@ -30,52 +31,60 @@ PASSWORD = b"secret"
 KEY = master_key(PASSWORD)
 
 
+def launcher(zookeeper, run_dir: str) -> LocalCluster:
+    """The local-cluster launcher for test processes under `run_dir` on the session's ZooKeeper: children get
+    none of this process's BKSIM_ variables, run in `run_dir`, and have a session timeout of SESSION_TIMEOUT_MS."""
+    cluster = LocalCluster(run_dir, inherit_bksim_env=False, cwd=run_dir,
+                           child_env={"BKSIM_ZOOKEEPER_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS)})
+    cluster.attach_zookeeper(zookeeper)
+    return cluster
+
+
 class BookieProcess:
-    """One bookie process with fixed directories; can be started, killed and restarted."""
+    """One bookie process with fixed directories (<base_dir>/<name>/journal, ledgers); can be started, killed
+    and restarted."""
 
     def __init__(self, zookeeper, base_dir: str, name: str = "bookie", env: dict[str, str] | None = None,
                  journal_dir: str | None = None, ledger_dir: str | None = None, port: int | None = None) -> None:
         self.zookeeper = zookeeper
-        self.base_dir = os.path.join(str(base_dir), name)
+        self.launcher = launcher(zookeeper, str(base_dir))
+        overrides = {"BKSIM_BOOKIE_HOST": None, "BKSIM_BOOKIE_BOOKIE_ID": None,  # the default id: host:port
+                     "BKSIM_BOOKIE_SHUTDOWN_GRACE_MS": "3000", "BKSIM_BOOKIE_DISK_CHECK_INTERVAL_MS": "100"}
+        if journal_dir:
+            overrides["BKSIM_BOOKIE_JOURNAL_DIR"] = journal_dir
+        if ledger_dir:
+            overrides["BKSIM_BOOKIE_LEDGER_DIR"] = ledger_dir
+        overrides.update(env or {})
+        self.node = self.launcher.add_bookie(port, env=overrides, name=name)
+        self.base_dir = self.node.home
         os.makedirs(self.base_dir, exist_ok=True)
-        self.port = port or free_port()
-        self.bookie_id = f"127.0.0.1:{self.port}"
+        self.port = self.node.port
+        self.bookie_id = self.node.node_id
         self.address = self.bookie_id
-        self.journal_dir = journal_dir or os.path.join(self.base_dir, "journal")
-        self.ledger_dir = ledger_dir or os.path.join(self.base_dir, "ledgers")
-        self.extra_env = dict(env or {})
-        self.log_path = os.path.join(self.base_dir, "bookie.log")
-        self.pid: int | None = None
+        self.journal_dir = self.node.journal_dir
+        self.ledger_dir = self.node.ledger_dir
+        self.log_path = self.node.log_path
         self._popen = None
         self.starts = 0
 
+    @property
+    def pid(self) -> int | None:
+        return self.node.pid
+
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
-        env.update({
-            "BKSIM_CLUSTER_RUN_DIR": self.base_dir,
-            "BKSIM_ZOOKEEPER_HOST": self.zookeeper.host,
-            "BKSIM_ZOOKEEPER_PORT": str(self.zookeeper.port),
-            "BKSIM_ZOOKEEPER_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
-            "BKSIM_BOOKIE_PORT": str(self.port),
-            "BKSIM_BOOKIE_JOURNAL_DIR": self.journal_dir,
-            "BKSIM_BOOKIE_LEDGER_DIR": self.ledger_dir,
-            "BKSIM_BOOKIE_SHUTDOWN_GRACE_MS": "3000",
-            "BKSIM_BOOKIE_DISK_CHECK_INTERVAL_MS": "100",
-        })
-        env.update(self.extra_env)
-        return env
+        return dict(self.node.env)
 
     # -- life cycle --------------------------------------------------------------------------------------
 
     def spawn(self) -> int:
         """Start the process (does not wait for anything)."""
         self.starts += 1
+        os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         with open(self.log_path, "a") as f:
             f.write(f"\n===== start #{self.starts} =====\n")
-        argv = [sys.executable, "-m", "bksim.cli.main", "bookie", "run"]
-        self.pid = processes.spawn(argv, self.environment(), self.log_path, cwd=self.base_dir)
-        self._popen = processes._children.get(self.pid)  # kept for the exit code (see report: exit_code(pid))
-        return self.pid
+        pid = self.launcher.spawn(self.node)
+        self._popen = processes._children.get(pid)  # kept for the exit code (see report: exit_code(pid))
+        return pid
 
     def start(self, zk: KazooClient, previous_owner: int | None = None) -> int:
         """Spawn and wait until registered by a session other than `previous_owner`; returns the new owner."""
@@ -122,7 +131,7 @@ class BookieProcess:
 
     def cleanup(self) -> None:
         if self.pid is not None and self.alive():
-            processes.stop(self.pid, STOP_TIMEOUT_S, MARKER)
+            self.launcher.stop(self.node, STOP_TIMEOUT_S)
 
     def log_text(self) -> str:
         with open(self.log_path, errors="replace") as f:

@@ -1,8 +1,8 @@
 """Real `bksim broker run` processes over real bookies and ZooKeeper, and the client-side bookkeeping the broker
 guarantee tests share.
 
-- `BrokerProcess`: one broker child process (processes.spawn, own session, log file), configured only through
-  BKSIM_ environment variables (cwd is the test's tmp dir, so no deploy/bksim.toml is read); ready when its
+- `BrokerProcess`: one broker of the local-cluster launcher (bookie_harness.launcher: configured only through
+  BKSIM_ environment variables, cwd the test's tmp dir, so no deploy/bksim.toml is read); ready when its
   /brokers/available/<id> node exists (it registers after its gRPC server started); stopped by pid.
 - `BrokerCluster`: bookies and brokers on the session's ZooKeeper. Bookies are never restarted: a killed one is
   replaced by a fresh bookie (new port, new directories), and `settle(n)` waits until the writable
@@ -21,9 +21,7 @@ every process started here is stopped by its pid.
 from __future__ import annotations
 
 import collections
-import os
 import random
-import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -35,9 +33,9 @@ from bksim.adapters import processes
 from bksim.adapters.broker_client import BrokerCallError, LedgerInfo, SyncBrokerClient, call_error
 from bksim.gen import broker_pb2, broker_pb2_grpc
 from bksim.metadata.paths import AVAILABLE, READONLY_CHILD, broker_path
-from helpers import free_port, wait_until
+from helpers import wait_until
 from integration.bookie_harness import (SESSION_TIMEOUT_MS, START_TIMEOUT_S, STOP_TIMEOUT_S, BookieProcess,
-                                       kazoo_client)
+                                       kazoo_client, launcher)
 
 BROKER_MARKER = "bksim.cli.main broker run"
 CALL_DEADLINE_S = 15.0  # a unary call to a broker; generous (recovery, ensemble change), always bounded
@@ -57,33 +55,24 @@ class BrokerProcess:
 
     def __init__(self, zookeeper, base_dir: str, name: str = "broker", env: dict[str, str] | None = None) -> None:
         self.zookeeper = zookeeper
-        self.base_dir = os.path.join(str(base_dir), name)
-        os.makedirs(self.base_dir, exist_ok=True)
-        self.port = free_port()
-        self.broker_id = f"127.0.0.1:{self.port}"
+        self.launcher = launcher(zookeeper, str(base_dir))
+        overrides = {"BKSIM_BROKER_BROKER_ID": None, **BROKER_ENV, **(env or {})}  # the default id: host:port
+        self.node = self.launcher.add_broker(env=overrides, name=name)
+        self.base_dir = str(base_dir)
+        self.port = self.node.port
+        self.broker_id = self.node.node_id
         self.address = self.broker_id
-        self.extra_env = dict(env or {})
-        self.log_path = os.path.join(self.base_dir, "broker.log")
-        self.pid: int | None = None
+        self.log_path = self.node.log_path
+
+    @property
+    def pid(self) -> int | None:
+        return self.node.pid
 
     def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
-        env.update({
-            "BKSIM_CLUSTER_RUN_DIR": self.base_dir,
-            "BKSIM_ZOOKEEPER_HOST": self.zookeeper.host,
-            "BKSIM_ZOOKEEPER_PORT": str(self.zookeeper.port),
-            "BKSIM_ZOOKEEPER_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
-            "BKSIM_BROKER_HOST": "127.0.0.1",
-            "BKSIM_BROKER_PORT": str(self.port),
-        })
-        env.update(BROKER_ENV)
-        env.update(self.extra_env)
-        return env
+        return dict(self.node.env)
 
     def spawn(self) -> int:
-        argv = [sys.executable, "-m", "bksim.cli.main", "broker", "run"]
-        self.pid = processes.spawn(argv, self.environment(), self.log_path, cwd=self.base_dir)
-        return self.pid
+        return self.launcher.spawn(self.node)
 
     def wait_registered(self, zk: KazooClient, timeout_s: float = START_TIMEOUT_S) -> int:
         """Wait for /brokers/available/<id> (written once the gRPC server listens); returns its session."""
@@ -109,7 +98,7 @@ class BrokerProcess:
 
     def cleanup(self) -> None:
         if self.pid is not None and self.alive():
-            processes.stop(self.pid, STOP_TIMEOUT_S, BROKER_MARKER)
+            self.launcher.stop(self.node, STOP_TIMEOUT_S)
 
     def log_tail(self, lines: int = 40) -> str:
         return processes.tail(self.log_path, lines)
