@@ -39,13 +39,13 @@ import logging
 import threading
 import time
 
-
 from bksim.client.errors import ClientError, from_error_pb
 from bksim.client.stream import CLOSE_WAIT_S, PartitionStream, StreamKind
 from bksim.client.types import InitialPosition, Message, MessageId, SubscriptionType
 from bksim.formats.message import decode_entry
 from bksim.gen import topic_pb2
 from bksim.model.errors import FormatError
+from bksim.model.status import TopicStatus
 
 log = logging.getLogger("bksim.client")
 
@@ -73,13 +73,15 @@ class Consumer:
                  initial_position: InitialPosition, receiver_queue_size: int, ack_timeout_ms: int,
                  negative_ack_redelivery_delay_ms: int, ack_group_time_ms: int) -> None:
         if not 1 <= receiver_queue_size <= RECEIVER_QUEUE_SIZE_MAX:
-            raise ClientError("BAD_REQUEST", f"receiver_queue_size must be 1..{RECEIVER_QUEUE_SIZE_MAX}, got "
-                                             f"{receiver_queue_size}")
+            raise ClientError(TopicStatus.BAD_REQUEST,
+                              f"receiver_queue_size must be 1..{RECEIVER_QUEUE_SIZE_MAX}, got "
+                              f"{receiver_queue_size}")
         if ack_timeout_ms < 0 or negative_ack_redelivery_delay_ms < 0 or ack_group_time_ms < 0:
-            raise ClientError("BAD_REQUEST", "ack_timeout_ms, negative_ack_redelivery_delay_ms and "
-                                             "ack_group_time_ms must be >= 0")
+            raise ClientError(TopicStatus.BAD_REQUEST,
+                              "ack_timeout_ms, negative_ack_redelivery_delay_ms and "
+                              "ack_group_time_ms must be >= 0")
         if not subscription:
-            raise ClientError("BAD_REQUEST", "a subscription name is required")
+            raise ClientError(TopicStatus.BAD_REQUEST, "a subscription name is required")
         self._client = client
         self._loop = client._loop
         self._topic = topic
@@ -152,20 +154,23 @@ class Consumer:
         """The next message (waits at most `timeout_ms`; None = until one comes). ClientError TIMEOUT when none
         came in time; the consumer's error when it failed; BAD_REQUEST when it is closed."""
         if self._loop.in_loop:
-            raise ClientError("BAD_REQUEST", "receive() was called from a client callback (it would block the "
-                                             "client's thread)")
+            raise ClientError(TopicStatus.BAD_REQUEST,
+                              "receive() was called from a client callback (it would block the "
+                              "client's thread)")
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000.0
         with self._lock:
             while not self._queue:
                 if self._error is not None:
                     raise self._error
                 if self._closed:
-                    raise ClientError("BAD_REQUEST", f"consumer {self.consumer_name()} of {self._subscription} on "
-                                                     f"{self._topic} is closed")
+                    raise ClientError(TopicStatus.BAD_REQUEST,
+                                      f"consumer {self.consumer_name()} of {self._subscription} on "
+                                      f"{self._topic} is closed")
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise ClientError("TIMEOUT", f"no message on {self._topic} (subscription {self._subscription}) "
-                                                 f"within {timeout_ms} ms")
+                    raise ClientError(TopicStatus.TIMEOUT,
+                                      f"no message on {self._topic} (subscription {self._subscription}) "
+                                      f"within {timeout_ms} ms")
                 self._waiters += 1
                 try:
                     self._cond.wait(remaining)
@@ -231,15 +236,16 @@ class Consumer:
             return message
         if isinstance(message, tuple) and len(message) == 4:
             return MessageId(*message)
-        raise ClientError("BAD_REQUEST", f"expected a Message or a MessageId, got {type(message).__name__}")
+        raise ClientError(TopicStatus.BAD_REQUEST, f"expected a Message or a MessageId, got {type(message).__name__}")
 
     def _part_of(self, mid: MessageId) -> "_PartitionConsumer":
         if not self._partitioned:
             return self._parts[0]
         if 0 <= mid.partition < len(self._parts):
             return self._parts[mid.partition]
-        raise ClientError("BAD_REQUEST", f"message id {mid} names partition {mid.partition}; {self._topic} has "
-                                         f"partitions 0..{len(self._parts) - 1}")
+        raise ClientError(TopicStatus.BAD_REQUEST,
+                          f"message id {mid} names partition {mid.partition}; {self._topic} has "
+                          f"partitions 0..{len(self._parts) - 1}")
 
     def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message (see the module docstring: grouped when this consumer delivered it)."""
@@ -357,7 +363,7 @@ class Consumer:
         received are dropped."""
         self._check_usable()
         if isinstance(target, bool) or not isinstance(target, (int, Message, MessageId, tuple)):
-            raise ClientError("BAD_REQUEST", f"seek to a MessageId or a publish time in ms, not {target!r}")
+            raise ClientError(TopicStatus.BAD_REQUEST, f"seek to a MessageId or a publish time in ms, not {target!r}")
         if isinstance(target, int) and not isinstance(target, MessageId):
             for part in self._parts:
                 self._run(part.request_seek(publish_time_ms=target))
@@ -375,7 +381,7 @@ class Consumer:
         if self._error is not None:
             raise self._error
         if self._closed:
-            raise ClientError("BAD_REQUEST", f"consumer of {self._subscription} on {self._topic} is closed")
+            raise ClientError(TopicStatus.BAD_REQUEST, f"consumer of {self._subscription} on {self._topic} is closed")
 
     def _fail(self, error: ClientError) -> None:
         with self._lock:
@@ -412,7 +418,7 @@ class Consumer:
 
 SUBSCRIBE_STREAM = StreamKind(method="Subscribe", open_name="Subscribe", ready_kind="subscribed",
                               stream_name="subscribe", ready_words="the consumer was subscribed",
-                              busy_status="CONSUMER_BUSY")
+                              busy_status=TopicStatus.CONSUMER_BUSY)
 
 
 class _PartitionConsumer:
@@ -478,7 +484,8 @@ class _PartitionConsumer:
         self._waiting[rid] = (future, "ack")
         if not self._put(topic_pb2.ConsumeRequest(ack=topic_pb2.Ack(request_id=rid, ids=ids, cumulative=cumulative))):
             self._waiting.pop(rid, None)
-            raise ClientError("SERVICE_UNAVAILABLE", f"consumer of {self.topic} is reconnecting; ack again later")
+            raise ClientError(TopicStatus.SERVICE_UNAVAILABLE,
+                              f"consumer of {self.topic} is reconnecting; ack again later")
         await future
 
     async def request_seek(self, position: topic_pb2.AckId | None = None, publish_time_ms: int | None = None) -> None:
@@ -490,7 +497,8 @@ class _PartitionConsumer:
                 else topic_pb2.Seek(request_id=rid, publish_time_ms=publish_time_ms))
         if not self._put(topic_pb2.ConsumeRequest(seek=seek)):
             self._waiting.pop(rid, None)
-            raise ClientError("SERVICE_UNAVAILABLE", f"consumer of {self.topic} is reconnecting; seek again later")
+            raise ClientError(TopicStatus.SERVICE_UNAVAILABLE,
+                              f"consumer of {self.topic} is reconnecting; seek again later")
         await future
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
@@ -530,8 +538,9 @@ class _PartitionConsumer:
             try:
                 self._on_deliveries(response.deliveries.deliveries)
             except FormatError as e:
-                return ClientError("INTERNAL", f"broker {self.stream.address} delivered an entry of {self.topic} "
-                                               f"that does not decode: {e}", from_broker=True)
+                return ClientError(TopicStatus.INTERNAL,
+                                   f"broker {self.stream.address} delivered an entry of {self.topic} "
+                                   f"that does not decode: {e}", from_broker=True)
         elif kind == "ack_result":
             self._answer(response.ack_result.request_id, response.ack_result)
         elif kind == "seek_result":

@@ -16,9 +16,10 @@ Reconnects. The stream's lifecycle (lookup, open, reconnect with back-off, close
 PartitionStream, shared with the consumer; the partition producer is its role. On NOT_OWNER, TOPIC_FENCED,
 SERVICE_UNAVAILABLE (or the transport failing), ... the partition producer looks the topic up again and opens
 a new stream to the owner, waiting between attempts (Backoff: bounded attempts, overall
-`operation_timeout_ms`); its un-receipted Sends go again first, in order, with the same sequence ids. A per-Send refusal (MESSAGE_TOO_LARGE, BAD_REQUEST) fails the oldest un-receipted batch
-and the rest go again. Any other refusal, or giving up reconnecting, fails the producer: every pending
-message's callback gets the error and later sends raise it.
+`operation_timeout_ms`); its un-receipted Sends go again first, in order, with the same sequence ids. A
+per-Send refusal (MESSAGE_TOO_LARGE, BAD_REQUEST) fails the oldest un-receipted batch and the rest go again.
+Any other refusal, or giving up reconnecting, fails the producer: every pending message's callback gets the
+error and later sends raise it.
 
 Bounds. At most `max_pending_messages` messages (all partitions) wait for receipts: then send blocks
 (`block_if_queue_full`, at most the send timeout) or raises TOO_MANY_REQUESTS. A batch older than
@@ -38,13 +39,13 @@ import threading
 import time
 from typing import Callable
 
-
 from bksim.client.errors import ClientError, from_error_pb
 from bksim.client.stream import CLOSE_WAIT_S, PartitionStream, StreamKind
 from bksim.client.types import MessageId, RoutingMode
 from bksim.formats.murmur3 import murmur3_32
 from bksim.gen import topic_pb2
 from bksim.model.config import TopicConfig
+from bksim.model.status import TopicStatus
 
 BATCHING_MAX_MESSAGES_DEFAULT = 1000
 BATCHING_MAX_BYTES_DEFAULT = 128 * 1024
@@ -84,7 +85,7 @@ def _message_bytes(payload: bytes, key: str | None, properties: dict[str, str] |
     if properties:
         for k, v in properties.items():
             if not isinstance(k, str) or not isinstance(v, str):
-                raise ClientError("BAD_REQUEST", f"message properties must map str to str, not {k!r}: {v!r}")
+                raise ClientError(TopicStatus.BAD_REQUEST, f"message properties must map str to str, not {k!r}: {v!r}")
             size += len(k.encode()) + len(v.encode()) + 6
     return size
 
@@ -116,9 +117,9 @@ class Producer:
         for name, value in (("batching_max_messages", batching_max_messages), ("batching_max_bytes", batching_max_bytes),
                             ("max_pending_messages", max_pending_messages), ("max_message_bytes", max_message_bytes)):
             if value < 1:
-                raise ClientError("BAD_REQUEST", f"{name} must be >= 1, got {value}")
+                raise ClientError(TopicStatus.BAD_REQUEST, f"{name} must be >= 1, got {value}")
         if send_timeout_ms < 0 or batching_max_publish_delay_ms < 0:
-            raise ClientError("BAD_REQUEST", "send_timeout_ms and batching_max_publish_delay_ms must be >= 0")
+            raise ClientError(TopicStatus.BAD_REQUEST, "send_timeout_ms and batching_max_publish_delay_ms must be >= 0")
         self._client = client
         self._loop = client._loop
         self._topic = topic
@@ -188,8 +189,9 @@ class Producer:
         self._add(payload, waiter, key, properties, event_time_ms, sequence_id, flush=True)
         timeout = self._send_timeout_s + SEND_WAIT_GRACE_S if self._send_timeout_s > 0 else None
         if not waiter.event.wait(timeout):
-            raise ClientError("TIMEOUT", f"producer {self.producer_name()} on {self._topic}: no receipt within "
-                                         f"{timeout:.1f}s")
+            raise ClientError(TopicStatus.TIMEOUT,
+                              f"producer {self.producer_name()} on {self._topic}: no receipt within "
+                              f"{timeout:.1f}s")
         if waiter.error is not None:
             raise waiter.error
         return waiter.message_id
@@ -218,18 +220,20 @@ class Producer:
             finally:
                 self._waiters -= 1
         if not ok:
-            raise ClientError("TIMEOUT", f"producer {self.producer_name()} on {self._topic}: flush did not finish "
-                                         f"within {timeout:.1f}s")
+            raise ClientError(TopicStatus.TIMEOUT,
+                              f"producer {self.producer_name()} on {self._topic}: flush did not finish "
+                              f"within {timeout:.1f}s")
 
     def _add(self, payload, callback, key, properties, event_time_ms, sequence_id, flush: bool) -> None:
         if not isinstance(payload, (bytes, bytearray, memoryview)):
-            raise ClientError("BAD_REQUEST", f"payload must be bytes, not {type(payload).__name__}")
+            raise ClientError(TopicStatus.BAD_REQUEST, f"payload must be bytes, not {type(payload).__name__}")
         if key is not None and not isinstance(key, str):
-            raise ClientError("BAD_REQUEST", f"key must be a str, not {type(key).__name__}")
+            raise ClientError(TopicStatus.BAD_REQUEST, f"key must be a str, not {type(key).__name__}")
         size = _message_bytes(payload, key, properties)
         if size > self._max_message_bytes:
-            raise ClientError("MESSAGE_TOO_LARGE", f"message of {size} bytes (payload {len(payload)}) exceeds "
-                                                   f"max_message_bytes {self._max_message_bytes} of producer on {self._topic}")
+            raise ClientError(TopicStatus.MESSAGE_TOO_LARGE,
+                              f"message of {size} bytes (payload {len(payload)}) exceeds "
+                              f"max_message_bytes {self._max_message_bytes} of producer on {self._topic}")
         arm = None
         with self._lock:
             self._check_usable()
@@ -239,8 +243,9 @@ class Producer:
             if sequence_id is None:
                 seq = part.next_seq
             elif sequence_id < part.next_seq:
-                raise ClientError("BAD_REQUEST", f"sequence_id {sequence_id} is below the next one of this producer "
-                                                 f"({part.next_seq}): sequence ids must increase")
+                raise ClientError(TopicStatus.BAD_REQUEST,
+                                  f"sequence_id {sequence_id} is below the next one of this producer "
+                                  f"({part.next_seq}): sequence ids must increase")
             else:
                 seq = sequence_id
             batch = part.open
@@ -279,15 +284,16 @@ class Producer:
         if self._error is not None:
             raise self._error
         if self._closed:
-            raise ClientError("BAD_REQUEST", f"producer {self.producer_name()} on {self._topic} is closed")
+            raise ClientError(TopicStatus.BAD_REQUEST, f"producer {self.producer_name()} on {self._topic} is closed")
 
     def _wait_for_room(self) -> None:
         """Under the lock: wait for pending room (block_if_queue_full) or raise TOO_MANY_REQUESTS."""
         if not self._block or self._loop.in_loop:  # a send callback must not block the thread that runs it
-            raise ClientError("TOO_MANY_REQUESTS", f"producer {self.producer_name()} on {self._topic} has "
-                                                   f"max_pending_messages={self._max_pending} messages waiting for "
-                                                   f"receipts (block_if_queue_full={self._block}"
-                                                   f"{', in a client callback' if self._block else ''})")
+            raise ClientError(TopicStatus.TOO_MANY_REQUESTS,
+                              f"producer {self.producer_name()} on {self._topic} has "
+                              f"max_pending_messages={self._max_pending} messages waiting for "
+                              f"receipts (block_if_queue_full={self._block}"
+                              f"{', in a client callback' if self._block else ''})")
         # the oldest pending message fails within the send timeout (plus a tick), which makes room
         timeout = (self._send_timeout_s + SEND_WAIT_GRACE_S if self._send_timeout_s > 0
                    else self._client._operation_timeout_s)
@@ -298,8 +304,9 @@ class Producer:
             self._waiters -= 1
         self._check_usable()
         if not ok:
-            raise ClientError("TIMEOUT", f"producer {self.producer_name()} on {self._topic}: no room among "
-                                         f"max_pending_messages={self._max_pending} within {timeout:.1f}s")
+            raise ClientError(TopicStatus.TIMEOUT,
+                              f"producer {self.producer_name()} on {self._topic}: no room among "
+                              f"max_pending_messages={self._max_pending} within {timeout:.1f}s")
 
     def _route(self, key: str | None) -> "_PartitionProducer":
         n = len(self._parts)
@@ -385,10 +392,11 @@ class Producer:
                     if part.open is not None and part.open.created <= cutoff:
                         self._seal(part)
             for b in expired:
-                self._complete(b, ClientError("TIMEOUT", f"producer {self.producer_name()} on {self._topic}: no "
-                                                         f"receipt within send_timeout_ms="
-                                                         f"{self._send_timeout_s * 1000:.0f} (the message may still "
-                                                         f"have been persisted)"), None)
+                self._complete(b, ClientError(TopicStatus.TIMEOUT,
+                                              f"producer {self.producer_name()} on {self._topic}: no "
+                                              f"receipt within send_timeout_ms="
+                                              f"{self._send_timeout_s * 1000:.0f} (the message may still "
+                                              f"have been persisted)"), None)
 
     # -- close -------------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -408,7 +416,7 @@ class Producer:
             except ClientError:
                 pass
             self._client._forget(self)
-            self._fail(ClientError("BAD_REQUEST", f"producer on {self._topic} closed before the receipt"))
+            self._fail(ClientError(TopicStatus.BAD_REQUEST, f"producer on {self._topic} closed before the receipt"))
 
     async def _close(self) -> None:
         if self._timeout_task is not None:
@@ -423,8 +431,9 @@ class Producer:
 
 
 PRODUCE_STREAM = StreamKind(method="Produce", open_name="ProducerOpen", ready_kind="ready", stream_name="produce",
-                            ready_words="the producer was ready", busy_status="NOT_ALLOWED")
-PER_SEND_REFUSALS = frozenset({"MESSAGE_TOO_LARGE", "BAD_REQUEST"})  # fail the oldest batch only, then go on
+                            ready_words="the producer was ready", busy_status=TopicStatus.NOT_ALLOWED)
+# refusals of one Send: they fail the oldest un-receipted batch only, and the rest go again
+PER_SEND_REFUSALS = frozenset({TopicStatus.MESSAGE_TOO_LARGE, TopicStatus.BAD_REQUEST})
 
 
 class _PartitionProducer:
@@ -534,12 +543,14 @@ class _PartitionProducer:
 
     def _on_receipt(self, receipt: topic_pb2.SendReceipt) -> ClientError | None:
         if not self.inflight:
-            return ClientError("INTERNAL", f"broker {self.stream.address} sent receipt {receipt.request_id} for "
-                                           f"{self.topic} with no Send waiting")
+            return ClientError(TopicStatus.INTERNAL,
+                               f"broker {self.stream.address} sent receipt {receipt.request_id} for "
+                               f"{self.topic} with no Send waiting")
         batch = self.inflight[0]
         if batch.request.send.request_id != receipt.request_id:
-            return ClientError("INTERNAL", f"broker {self.stream.address} sent receipt {receipt.request_id} for "
-                                           f"{self.topic}, expected {batch.request.send.request_id}")
+            return ClientError(TopicStatus.INTERNAL,
+                               f"broker {self.stream.address} sent receipt {receipt.request_id} for "
+                               f"{self.topic}, expected {batch.request.send.request_id}")
         with self.producer._lock:
             self.inflight.popleft()
         if batch.done:

@@ -36,6 +36,7 @@ import grpc
 
 from bksim.client.core import end_stream
 from bksim.client.errors import ClientError, from_error_pb, from_rpc_error
+from bksim.model.status import TopicStatus
 
 CLOSE_WAIT_S = 2.0  # how long stop() waits for the broker to end a half-closed stream
 
@@ -48,7 +49,7 @@ class StreamKind:
     ready_kind: str  # the response kind that says the stream is up
     stream_name: str  # "produce" | "subscribe", as error messages name the stream
     ready_words: str  # "the producer was ready", as error messages say what did not happen
-    busy_status: str  # the refusal that means the broker still holds this name's previous stream
+    busy_status: TopicStatus  # the refusal that means the broker still holds this name's previous stream
 
 
 class StreamRole(Protocol):
@@ -150,7 +151,7 @@ class PartitionStream:
                     ready.set_exception(e)
                     return
                 # reconnecting: the broker may not have dropped this name's previous stream yet
-                retriable = e.retriable or e.status == self.kind.busy_status
+                retriable = e.retriable or e.status is self.kind.busy_status
                 if not retriable or backoff.expired():
                     final = ClientError(e.status, f"{self.role.describe()}: gave up connecting after "
                                                   f"{backoff.attempts} attempts in "
@@ -169,7 +170,7 @@ class PartitionStream:
             self.role.ended(error)
             if self._stopping:
                 return
-            hint = error.owner_address if error.status == "NOT_OWNER" else ""
+            hint = error.owner_address if error.status is TopicStatus.NOT_OWNER else ""
             if self.role.lost(error):
                 continue  # reconnect at once
             if not error.retriable:
@@ -195,8 +196,9 @@ class PartitionStream:
             response = await asyncio.wait_for(call.read(), conns.operation_timeout_s)
         except TimeoutError:
             end_stream(call, outbox)
-            raise ClientError("TIMEOUT", f"broker {address} did not answer {self.kind.open_name} for {self.topic} "
-                                         f"within {conns.operation_timeout_s:.1f}s") from None
+            raise ClientError(TopicStatus.TIMEOUT,
+                              f"broker {address} did not answer {self.kind.open_name} for {self.topic} "
+                              f"within {conns.operation_timeout_s:.1f}s") from None
         except grpc.aio.AioRpcError as e:
             end_stream(call, outbox)
             raise from_rpc_error(e, address) from None
@@ -205,8 +207,9 @@ class PartitionStream:
             end_stream(call, outbox)
             if kind == "error":
                 raise from_error_pb(response.error, address)
-            raise ClientError("SERVICE_UNAVAILABLE", f"broker {address} ended the {self.kind.stream_name} stream of "
-                                                     f"{self.topic} before {self.kind.ready_words}")
+            raise ClientError(TopicStatus.SERVICE_UNAVAILABLE,
+                              f"broker {address} ended the {self.kind.stream_name} stream of "
+                              f"{self.topic} before {self.kind.ready_words}")
         self.opened += 1
         self._call, self._outbox, self.address = call, outbox, address
         self.name = self.role.opened(getattr(response, kind))
@@ -222,8 +225,9 @@ class PartitionStream:
             while True:
                 response = await call.read()
                 if response is grpc.aio.EOF:
-                    return ClientError("SERVICE_UNAVAILABLE", f"broker {address} ended the {self.kind.stream_name} "
-                                                              f"stream of {self.topic}")
+                    return ClientError(TopicStatus.SERVICE_UNAVAILABLE,
+                                       f"broker {address} ended the {self.kind.stream_name} "
+                                       f"stream of {self.topic}")
                 error = self.role.received(response)
                 if error is not None:
                     return error
