@@ -1,7 +1,7 @@
 """`bksim perf ...`: the benchmarks (fsync-baseline, journal-append, grpc-baseline, bookie-add, ledger-write,
-recovery, cursor-holes, produce, consume).
+recovery, cursor-holes, produce, consume, failover, audit): their arguments, wired to bksim.perf.
 
-Each prints a header with the machine facts, the CPU idle fraction before every measurement, and a table of
+Each runs through perf/harness.py and prints a header with the machine facts, the CPU idle fraction before every measurement, and a table of
 records/s, MB/s and per-record p50/p99/p99.9 latency; `--json` prints one JSON object instead (the human
 lines go to stderr). The bookie figures run their baseline first, in the same run and with the same record
 and group/batch size, and print the ratio; ledger-write and recovery also print their targets' verdicts
@@ -12,17 +12,14 @@ also on Ctrl-C, SIGTERM or an error.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from typing import Callable
 
-from bksim.perf import machine
-from bksim.perf.stats import Ratio, Result, format_table, median_ratio, ratio
+from bksim.perf import harness, machine
+from bksim.perf.stats import Ratio, Result, ratio
 
 SECONDS_DEFAULT = 5.0
 DIR_DEFAULT = os.path.join(".run", "perf")
@@ -426,68 +423,11 @@ def cmd_audit(args) -> int:
 
 # ---------------------------------------------------------------------------------------------- shared
 def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple], shape: str | None = None) -> int:
-    """Make the temp dir, print the header, measure, print the report; clean up whatever happens.
-
-    `measure` returns (results, ratios) or (results, ratios, targets), targets being dicts
-    {"target", "value", "met"} (met None: not established by the run)."""
     _check_bounds(args)
-    human = sys.stderr if args.json else sys.stdout
-    os.makedirs(args.dir, exist_ok=True)
-    if shape is None:
-        shape = ("sweep of record bytes x group" if getattr(args, "sweep", False)
-                 else f"record {args.record_bytes} B, group/batch {args.group}")
-        shape += ", bound " + f"{args.seconds:g} s" + (f" / {args.records} records" if args.records else "")
-        shape += "; latency per record, submit -> ack"
-    elif args.seconds or args.records:
-        shape += ", bound " + f"{args.seconds:g} s" + (f" / {args.records} records" if args.records else "")
-
-    def idle(label: str) -> float:
-        os.sync()  # write back what earlier measurements left dirty, so it does not land in this one
-        return machine.wait_for_idle(args.idle_min, args.idle_wait_s,
-                                     lambda line: print(line, file=human, flush=True), label)
-
-    previous = signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
-    results: list[Result] = []
-    ratios: list[Ratio] = []
-    targets: list[dict] = []
-    workdir = tempfile.mkdtemp(prefix=f"{name}-", dir=args.dir)
-    try:  # from here on the temp dir is removed whatever happens (even a closed stdout)
-        facts = machine.facts(workdir)
-        print("\n".join(machine.header_lines(facts) + [f"# {name}: {shape}"]), file=human, flush=True)
-        for _ in range(args.repeat):
-            more_results, more_ratios, *more_targets = measure(workdir, idle)
-            results += more_results
-            ratios += more_ratios
-            targets += more_targets[0] if more_targets else []
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        if args.keep:
-            print(f"# kept {workdir}", file=human)
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    if args.repeat > 1 and ratios:
-        ratios.append(_median(ratios))
-    print(format_table(results, ratios), file=human, flush=True)
-    for t in targets:
-        verdict = {True: "MET", False: "NOT MET", None: "NOT ESTABLISHED"}[t["met"]]
-        print(f"target {t['target']}: {t['value']}: {verdict}", file=human, flush=True)
-    if args.json:
-        report = {"benchmark": name, "machine": facts, "results": [r.to_json() for r in results],
-                  "ratios": [q.to_json() for q in ratios]}
-        if targets:
-            report["targets"] = targets
-        print(json.dumps(report, indent=2))
-    return 0
-
-
-def _median(ratios: list[Ratio]) -> Ratio:
-    """median_ratio; a ratio whose target depends on its run's baseline (ledger-write) gets the median target."""
-    targets = sorted(q.target for q in ratios)
-    if len(set(targets)) == 1:
-        return median_ratio(ratios)
-    mid = len(targets) // 2
-    target = targets[mid] if len(targets) % 2 else (targets[mid - 1] + targets[mid]) / 2
-    return median_ratio([dataclasses.replace(q, target=target) for q in ratios])
+    options = harness.RunOptions(out_dir=args.dir, seconds=args.seconds, records=args.records, repeat=args.repeat,
+                                 idle_min=args.idle_min, idle_wait_s=args.idle_wait_s, json=args.json, keep=args.keep,
+                                 record_bytes=args.record_bytes, group=args.group, sweep=getattr(args, "sweep", False))
+    return harness.run(name, options, measure, shape)
 
 
 def _check_shape(args) -> None:
@@ -513,7 +453,3 @@ def _check_bounds(args) -> None:
         raise ConfigError("--repeat must be > 0")
     if getattr(args, "inflight", 1) <= 0:
         raise ConfigError("--inflight must be > 0")
-
-
-def _sigterm_to_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
