@@ -130,3 +130,18 @@ def test_a_throttled_add_is_answered_before_the_broker_gives_up_on_the_bookie(tm
     path.write_text("[bookie]\nwrite_cache_throttle_ms_max = 500\n[broker]\nbookie_timeout_ms = 1000\n")
     config = loader.load(str(path), env={})
     assert (config.bookie.write_cache_throttle_ms_max, config.broker.bookie_timeout_ms) == (500, 1000)
+
+def test_frame_limits_are_checked_against_each_other_naming_both():
+    """An entry travels in one bookie frame, and a bookie's frame must fit what its clients receive
+    (schema.FRAME_BYTES_MAX, the default frame, which the bookie clients import)."""
+    from bksim.adapters.bookie_client import FRAME_BYTES_MAX as client_frame
+    assert client_frame == schema.FRAME_BYTES_MAX == schema.BookieConfig().frame_bytes_max
+    too_big = schema.FRAME_BYTES_MAX + 1
+    with pytest.raises(ConfigError) as e:
+        loader.load(TOML_PATH, env={"BKSIM_BOOKIE_FRAME_BYTES_MAX": str(too_big)})
+    assert f"bookie.frame_bytes_max ({too_big})" in str(e.value) and f"({schema.FRAME_BYTES_MAX}," in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        loader.load(TOML_PATH, env={"BKSIM_BOOKIE_ENTRY_BYTES_MAX": "4096", "BKSIM_BOOKIE_FRAME_BYTES_MAX": "4096"})
+    assert "bookie.entry_bytes_max (4096)" in str(e.value) and "bookie.frame_bytes_max (4096)" in str(e.value)
+    smaller = loader.load(TOML_PATH, env={"BKSIM_BOOKIE_ENTRY_BYTES_MAX": "4096", "BKSIM_BOOKIE_FRAME_BYTES_MAX": "8192"})
+    assert (smaller.bookie.entry_bytes_max, smaller.bookie.frame_bytes_max) == (4096, 8192)

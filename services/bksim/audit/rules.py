@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from bksim.audit.findings import Finding, RULES, VIOLATION
 from bksim.audit.parse import JOURNAL, Block
 from bksim.formats.entry import HEADER_BYTES
+from bksim.model.digest import DIGEST_CRC32C
 from bksim.model.status import FLAG_RECOVERY_ADD
 
 MISSING_COPY_RULES = ("gap", "below_ack_quorum", "under_replicated")  # findings that count missing_entries
@@ -191,7 +192,7 @@ class _Copies:
 
 def _valid_indexes(block: Block, digest_type: str | None) -> list[int] | None:
     """None when every copy's digest is acceptable, else the indexes that are."""
-    if digest_type == "crc32c":
+    if digest_type == DIGEST_CRC32C:
         if block.stored == block.digests:
             return None
         return [i for i, (s, d) in enumerate(zip(block.stored, block.digests)) if s == d]

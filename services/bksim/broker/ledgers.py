@@ -37,11 +37,12 @@ from bksim.formats.entry import Entry, master_key
 from bksim.ledger.quorum import check_quorum_sizes
 from bksim.ledger.recovery import LedgerRecovery
 from bksim.ledger.writer import LedgerWriter
-from bksim.metadata.ledger_metadata import DIGEST_TYPES, LedgerMetadata, LedgerState
+from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
 from bksim.metadata.paths import AVAILABLE, READONLY_CHILD
 from bksim.metadata.ledger_manager import (allocate_ledger_id, create_ledger_metadata, delete_ledger_metadata,
                                   list_ledger_ids, read_ledger_metadata, update_ledger_metadata)
 from bksim.model.config import BrokerConfig
+from bksim.model.digest import DIGEST_CRC32C, DIGEST_TYPES
 from bksim.model.errors import (BksimError, LedgerError, MetadataError, NodeExistsError,
                                 NoNodeError)
 from bksim.model.status import LedgerStatus
@@ -93,7 +94,7 @@ class LedgerService:
 
     # -- writing ---------------------------------------------------------------------------------------------
     async def create_ledger(self, ensemble_size: int, write_quorum_size: int, ack_quorum_size: int, *,
-                            password: bytes, digest_type: str = "crc32c",
+                            password: bytes, digest_type: str = DIGEST_CRC32C,
                             custom: dict[str, str] | None = None) -> LedgerHandle:
         try:
             check_quorum_sizes(ensemble_size, write_quorum_size, ack_quorum_size)

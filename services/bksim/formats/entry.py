@@ -11,14 +11,12 @@ import struct
 from dataclasses import dataclass
 
 from bksim.formats.crc import crc32c
+from bksim.model.digest import DIGEST_CRC32C, DIGEST_NONE, DIGEST_TYPES
 from bksim.model.errors import FormatError
 
 HEADER = struct.Struct(">qqqqI")
 HEADER_BYTES = HEADER.size  # 36
 IDS = struct.Struct(">qqq")  # ledger_id, entry_id, last_add_confirmed: what the bookie parses on add
-DIGEST_CRC32C = "crc32c"
-DIGEST_NONE = "none"
-DIGEST_TYPES = (DIGEST_CRC32C, DIGEST_NONE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from bksim.formats.entry import Entry, decode_entry
 from bksim.ledger.quorum import covered, write_set_indexes
 from bksim.ledger.recovery import ReadEntry
+from bksim.model.digest import DIGEST_CRC32C
 from bksim.model.errors import FormatError
 from bksim.model.status import StatusCode
 
@@ -65,7 +66,7 @@ class EntryRead:
     entry_id: int
     ensemble: tuple[str, ...]  # of the segment holding entry_id
     write_quorum_size: int
-    digest_type: str = "crc32c"
+    digest_type: str = DIGEST_CRC32C
     avoid: frozenset[str] = frozenset()  # bookies that failed recently: asked after the others (BookKeeper
     # reorders read sets by bookie health the same way)
     entry: Entry | None = None

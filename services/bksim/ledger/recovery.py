@@ -61,6 +61,7 @@ from typing import Sequence
 from bksim.formats.entry import decode_entry
 from bksim.ledger.quorum import check_quorum_sizes, covered, negatives_needed_for_absence, write_set_indexes
 from bksim.ledger.writer import AddsFailed, Command, LedgerWriter, Rng, WriterState
+from bksim.model.digest import DIGEST_CRC32C
 from bksim.model.errors import BksimError, FormatError
 from bksim.model.invariants import InvariantError
 from bksim.model.status import EXPLICIT_NEGATIVES as NEGATIVE
@@ -116,7 +117,7 @@ class _Read:
 
 class LedgerRecovery:
     def __init__(self, ledger_id: int, *, segments: Sequence[tuple[int, Sequence[str]]], write_quorum_size: int,
-                 ack_quorum_size: int, rng: Rng, digest_type: str = "crc32c", fence_reads: bool = True,
+                 ack_quorum_size: int, rng: Rng, digest_type: str = DIGEST_CRC32C, fence_reads: bool = True,
                  start_rule: bool = True, read_window: int = 64) -> None:
         """`segments`: [(first_entry_id, ensemble)] in order, from the IN_RECOVERY metadata.
         `read_window`: entries of the read-forward read in parallel (>= 1; the broker's read_window_max).

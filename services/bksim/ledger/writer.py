@@ -45,6 +45,7 @@ from typing import Protocol, Sequence
 
 from bksim.formats.entry import encode_entry
 from bksim.ledger.quorum import check_quorum_sizes, write_set_indexes
+from bksim.model.digest import DIGEST_CRC32C
 from bksim.model.errors import BksimError
 from bksim.model.invariants import InvariantError
 from bksim.model.status import LedgerStatus, StatusCode
@@ -124,7 +125,7 @@ class _Pending:
 
 class LedgerWriter:
     def __init__(self, ledger_id: int, *, ensemble: Sequence[str], segment_first_entry_id: int,
-                 write_quorum_size: int, ack_quorum_size: int, rng: Rng, digest_type: str = "crc32c",
+                 write_quorum_size: int, ack_quorum_size: int, rng: Rng, digest_type: str = DIGEST_CRC32C,
                  last_add_confirmed: int = -1, length: int = 0, recovery: bool = False) -> None:
         """`recovery`: this writer writes back entries found by recovery (RECOVERY_ADD; the ledger is
         IN_RECOVERY in the metadata, which is then the state its ensemble changes expect)."""

@@ -40,12 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from bksim.ledger.quorum import write_set_indexes
+from bksim.model.digest import DIGEST_CRC32C, DIGEST_NONE, DIGEST_TYPES
 from bksim.model.errors import LedgerStateError, MetadataFormatError
 
 FORMAT_VERSION = 1
-DIGEST_CRC32C = "crc32c"
-DIGEST_NONE = "none"
-DIGEST_TYPES = (DIGEST_CRC32C, DIGEST_NONE)
 
 __all__ = ["FORMAT_VERSION", "DIGEST_CRC32C", "DIGEST_NONE", "DIGEST_TYPES", "LedgerState", "Segment",
            "LedgerMetadata", "write_set_indexes", "encode", "decode"]

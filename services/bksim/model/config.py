@@ -16,6 +16,9 @@ from bksim.model.errors import ConfigError
 
 KiB = 1024
 MiB = 1024 * KiB
+# the largest gRPC message between a bookie and its clients: the default of bookie.frame_bytes_max, and the most a
+# bookie client (adapters/bookie_client.py, and so the broker's transport) receives in one message
+FRAME_BYTES_MAX = 5 * MiB + 64 * KiB
 
 
 def option(default, doc: str):
@@ -75,7 +78,7 @@ class BookieConfig:
     entry_log_bytes_max: int = option(256 * MiB, "roll the entry log after this many bytes")
     # limits on requests
     entry_bytes_max: int = option(5 * MiB, "largest entry (header + payload) accepted; larger gets BAD_REQUEST")
-    frame_bytes_max: int = option(5 * MiB + 64 * KiB, "largest gRPC message; checked by gRPC before buffering")
+    frame_bytes_max: int = option(FRAME_BYTES_MAX, "largest gRPC message; checked by gRPC before buffering")
     add_inflight_per_stream_max: int = option(20_000, "unacknowledged adds per AddEntries stream; more get TOO_MANY_REQUESTS")
     add_inflight_total_max: int = option(100_000, "unacknowledged adds in the whole bookie; more get TOO_MANY_REQUESTS")
     read_batch_entries_max: int = option(1_024, "entry ids one ReadEntries call may ask for; more get BAD_REQUEST")
@@ -163,7 +166,11 @@ class Config:
 
     def validate(self) -> "Config":
         b = self.bookie
-        _require(b.entry_bytes_max < b.frame_bytes_max, "bookie.entry_bytes_max must be < bookie.frame_bytes_max")
+        _require(b.entry_bytes_max < b.frame_bytes_max, f"bookie.entry_bytes_max ({b.entry_bytes_max}) must be < "
+                 f"bookie.frame_bytes_max ({b.frame_bytes_max}): an entry travels in one gRPC message")
+        _require(b.frame_bytes_max <= FRAME_BYTES_MAX,
+                 f"bookie.frame_bytes_max ({b.frame_bytes_max}) must be <= the bookie clients' frame max "
+                 f"({FRAME_BYTES_MAX}, model.config.FRAME_BYTES_MAX): a broker's transport refuses a larger answer")
         _require(b.entry_bytes_max >= 64, "bookie.entry_bytes_max must be >= 64")
         _require(0 < b.disk_usage_lwm_threshold <= b.disk_usage_threshold <= 1.0,
                  "need 0 < bookie.disk_usage_lwm_threshold <= bookie.disk_usage_threshold <= 1")

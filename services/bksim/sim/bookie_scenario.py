@@ -35,7 +35,8 @@ from bksim.sim.bookie_checks import BookieHistory, InvariantViolation, LedgerHis
 from bksim.sim.clock import SimClock
 from bksim.sim.disk import SimDisk
 from bksim.sim.kv import SimKvRegistry
-from bksim.sim.plan import OP_WEIGHTS, START_CRASHES_MAX, BookiePlan, rng_for
+from bksim.sim.plan import (OP_WEIGHTS, START_CRASH_DELAY_MS_MAX, START_CRASHES_MAX, START_TIMEOUT_MS, BookiePlan,
+                            rng_for)
 from bksim.sim.trace import Trace
 
 JOURNAL_DIR = "/bookie/journal"
@@ -43,8 +44,6 @@ LEDGER_DIR = "/bookie/ledgers"
 ARCHIVE_DIR = "/bookie/journal-archive"
 LOCATIONS_KV = os.path.join(LEDGER_DIR, "index", "locations")  # where BookieEngine.start opens it
 OP_TIMEOUT_MS = 60_000.0  # virtual: an operation not answered by then is a liveness failure
-START_TIMEOUT_MS = 60_000.0
-START_CRASH_DELAY_MS_MAX = 5.0  # a crash during start-up lands within this long after it began
 STORAGE_FAILURES = ("checkpoint failed", "journal FAILED")  # engine log lines that mean storage broke
 FENCED_ADD_PROBABILITY = 0.1  # a normal add goes to a fenced ledger (the old writer keeps trying)
 

@@ -40,10 +40,8 @@ from bksim.sim.clock import SimClock
 from bksim.sim.disk import DiskFaults, SimDisk
 from bksim.sim.kv import KvFaults, SimKvRegistry
 from bksim.sim.network import SimNetwork
+from bksim.sim.plan import START_CRASH_DELAY_MS_MAX, START_CRASHES_MAX, START_TIMEOUT_MS
 
-START_CRASHES_MAX = 3  # consecutive crashes during one bookie's start-up before one is let finish
-START_CRASH_DELAY_MS_MAX = 5.0  # a crash during start-up lands within this long after it began
-START_TIMEOUT_MS = 60_000.0
 CLUSTER_INSTANCE_ID = "00000000-0000-4000-8000-000000000001"
 
 

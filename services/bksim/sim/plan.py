@@ -22,6 +22,8 @@ from bksim.sim.kv import KvFaults
 
 STEPS_DEFAULT = 200  # workload steps per seed: enough for several checkpoints, rolls and crashes
 START_CRASHES_MAX = 3  # consecutive crashes during start-up (journal replay) before one is let finish
+START_CRASH_DELAY_MS_MAX = 5.0  # a crash during start-up lands within this long after it began
+START_TIMEOUT_MS = 60_000.0  # virtual: a bookie start-up (replay) not done by then is a liveness failure
 LARGE_DISK_BYTES = 1 << 30
 SMALL_DISK_BYTES = 96 * KiB  # fills up within a run: the bookie goes read-only
 # workload mix: relative weights of the operations a step may submit
