@@ -131,6 +131,7 @@ def test_a_throttled_add_is_answered_before_the_broker_gives_up_on_the_bookie(tm
     config = loader.load(str(path), env={})
     assert (config.bookie.write_cache_throttle_ms_max, config.broker.bookie_timeout_ms) == (500, 1000)
 
+
 def test_frame_limits_are_checked_against_each_other_naming_both():
     """An entry travels in one bookie frame, and a bookie's frame must fit what its clients receive
     (schema.FRAME_BYTES_MAX, the default frame, which the bookie clients import)."""
