@@ -23,12 +23,13 @@ import sys
 
 import pytest
 
-from bksim.cli import compose_cmd
+from bksim.cli.compose_cmd import deploy_compose
 from bksim.cli import config as cfgload
 from bksim.model import config as schema
 from helpers import free_port, wait_until
 
-REPO = compose_cmd.REPO
+compose = deploy_compose()  # deploy/compose.py
+REPO = compose.REPO
 CONTAINER_PY = os.path.join(REPO, "deploy", "container.py")
 SERVICES = {"zookeeper", "bookie-1", "bookie-2", "bookie-3", "broker-1", "broker-2"}
 ROLES = {"zookeeper": "zookeeper", "bookie-1": "bookie", "bookie-2": "bookie", "bookie-3": "bookie",
@@ -59,12 +60,12 @@ def config_q(*files: str, profile: str | None = None) -> subprocess.CompletedPro
 
 @pytest.fixture(scope="module")
 def base():
-    return compose_cmd.config_dict(compose_cmd.compose_files(False), env=compose_env())["services"]
+    return compose.config_dict(compose.compose_files(False), env=compose_env())["services"]
 
 
 @pytest.fixture(scope="module")
 def host():
-    return compose_cmd.config_dict(compose_cmd.compose_files(True), profiles=("audit",), env=compose_env())["services"]
+    return compose.config_dict(compose.compose_files(True), profiles=("audit",), env=compose_env())["services"]
 
 
 def bksim_env(service: dict) -> dict[str, str]:
@@ -82,10 +83,10 @@ def loaded(service: dict) -> schema.Config:
 # -- docker-compose config -q ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("files,profile", [
-    ((compose_cmd.COMPOSE_FILE,), None),
-    ((compose_cmd.COMPOSE_FILE,), "audit"),
-    ((compose_cmd.COMPOSE_FILE, compose_cmd.HOST_OVERRIDE), None),
-    ((compose_cmd.COMPOSE_FILE, compose_cmd.HOST_OVERRIDE), "audit"),
+    ((compose.COMPOSE_FILE,), None),
+    ((compose.COMPOSE_FILE,), "audit"),
+    ((compose.COMPOSE_FILE, compose.HOST_OVERRIDE), None),
+    ((compose.COMPOSE_FILE, compose.HOST_OVERRIDE), "audit"),
 ], ids=["base", "base+audit", "host", "host+audit"])
 def test_compose_config_is_valid(files, profile):
     done = config_q(*files, profile=profile)
@@ -102,7 +103,7 @@ def test_config_q_rejects_a_broken_file(tmp_path):
 
 def test_rendered_host_file_is_valid_and_has_no_ports(tmp_path):
     out = tmp_path / "host.yml"
-    rendered = compose_cmd.render(True, str(out))["services"]
+    rendered = compose.render(True, str(out))["services"]
     assert set(rendered) == SERVICES | {"audit"}
     assert all("ports" not in s for s in rendered.values()), "v1 refuses ports on host networking"
     done = subprocess.run([compose_bin(), "-p", "bksim", "-f", str(out), "config", "-q"], capture_output=True,
@@ -143,15 +144,15 @@ def test_every_bksim_variable_is_a_real_option(base, host):
 def test_each_service_loads_a_valid_configuration_with_the_expected_ports(base, host):
     for services in (base, host):
         zk = loaded(services["zookeeper"]).zookeeper
-        assert zk.port == compose_cmd.HOST_PORTS["zookeeper"]
+        assert zk.port == compose.HOST_PORTS["zookeeper"]
         for b in ("bookie-1", "bookie-2", "bookie-3"):
             config = loaded(services[b])
             assert config.zookeeper.port == zk.port
-            assert config.bookie.port == compose_cmd.HOST_PORTS[b]
+            assert config.bookie.port == compose.HOST_PORTS[b]
         for r in ("broker-1", "broker-2"):
             config = loaded(services[r])
             assert config.zookeeper.port == zk.port
-            assert config.broker.port == compose_cmd.HOST_PORTS[r]
+            assert config.broker.port == compose.HOST_PORTS[r]
     # the bridge case: each process binds and registers under its service name, ZooKeeper under "zookeeper"
     for name in SERVICES:
         config = loaded(base[name])
@@ -165,7 +166,7 @@ def test_each_service_loads_a_valid_configuration_with_the_expected_ports(base, 
 def test_published_ports_are_the_ports_the_processes_listen_on(base):
     published = {name: [_port(p) for p in s.get("ports", [])] for name, s in base.items()}
     for name in ("zookeeper", "broker-1", "broker-2"):
-        port = compose_cmd.HOST_PORTS[name]
+        port = compose.HOST_PORTS[name]
         assert published[name] == [(port, port, "127.0.0.1")], f"{name} publishes {published[name]}"
     assert not any(published[b] for b in ("bookie-1", "bookie-2", "bookie-3")), "bookies are reached by brokers only"
 
@@ -179,7 +180,7 @@ def _port(spec) -> tuple[int, int, str | None]:
 
 
 def test_bookie_data_is_on_named_volumes(base):
-    declared = compose_cmd.config_dict(compose_cmd.compose_files(False), env=compose_env()).get("volumes", {})
+    declared = compose.config_dict(compose.compose_files(False), env=compose_env()).get("volumes", {})
     for b in ("bookie-1", "bookie-2", "bookie-3"):
         config = loaded(base[b]).bookie
         mounts = _mounts(base[b])
@@ -232,7 +233,7 @@ def test_one_image_for_every_role_with_the_base_as_build_argument(base):
     for s in SERVICES:
         build = base[s]["build"]
         assert build["dockerfile"] == "deploy/Dockerfile" and build["target"] == "runtime"
-        assert build["args"]["BASE"] == compose_cmd.BASE_IMAGE_DEFAULT
+        assert build["args"]["BASE"] == compose.BASE_IMAGE_DEFAULT
     with open(os.path.join(REPO, "deploy", "Dockerfile")) as f:
         text = f.read()
     assert "ARG BASE=" in text and "FROM ${BASE} AS runtime" in text and "FROM runtime AS audit" in text

@@ -1,83 +1,36 @@
-"""`bksim compose render|check`: tooling for the docker-compose deployment (docker-compose.yml).
+"""`bksim compose render|check`: the docker-compose deployment's tooling, deploy/compose.py, wired to the CLI.
 
-- `render [--host] --out FILE`: the merged, interpolated configuration (`docker-compose config`) of
-  docker-compose.yml, with --host also deploy/docker-compose.host.yml and without any `ports:` (the v1 tool
-  refuses published ports on host networking and cannot delete them in an override). Written as JSON,
-  which every compose tool reads as YAML.
-- `check`: the end-to-end check behind `make compose-check`, on this machine where Docker has no registry:
-  install docker.io, docker-compose and debootstrap when missing; start a private dockerd (its own socket,
-  data-root, exec-root and pid file under <run_dir>/compose/docker, with --bridge=none --iptables=false
-  --ip-forward=false, so nothing about the machine's network changes); build the base image with
-  debootstrap + `docker import` when missing; build the bksim image; `up` the host-network stack; wait until
-  every service is healthy; write and read entries through a broker from this venv; `docker kill` (SIGKILL)
-  a bookie of the ledger's ensemble; write more; read everything back through both brokers (no loss, no
-  change); restart the bookie and use it again; `down -v`; stop dockerd by its pid.
+- `render [--host] --out FILE`: the merged configuration of docker-compose.yml (with --host also
+  deploy/docker-compose.host.yml, without `ports:`), as JSON.
+- `check [--run-dir DIR] [--base-image TAG] [--audit]`: the end-to-end check behind `make compose-check` on a
+  private dockerd (deploy/compose.py says what it does).
 
-Invariants: every wait is bounded (the *_TIMEOUT_S constants); whatever happens (failure, SIGINT,
-SIGTERM) the stack is taken down and the dockerd this command started is stopped by its pid, together
-with any containerd/shim process it left (found by our exec-root in their command line, stopped by pid).
-A dockerd running from an earlier, interrupted check (our pid file, our socket) is stopped first. Images
-stay in the data-root between runs (a second check skips debootstrap); `make clean` removes them.
+deploy/compose.py is loaded from the checkout this package runs from (the compose files are there too).
 """
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.util
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
-
-from bksim.model.errors import BksimError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-COMPOSE_FILE = os.path.join(REPO, "docker-compose.yml")
-HOST_OVERRIDE = os.path.join(REPO, "deploy", "docker-compose.host.yml")
-EXTRA_CA_DIR = os.path.join(REPO, "deploy", "extra-ca")
-LOCAL_CA_DIR = "/usr/local/share/ca-certificates"  # locally added CAs (a TLS-intercepting proxy's)
-PROJECT = "bksim"
-BASE_IMAGE_DEFAULT = "local/debian:bookworm"
-DEBIAN_SUITE = "bookworm"
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
-APT_PACKAGES = {"dockerd": "docker.io", "docker": "docker.io", "docker-compose": "docker-compose",
-                "debootstrap": "debootstrap"}
-
-# the host-network stack's ports (docker-compose.yml): they must be free on 127.0.0.1 before `up`
-HOST_PORTS = {"zookeeper": 2181, "bookie-1": 3181, "bookie-2": 3182, "bookie-3": 3183,
-              "broker-1": 6650, "broker-2": 6651}
-BOOKIES = ("bookie-1", "bookie-2", "bookie-3")
-BROKERS = ("broker-1", "broker-2")
-
-# bounds of every wait
-APT_TIMEOUT_S = 600
-DOCKERD_START_TIMEOUT_S = 30
-DOCKERD_STOP_TIMEOUT_S = 30
-DEBOOTSTRAP_TIMEOUT_S = 600
-BUILD_TIMEOUT_S = 900
-UP_TIMEOUT_S = 300
-HEALTHY_TIMEOUT_S = 180
-DOWN_TIMEOUT_S = 120
-KILL_TIMEOUT_S = 30
-COMPOSE_CMD_TIMEOUT_S = 60
-POLL_S = 0.5
-AUDIT_TIMEOUT_S = 600
-# processes an engine starts besides dockerd (matched with our root in their command line before stopping)
-ENGINE_PROGRAMS = ("dockerd", "containerd", "docker-proxy", "runc")
-
-# the workload
-LEDGER_PASSWORD = b"compose-check"
-ENTRY_BYTES = 256
-ENTRIES_BEFORE_KILL = 1000
-ENTRIES_AFTER_KILL = 1000
-ENTRIES_AFTER_RESTART = 200
-BATCH = 50
+DEPLOY_MODULE = os.path.join(REPO, "deploy", "compose.py")
 
 
-class ComposeError(BksimError):
-    """A step of the compose check failed; the message says which and why."""
+def deploy_compose():
+    """deploy/compose.py as a module (loaded once)."""
+    name = "bksim_deploy_compose"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, DEPLOY_MODULE)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
 
 
 def register(subparsers) -> None:
@@ -92,613 +45,41 @@ def register(subparsers) -> None:
     p = family.add_parser("check", help="end to end on a private dockerd: build, up, write/read, kill a "
                                         "bookie, no loss, down (make compose-check)")
     p.add_argument("--run-dir", default=None, help="where dockerd keeps its state (default <cluster.run_dir>/compose)")
-    p.add_argument("--base-image", default=os.environ.get("BKSIM_BASE_IMAGE", BASE_IMAGE_DEFAULT),
-                   help=f"base image tag; built with debootstrap when missing (default {BASE_IMAGE_DEFAULT})")
+    p.add_argument("--base-image", default=None,
+                   help="base image tag; built with debootstrap when missing (default $BKSIM_BASE_IMAGE, else "
+                        "deploy/compose.py's BASE_IMAGE_DEFAULT)")
     p.add_argument("--audit", action="store_true",
                    help="also build the audit image (pyspark) and run the audit service (profile audit) over the "
                         "bookies' volumes before down; its verdict must be clean")
     p.set_defaults(func=cmd_check)
 
 
-# -- compose configuration --------------------------------------------------------------------------------------
-
-def compose_files(host: bool) -> list[str]:
-    return [COMPOSE_FILE] + ([HOST_OVERRIDE] if host else [])
-
-
-def compose_argv(files: list[str], project: str = PROJECT) -> list[str]:
-    compose = shutil.which("docker-compose")
-    if compose is None:
-        raise ComposeError("docker-compose not found: `make compose-tools` installs Debian's docker-compose")
-    argv = [compose, "-p", project]
-    for f in files:
-        argv += ["-f", f]
-    return argv
-
-
-def _compose_python(compose: str) -> str:
-    """The interpreter docker-compose (v1, a Python program) runs with: it has PyYAML."""
-    with open(compose, "rb") as f:
-        first = f.readline().decode(errors="replace").strip()
-    if first.startswith("#!"):
-        interpreter = first[2:].split()[0]
-        if os.path.basename(interpreter) == "env":
-            interpreter = shutil.which(first[2:].split()[1]) or ""
-        if interpreter and os.access(interpreter, os.X_OK):
-            return interpreter
-    return "/usr/bin/python3"
-
-
-def config_dict(files: list[str], profiles: tuple[str, ...] = (), env: dict | None = None) -> dict:
-    """`docker-compose config` of `files` as a dict (validated, merged, interpolated)."""
-    argv = compose_argv(files)
-    for profile in profiles:
-        argv[1:1] = ["--profile", profile]
-    done = subprocess.run(argv + ["config"], capture_output=True, text=True, timeout=COMPOSE_CMD_TIMEOUT_S,
-                          cwd=REPO, env=env)
-    if done.returncode != 0:
-        raise ComposeError(f"docker-compose config of {' '.join(files)} failed:\n{done.stderr.strip()}")
-    to_json = "import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)"
-    parsed = subprocess.run([_compose_python(argv[0]), "-c", to_json], input=done.stdout, capture_output=True,
-                            text=True, timeout=COMPOSE_CMD_TIMEOUT_S)
-    if parsed.returncode != 0:
-        raise ComposeError(f"cannot parse docker-compose config output: {parsed.stderr.strip()}")
-    return json.loads(parsed.stdout)
-
-
-def render(host: bool, out: str, env: dict | None = None) -> dict:
-    """Write the merged configuration to `out` (JSON); for host networking without `ports:`. `env` is the
-    environment the files are interpolated with (default this process's)."""
-    config = config_dict(compose_files(host), profiles=("audit",), env=env)
-    if host:
-        for service in config.get("services", {}).values():
-            service.pop("ports", None)
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
-        f.write("\n")
-    return config
-
-
 def cmd_render(args) -> int:
-    config = render(args.host, args.out)
+    config = deploy_compose().render(args.host, args.out)
     print(f"{args.out}: {len(config.get('services', {}))} services "
           f"({'host networking, no published ports' if args.host else 'bridge network'})")
     return 0
-
-
-# -- the check --------------------------------------------------------------------------------------------------
-
-class Step:
-    """Prints one progress line per step with its duration; keeps (name, seconds) for the summary."""
-
-    def __init__(self) -> None:
-        self.started = time.monotonic()
-        self.times: list[tuple[str, float]] = []
-
-    def run(self, name: str, fn, *args, **kwargs):
-        print(f"[{time.monotonic() - self.started:7.1f}s] {name} ...", flush=True)
-        t0 = time.monotonic()
-        result = fn(*args, **kwargs)
-        took = time.monotonic() - t0
-        self.times.append((name, took))
-        print(f"[{time.monotonic() - self.started:7.1f}s] {name}: done in {took:.1f}s", flush=True)
-        return result
-
-    def say(self, text: str) -> None:
-        print(f"[{time.monotonic() - self.started:7.1f}s]   {text}", flush=True)
-
-
-def _run(argv: list[str], timeout_s: float, what: str, env: dict | None = None, quiet: bool = False,
-         input_bytes: bytes | None = None, log: str | None = None) -> str:
-    """Run a command to completion within `timeout_s`; its output is returned (or appended to `log`)."""
-    try:
-        if log is not None:
-            with open(log, "ab") as out:
-                done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s, env=env,
-                                      cwd=REPO, input=input_bytes)
-            text = ""
-        else:
-            done = subprocess.run(argv, capture_output=True, timeout=timeout_s, env=env, cwd=REPO, input=input_bytes)
-            text = (done.stdout + done.stderr).decode(errors="replace")
-    except subprocess.TimeoutExpired:
-        raise ComposeError(f"{what}: no result after {timeout_s}s ({' '.join(argv[:6])} ...)") from None
-    if done.returncode != 0:
-        detail = text.strip()[-3000:] if log is None else _tail(log)
-        raise ComposeError(f"{what} failed (exit {done.returncode}):\n{detail}")
-    if not quiet and text.strip():
-        print(text.rstrip(), flush=True)
-    return text
-
-
-def _tail(path: str, lines: int = 40) -> str:
-    try:
-        with open(path, "rb") as f:
-            return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
-    except OSError:
-        return f"(no {path})"
-
-
-def ensure_tools() -> list[str]:
-    """apt-get install what is missing of docker.io, docker-compose, debootstrap. Returns what was installed."""
-    missing = sorted({pkg for cmd, pkg in APT_PACKAGES.items() if shutil.which(cmd) is None})
-    if missing:
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        _run(["apt-get", "update"], APT_TIMEOUT_S, "apt-get update", env=env, quiet=True)
-        _run(["apt-get", "install", "-y", "--no-install-recommends", *missing], APT_TIMEOUT_S,
-             f"apt-get install {' '.join(missing)}", env=env, quiet=True)
-    return missing
-
-
-def ensure_extra_ca() -> list[str]:
-    """When this machine trusts locally added CAs (a TLS-intercepting proxy's) and deploy/extra-ca/ has none,
-    copy them there (git-ignored) so pip inside the image build reaches PyPI. Returns the copied names."""
-    if any(n.endswith(".crt") for n in os.listdir(EXTRA_CA_DIR)) or not os.path.isdir(LOCAL_CA_DIR):
-        return []
-    copied = []
-    for name in sorted(os.listdir(LOCAL_CA_DIR)):
-        if name.endswith(".crt") and os.path.isfile(os.path.join(LOCAL_CA_DIR, name)):
-            shutil.copyfile(os.path.join(LOCAL_CA_DIR, name), os.path.join(EXTRA_CA_DIR, name))
-            copied.append(name)
-    return copied
-
-
-def check_ports_free() -> None:
-    for service, port in HOST_PORTS.items():
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError as e:
-                raise ComposeError(f"port 127.0.0.1:{port} ({service} of the host-network stack) is in use "
-                                   f"({e.strerror}): stop what holds it (`make down`?)") from None
-
-
-class Dockerd:
-    """A private Docker engine: socket, data-root, exec-root, pid file and log under `root`."""
-
-    def __init__(self, root: str) -> None:
-        self.root = os.path.abspath(root)
-        self.sock = os.path.join(self.root, "docker.sock")
-        self.pid_file = os.path.join(self.root, "dockerd.pid")
-        self.log = os.path.join(self.root, "dockerd.log")
-        self.exec_root = os.path.join(self.root, "exec")
-        self.data_root = os.path.join(self.root, "data")
-        self.pid: int | None = None
-        self.env = dict(os.environ, DOCKER_HOST=f"unix://{self.sock}")
-        self.env.pop("DOCKER_CONTEXT", None)
-
-    def argv(self) -> list[str]:
-        return [shutil.which("dockerd") or "dockerd", "-H", f"unix://{self.sock}", "--data-root", self.data_root,
-                "--exec-root", self.exec_root, "--pidfile", self.pid_file,
-                "--bridge=none", "--iptables=false", "--ip-forward=false"]
-
-    def _ours(self, pid: int) -> bool:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            return False
-        return "dockerd" in cmd and self.sock in cmd
-
-    def stop_stale(self) -> bool:
-        """Stop a dockerd left by an interrupted check (our pid file naming a live dockerd on our socket)."""
-        try:
-            with open(self.pid_file) as f:
-                pid = int(f.read().strip() or 0)
-        except (OSError, ValueError):
-            return False
-        if pid > 0 and self._ours(pid):
-            self.pid = pid
-            self.stop()
-            return True
-        self.unmount()  # an earlier dockerd's nsfs mount, if any
-        return False
-
-    def start(self) -> int:
-        os.makedirs(self.root, exist_ok=True)
-        with open(self.log, "ab") as log:
-            proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-        self.pid = proc.pid
-        self._proc = proc
-        deadline = time.monotonic() + DOCKERD_START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                raise ComposeError(f"dockerd exited with {proc.returncode} during start-up; {self.log}:\n"
-                                   f"{_tail(self.log)}")
-            done = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], env=self.env,
-                                  capture_output=True, text=True, timeout=DOCKERD_START_TIMEOUT_S)
-            if done.returncode == 0:
-                return self.pid
-            if time.monotonic() > deadline:
-                raise ComposeError(f"dockerd (pid {self.pid}) not answering on {self.sock} after "
-                                   f"{DOCKERD_START_TIMEOUT_S}s; {self.log}:\n{_tail(self.log)}")
-            time.sleep(POLL_S)
-
-    def leftovers(self) -> list[int]:
-        """Live processes whose command line names our root (containerd, shims, docker-proxy), not dockerd."""
-        found = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            program = os.path.basename(cmd.split(" ", 1)[0])
-            if self.root in cmd and program.startswith(ENGINE_PROGRAMS):
-                found.append(int(name))
-        return found
-
-    def stop(self) -> list[int]:
-        """SIGTERM dockerd by pid (it stops its containerd), SIGKILL after DOCKERD_STOP_TIMEOUT_S; then stop any
-        leftover process of ours by pid. Returns the leftover pids that had to be stopped."""
-        pid = self.pid
-        if pid is not None and _alive(pid):
-            os.kill(pid, signal.SIGTERM)
-            if not _wait_gone(pid, DOCKERD_STOP_TIMEOUT_S):
-                os.kill(pid, signal.SIGKILL)
-                _wait_gone(pid, 5)
-        proc = getattr(self, "_proc", None)
-        if proc is not None:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        self.pid = None
-        stray = self.leftovers()
-        for p in stray:
-            try:
-                os.kill(p, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in stray:
-            if not _wait_gone(p, 10):
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        self.unmount()
-        return stray
-
-    def mounts(self) -> list[str]:
-        """Mount points under our root (dockerd leaves exec/netns/default, an nsfs bind mount, after it exits;
-        it would make the run directory impossible to delete)."""
-        points = []
-        try:
-            with open("/proc/self/mountinfo") as f:
-                for line in f:
-                    point = line.split()[4].replace("\\040", " ")
-                    if point == self.root or point.startswith(self.root + "/"):
-                        points.append(point)
-        except OSError:
-            pass
-        return sorted(points, key=len, reverse=True)  # deepest first
-
-    def unmount(self) -> None:
-        for point in self.mounts():
-            subprocess.run(["umount", point], capture_output=True, timeout=DOCKERD_STOP_TIMEOUT_S)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def _wait_gone(pid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-class Check:
-    def __init__(self, run_dir: str, base_image: str, audit: bool = False) -> None:
-        self.run_dir = os.path.abspath(run_dir)
-        self.base_image = base_image
-        self.audit = audit
-        self.audit_out = os.path.join(self.run_dir, "audit")
-        self.engine = Dockerd(os.path.join(self.run_dir, "docker"))
-        self.rendered = os.path.join(self.run_dir, "host.yml")
-        self.compose_log = os.path.join(self.run_dir, "compose.log")
-        self.step = Step()
-        self.stack_up = False
-        self.env = dict(self.engine.env, BKSIM_BASE_IMAGE=base_image, BKSIM_AUDIT_OUT=self.audit_out)
-
-    # -- engine and images --
-
-    def docker(self, *args: str, timeout_s: float = COMPOSE_CMD_TIMEOUT_S, what: str = "") -> str:
-        return _run(["docker", *args], timeout_s, what or f"docker {args[0]}", env=self.env, quiet=True)
-
-    def compose(self, *args: str, timeout_s: float = COMPOSE_CMD_TIMEOUT_S, log: bool = False) -> str:
-        argv = compose_argv([self.rendered]) + list(args)
-        return _run(argv, timeout_s, f"docker-compose {' '.join(args)}", env=self.env, quiet=True,
-                    log=self.compose_log if log else None)
-
-    def image_exists(self, tag: str) -> bool:
-        done = subprocess.run(["docker", "image", "inspect", tag], env=self.env, capture_output=True,
-                              timeout=COMPOSE_CMD_TIMEOUT_S)
-        return done.returncode == 0
-
-    def build_base(self) -> str:
-        if self.image_exists(self.base_image):
-            return f"{self.base_image} present"
-        rootfs = os.path.join(self.run_dir, "rootfs")
-        shutil.rmtree(rootfs, ignore_errors=True)
-        _run(["debootstrap", "--variant=minbase", DEBIAN_SUITE, rootfs, DEBIAN_MIRROR], DEBOOTSTRAP_TIMEOUT_S,
-             "debootstrap", log=os.path.join(self.run_dir, "debootstrap.log"))
-        tar = subprocess.Popen(["tar", "-C", rootfs, "-c", "."], stdout=subprocess.PIPE)
-        try:
-            done = subprocess.run(["docker", "import", "-", self.base_image], stdin=tar.stdout, env=self.env,
-                                  capture_output=True, timeout=DEBOOTSTRAP_TIMEOUT_S)
-        finally:
-            tar.stdout.close()
-            tar.wait(timeout=DEBOOTSTRAP_TIMEOUT_S)
-        if done.returncode != 0 or tar.returncode != 0:
-            raise ComposeError(f"docker import of {rootfs} failed: {done.stderr.decode(errors='replace')}")
-        shutil.rmtree(rootfs, ignore_errors=True)
-        return f"{self.base_image} built with debootstrap {DEBIAN_SUITE}"
-
-    # -- the stack --
-
-    def container(self, service: str) -> str:
-        cid = self.compose("ps", "-q", service).strip()
-        if not cid:
-            raise ComposeError(f"service {service} has no container")
-        return cid
-
-    def states(self) -> dict[str, str]:
-        """service -> health status ("healthy", "starting", "unhealthy") or the container state when not running."""
-        out = {}
-        for service in HOST_PORTS:
-            cid = self.compose("ps", "-q", service).strip()
-            if not cid:
-                out[service] = "missing"
-                continue
-            text = self.docker("inspect", "--format", "{{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}"
-                               "{{end}}", cid).split()
-            out[service] = text[1] if text[0] == "running" and len(text) > 1 else text[0]
-        return out
-
-    def wait_healthy(self, services=tuple(HOST_PORTS)) -> float:
-        t0 = time.monotonic()
-        deadline = t0 + HEALTHY_TIMEOUT_S
-        while True:
-            states = self.states()
-            if all(states[s] == "healthy" for s in services):
-                return time.monotonic() - t0
-            bad = {s: st for s, st in states.items() if s in services and st not in ("healthy", "starting")}
-            if bad or time.monotonic() > deadline:
-                logs = self.compose("logs", "--no-color", "--tail", "30")
-                why = f"unhealthy or stopped: {bad}" if bad else f"not healthy after {HEALTHY_TIMEOUT_S}s: {states}"
-                raise ComposeError(f"{why}\n{logs[-6000:]}")
-            time.sleep(POLL_S)
-
-    def up(self) -> str:
-        _run(compose_argv(compose_files(True)) + ["config", "-q"], COMPOSE_CMD_TIMEOUT_S,
-             "docker-compose config -q (docker-compose.yml + host override)", env=self.env)
-        render(True, self.rendered, env=self.env)
-        self.stack_up = True
-        self.compose("down", "-v", "--remove-orphans", timeout_s=DOWN_TIMEOUT_S, log=True)  # an interrupted run's
-        check_ports_free()
-        self.compose("up", "-d", "--no-build", timeout_s=UP_TIMEOUT_S, log=True)
-        took = self.wait_healthy()
-        return f"{len(HOST_PORTS)} services healthy {took:.1f}s after up returned"
-
-    def down(self) -> None:
-        if self.stack_up:
-            self.compose("down", "-v", "--remove-orphans", "--timeout", "20", timeout_s=DOWN_TIMEOUT_S, log=True)
-            self.stack_up = False
-
-    # -- the workload --
-
-    def workload(self) -> dict:
-        from bksim.adapters.broker_client import SyncBrokerClient
-
-        def payload(ledger_id: int, i: int) -> bytes:
-            head = f"compose-check ledger {ledger_id} entry {i:08d} ".encode()
-            return (head * (ENTRY_BYTES // len(head) + 1))[:ENTRY_BYTES]
-
-        def append(client, ledger_id: int, first: int, count: int) -> None:
-            batches = [[payload(ledger_id, i) for i in range(start, min(start + BATCH, first + count))]
-                       for start in range(first, first + count, BATCH)]
-            acks = client.append(ledger_id, batches, password=LEDGER_PASSWORD)
-            got = [(f, n) for f, n in acks]
-            want = [(first + k * BATCH, len(b)) for k, b in enumerate(batches)]
-            if got != want:
-                raise ComposeError(f"ledger {ledger_id}: appends acknowledged as {got[:3]}..., expected {want[:3]}...")
-
-        def read_all(client, ledger_id: int, count: int, who: str) -> None:
-            entries = client.read_entries(ledger_id, 0, count - 1, password=LEDGER_PASSWORD)
-            ids = [e for e, _ in entries]
-            if ids != list(range(count)):
-                missing = sorted(set(range(count)) - set(ids))
-                raise ComposeError(f"ledger {ledger_id} through {who}: read {len(ids)} of {count} entries; "
-                                   f"missing {missing[:10]}")
-            wrong = [e for e, p in entries if p != payload(ledger_id, e)]
-            if wrong:
-                raise ComposeError(f"ledger {ledger_id} through {who}: entries {wrong[:10]} read back different")
-
-        s = self.step
-        addresses = {b: f"127.0.0.1:{HOST_PORTS[b]}" for b in BROKERS}
-        report: dict = {}
-        with SyncBrokerClient(addresses["broker-1"]) as one, SyncBrokerClient(addresses["broker-2"]) as two:
-            for name, client in (("broker-1", one), ("broker-2", two)):
-                status = client.health("", 5.0)
-                if status != "SERVING":
-                    raise ComposeError(f"{name} health {status}")
-            services = reflection_services(addresses["broker-1"])
-            s.say(f"broker-1 reflection lists: {', '.join(services)}")
-            if "bksim.broker.v1.Broker" not in services:
-                raise ComposeError(f"broker-1 reflection does not list bksim.broker.v1.Broker: {services}")
-            bookies = one.list_bookies()
-            s.say(f"ListBookies: {', '.join(b['bookie_id'] + ' ' + b['state'] for b in bookies)}")
-            if sorted(b["bookie_id"] for b in bookies if b["state"] == "writable") != sorted(
-                    f"127.0.0.1:{HOST_PORTS[b]}" for b in BOOKIES):
-                raise ComposeError(f"expected the three bookies writable, broker-1 lists {bookies}")
-
-            info = one.create_ledger(2, 2, 2, password=LEDGER_PASSWORD)
-            lid = info.ledger_id
-            ensemble = list(info.segments[-1].ensemble)
-            s.say(f"ledger {lid} created through broker-1: E=2 Qw=2 Qa=2 on {', '.join(ensemble)}")
-            t0 = time.monotonic()
-            append(one, lid, 0, ENTRIES_BEFORE_KILL)
-            s.say(f"{ENTRIES_BEFORE_KILL} entries of {ENTRY_BYTES} B acknowledged in {time.monotonic() - t0:.2f}s")
-            read_all(one, lid, ENTRIES_BEFORE_KILL, "broker-1")
-            s.say(f"read back {ENTRIES_BEFORE_KILL} entries through broker-1: identical")
-
-            victim_id = ensemble[0]
-            victim = next(b for b in BOOKIES if f"127.0.0.1:{HOST_PORTS[b]}" == victim_id)
-            cid = self.container(victim)
-            self.docker("kill", "--signal", "KILL", cid, what=f"docker kill {victim}")
-            deadline = time.monotonic() + KILL_TIMEOUT_S
-            while self.docker("inspect", "--format", "{{.State.Running}}", cid).strip() == "true":
-                if time.monotonic() > deadline:
-                    raise ComposeError(f"{victim} still running {KILL_TIMEOUT_S}s after docker kill")
-                time.sleep(0.1)
-            s.say(f"docker kill --signal KILL {victim} ({victim_id}, in the ledger's ensemble): container stopped")
-
-            t0 = time.monotonic()
-            append(one, lid, ENTRIES_BEFORE_KILL, ENTRIES_AFTER_KILL)
-            total = ENTRIES_BEFORE_KILL + ENTRIES_AFTER_KILL
-            s.say(f"{ENTRIES_AFTER_KILL} more entries acknowledged in {time.monotonic() - t0:.2f}s with {victim} dead")
-            running = self.docker("inspect", "--format", "{{.State.Running}} {{.RestartCount}}", cid).split()
-            s.say(f"{victim} after the writes: running={running[0]} restarts={running[1]}")
-            after = one.get_metadata(lid)
-            s.say("segments: " + "; ".join(f"from {g.first_entry_id}: {', '.join(g.ensemble)}"
-                                           for g in after.segments))
-            if running[0] != "true" and victim_id in after.segments[-1].ensemble:
-                raise ComposeError(f"ledger {lid} still writes to the dead {victim_id}: {after.segments}")
-            read_all(one, lid, total, "broker-1")
-            closed = one.close_ledger(lid, password=LEDGER_PASSWORD)
-            if closed.state != "CLOSED" or closed.last_entry_id != total - 1:
-                raise ComposeError(f"ledger {lid} closed as {closed.state} at {closed.last_entry_id}, "
-                                   f"expected CLOSED at {total - 1}")
-            read_all(two, lid, total, "broker-2")
-            s.say(f"ledger {lid} CLOSED at entry {total - 1}; all {total} entries read back identical through "
-                  f"broker-1 and broker-2: lost 0")
-
-            if running[0] != "true":
-                self.compose("start", victim)
-            took = self.wait_healthy((victim,))
-            s.say(f"{victim} started again, healthy in {took:.1f}s (same volume, same cookie)")
-            info2 = one.create_ledger(3, 3, 3, password=LEDGER_PASSWORD)
-            append(one, info2.ledger_id, 0, ENTRIES_AFTER_RESTART)
-            read_all(one, info2.ledger_id, ENTRIES_AFTER_RESTART, "broker-1")
-            # another broker reads an open ledger only up to the LAC the bookies know (it lags the writer's),
-            # so close it first: then broker-2 must read every entry
-            one.close_ledger(info2.ledger_id, password=LEDGER_PASSWORD)
-            read_all(two, info2.ledger_id, ENTRIES_AFTER_RESTART, "broker-2")
-            s.say(f"ledger {info2.ledger_id} (E=Qw=Qa=3, includes {victim}): {ENTRIES_AFTER_RESTART} entries written "
-                  f"through broker-1, closed, read back through both brokers")
-            report.update(ledger=lid, entries=total, victim=victim, segments=len(after.segments))
-        return report
-
-    # -- everything --
-
-    def run(self) -> int:
-        s = self.step
-        print(f"compose check: run dir {self.run_dir}; base image {self.base_image}; project {PROJECT}", flush=True)
-        os.makedirs(self.run_dir, exist_ok=True)
-        installed = s.run("tools (docker.io, docker-compose, debootstrap)", ensure_tools)
-        if installed:
-            s.say(f"apt-get installed {', '.join(installed)}")
-        copied = ensure_extra_ca()
-        if copied:
-            s.say(f"copied this machine's local CA certificates into deploy/extra-ca/: {', '.join(copied)}")
-        try:
-            if self.engine.stop_stale():
-                s.say("stopped a dockerd left by an earlier check")
-            pid = s.run("start dockerd", self.engine.start)
-            s.say(f"dockerd pid {pid} on {self.engine.sock} (--bridge=none --iptables=false --ip-forward=false)")
-            s.say(s.run("base image", self.build_base))
-            s.run("build bksim image", lambda: self.compose_build())
-            s.say(s.run("up (host networking) and wait healthy", self.up))
-            s.run("write, kill a bookie, write, read back", self.workload)
-            if self.audit:
-                s.say(s.run("audit service (Spark) over the bookies' volumes", self.run_audit))
-            s.run("down -v", self.down)
-        except ComposeError as e:
-            print(f"compose check FAILED: {e}", file=sys.stderr, flush=True)
-            return 1
-        finally:
-            try:
-                self.down()
-            except Exception as e:  # noqa: BLE001 - still stop the engine
-                print(f"compose check: down after failure: {e}", file=sys.stderr, flush=True)
-            stray = self.engine.stop()
-            gone = not self.engine.leftovers()
-            mounted = self.engine.mounts()
-            print(f"[{time.monotonic() - s.started:7.1f}s] dockerd stopped"
-                  + (f"; also stopped leftover pids {stray}" if stray else "")
-                  + ("" if gone else "; WARNING: processes of ours still alive")
-                  + (f"; WARNING: still mounted: {mounted}" if mounted else ""), flush=True)
-        total = time.monotonic() - s.started
-        print("compose check PASSED in %.1fs (%s)" % (total, ", ".join(f"{n} {t:.1f}s" for n, t in s.times)),
-              flush=True)
-        return 0
-
-    def compose_build(self) -> None:
-        render(True, self.rendered, env=self.env)
-        self.compose("build", "zookeeper", timeout_s=BUILD_TIMEOUT_S, log=True)
-        if self.audit:
-            self.compose("--profile", "audit", "build", "audit", timeout_s=BUILD_TIMEOUT_S, log=True)
-
-    def run_audit(self) -> str:
-        """The audit service (profile audit) over the live stack's volumes: report.json must say clean."""
-        shutil.rmtree(self.audit_out, ignore_errors=True)
-        os.makedirs(self.audit_out, exist_ok=True)
-        try:
-            self.compose("--profile", "audit", "run", "--rm", "audit", timeout_s=AUDIT_TIMEOUT_S, log=True)
-        except ComposeError as e:
-            raise ComposeError(f"the audit service failed (exit 1 = violations, 2 = unusable input): {e}") from None
-        with open(os.path.join(self.audit_out, "report.json")) as f:
-            report = json.load(f)
-        verdict = report.get("verdict")
-        if verdict != "clean":
-            raise ComposeError(f"audit verdict {verdict!r}: {json.dumps(report.get('totals', {}))[:2000]}")
-        return f"audit verdict clean: {json.dumps(report.get('totals', {}), sort_keys=True)[:400]}"
-
-
-def reflection_services(address: str) -> list[str]:
-    """Service names a server lists through gRPC reflection (what `grpcurl ADDRESS list` prints)."""
-    import grpc
-    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-
-    with grpc.insecure_channel(address) as channel:
-        return sorted(ProtoReflectionDescriptorDatabase(channel).get_services())
 
 
 def cmd_check(args) -> int:
     from bksim.cli import config as cfgload
 
     run_dir = args.run_dir or os.path.join(cfgload.load(getattr(args, "config", None)).cluster.run_dir, "compose")
-
-    def on_term(signum, frame):  # SIGTERM runs the same clean-up as a failure
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        return Check(run_dir, args.base_image, args.audit).run()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    compose = deploy_compose()
+    base_image = args.base_image or os.environ.get("BKSIM_BASE_IMAGE") or compose.BASE_IMAGE_DEFAULT
+    return compose.check(run_dir, base_image, args.audit)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bksim.model.errors import BksimError
+
     parser = argparse.ArgumentParser(prog="bksim")
     parser.add_argument("--config", help="TOML configuration file")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["compose", *(sys.argv[1:] if argv is None else argv)])
     try:
         return int(args.func(args) or 0)
-    except ComposeError as e:
+    except BksimError as e:
         print(f"bksim compose: error: {e}", file=sys.stderr)
         return 2
 
