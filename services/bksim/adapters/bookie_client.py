@@ -17,12 +17,12 @@ from typing import Sequence
 import grpc
 
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
+from bksim.model.config import ADD_WINDOW_MAX  # default unanswered AddRequests per stream
 from bksim.model.config import FRAME_BYTES_MAX  # the bookie's default frame_bytes_max, what a client receives
 from bksim.model.errors import BksimError
 from bksim.model.status import FLAG_FENCE, StatusCode
 
 DEADLINE_S = 5.0  # default deadline of unary calls and of waiting for one add response
-ADD_WINDOW_MAX = 64  # default unanswered AddRequests per stream
 
 _AddRequest = bookie_pb2.AddRequest
 _AddEntry = bookie_pb2.AddEntry

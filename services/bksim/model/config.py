@@ -19,6 +19,9 @@ MiB = 1024 * KiB
 # the largest gRPC message between a bookie and its clients: the default of bookie.frame_bytes_max, and the most a
 # bookie client (adapters/bookie_client.py, and so the broker's transport) receives in one message
 FRAME_BYTES_MAX = 5 * MiB + 64 * KiB
+# unanswered AddEntries requests per bookie stream: the default of broker.add_window_max and of a bookie client's
+# add stream (adapters/bookie_client.py)
+ADD_WINDOW_MAX = 64
 
 
 def option(default, doc: str):
@@ -102,7 +105,7 @@ class BrokerConfig:
     speculative_read_ms: int = option(2_000, "a read unanswered this long also asks the next replica")
     metadata_cas_attempts_max: int = option(10, "read-modify-CAS rounds of one metadata update before giving up")
     add_batch_entries_max: int = option(512, "entries sent to one bookie in one AddEntries request")
-    add_window_max: int = option(64, "unanswered AddEntries requests per bookie stream")
+    add_window_max: int = option(ADD_WINDOW_MAX, "unanswered AddEntries requests per bookie stream")
     append_inflight_max: int = option(20_000, "unacknowledged appends per ledger; an Append stream waits for room")
     payload_bytes_max: int = option(5 * MiB - 64 * KiB, "largest entry payload a client may append "
                                                           "(keep it + 36 header bytes within the bookies' entry_bytes_max)")

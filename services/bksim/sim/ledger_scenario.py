@@ -53,8 +53,8 @@ RECOVERY_ATTEMPTS_MAX = 10  # liveness: recoveries of one ledger before "it neve
 RECOVERY_RETRY_MS = 50.0
 CREATE_ATTEMPTS_MAX = 5  # a writer's create_ledger attempts (NOT_ENOUGH_BOOKIES while bookies are down)
 CREATE_RETRY_MS = 20.0
-READ_BACK_MAX = 5
-LAST_LEDGER_APPENDS_MAX = 100_000  # the last ledger of the budget takes appends until the safety phase ends  # a reader reads the last few entries up to the LAC
+READ_BACK_MAX = 5  # a reader reads the last few entries up to the LAC
+LAST_LEDGER_APPENDS_MAX = 100_000  # the last ledger of the budget takes appends until the safety phase ends
 REREGISTER_MS = 10.0  # a bookie re-registers this long after its session expired
 INTERNAL_ERROR = "internal error"  # a broker log line with this means an exception escaped the broker layer
 
