@@ -311,13 +311,14 @@ class LocalCluster:
         self.log(f"{node.name}: started pid {node.pid} as {node.node_id} (log {node.log_path})")
         return node.pid
 
-    def start(self, nodes: Iterable[Node], timeout_s: float = READY_TIMEOUT_S, serving: bool = False) -> None:
-        """Spawn every node not already running (per its pid file), then wait until all are ready."""
+    def start(self, nodes: Iterable[Node], timeout_s: float = READY_TIMEOUT_S, serving: bool = False,
+              timeout_hint: str = "") -> dict[str, float]:
+        """Spawn every node whose pid file names no live process (a live one is adopted), then wait_ready()."""
         nodes = list(nodes)
         for node in nodes:
             if not self.adopt_running(node):
                 self.spawn(node)
-        self.wait_ready(nodes, timeout_s, serving=serving)
+        return self.wait_ready(nodes, timeout_s, serving=serving, timeout_hint=timeout_hint)
 
     # -- readiness ---------------------------------------------------------------------------------------
     def registration(self, client, node: Node) -> dict | None:

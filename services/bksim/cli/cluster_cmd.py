@@ -110,11 +110,8 @@ def cmd_up(args) -> int:
     cluster.start_zookeeper(zk.port, host=zk.host, timeout_s=timeout_s)
     instance_id = init_metadata(config)
     _say(f"metadata ready: /ledgers (INSTANCEID {instance_id})")
-    for nodes, serving in ((cluster.bookies, False), (cluster.brokers, True)):
-        for node in nodes:
-            if not cluster.adopt_running(node):
-                cluster.spawn(node)
-        cluster.wait_ready(nodes, timeout_s, serving=serving, timeout_hint=TIMEOUT_HINT)
+    cluster.start(cluster.bookies, timeout_s, timeout_hint=TIMEOUT_HINT)
+    cluster.start(cluster.brokers, timeout_s, serving=True, timeout_hint=TIMEOUT_HINT)
     _say(f"cluster up: ZooKeeper {zk.host}:{zk.port}, {config.cluster.bookies} bookie(s), "
          f"{config.cluster.brokers} broker(s); run dir {cluster.run_dir}")
     _say_endpoints(cluster, getattr(args, "config", None))
