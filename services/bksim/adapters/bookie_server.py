@@ -1,7 +1,7 @@
 """The bookie's gRPC server (proto/bookie.proto) over a BookieEngine, plus its disk monitor.
 
-Owns: translating wire messages to engine calls and back; the AddEntries stream's pipelining and its
-in-flight bounds; gRPC health (SERVING, NOT_SERVING while draining) and reflection; the disk monitor
+Owns: translating wire messages to engine calls and back; the AddEntries stream's pipelining and where
+its in-flight bounds apply; gRPC health (SERVING, NOT_SERVING while draining) and reflection; the disk monitor
 that feeds disk usage to the engine and reports read-only flips; draining on shutdown.
 
 AddEntries pipelining: a reader task takes AddRequests in arrival order and starts each batch in the
@@ -9,20 +9,18 @@ engine (`start_adds`: validation, cache, journal queueing, no task per batch); t
 bounded in-order queue; the RPC's writer answers each request, in request order, once its batch is durable. OK in a response means the entry is durable
 (the engine returns only after the journal sync covering it).
 
-Bounds (named options of [bookie]): `add_inflight_per_stream_max` unacknowledged entries per stream and
-`add_inflight_total_max` entries inside the engine for the whole bookie. A request that would pass
-either bound is answered TOO_MANY_REQUESTS for every entry, in its turn, without waiting for the engine
-(never hangs, never buffers). The in-order queue holds at most `add_inflight_per_stream_max` requests;
-when it is full (the client is not reading its responses) the reader stops reading, and gRPC flow
-control pushes back on the client. Messages above `frame_bytes_max` are refused by gRPC itself
-(RESOURCE_EXHAUSTED, that stream only) before they are buffered.
+Bounds: the add bounds (`add_inflight_per_stream_max`, `add_inflight_total_max`) are bookie/requests.py
+AddAdmission, one per server and one share per stream; a refused request is answered TOO_MANY_REQUESTS for
+every entry, in its turn, without waiting for the engine (never hangs, never buffers). An admitted
+request counts until its answer is yielded or its stream ends. The in-order queue holds at most
+`add_inflight_per_stream_max` requests; when it is full (the client is not reading its responses) the
+reader stops reading, and gRPC flow control pushes back on the client. Messages above `frame_bytes_max`
+are refused by gRPC itself (RESOURCE_EXHAUSTED, that stream only) before they are buffered.
 
 ReadEntries (several entries of one ledger in one call; recovery's read-forward and readers use it, since a
-unary gRPC call costs far more than reading an entry): at most `read_batch_entries_max` ids (none or more:
-BAD_REQUEST for every result; so does an id below -1). With FENCE the fence is applied once, by the first id's read, before any other
-entry is read; when that read does not confirm the fence (any status but OK, NO_ENTRY, NO_LEDGER and
-UNKNOWN_STATE: model/status.py FENCE_CONFIRMED) every result carries its status. The response stays within `frame_bytes_max`: once the next entry would not fit, it and
-every later id are answered TOO_MANY_REQUESTS (not read: the client asks for them again).
+unary gRPC call costs far more than reading an entry) follows bookie/requests.py read_entries: the batch
+bound (BAD_REQUEST), the fence once by the first id, a status per id, the `frame_bytes_max` budget
+(TOO_MANY_REQUESTS for the ids left unread). An engine failure mid-batch answers IO_ERROR for the rest.
 
 Must not: block the event loop (no ZooKeeper calls here: read-only flips go to a callback), log keys.
 """
@@ -36,20 +34,17 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from bksim.bookie.requests import AddAdmission, AddStreamAdmission, read_batch_refusal, read_entries
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.model.config import BookieConfig
 from bksim.model.errors import BksimError
-from bksim.model.status import FENCE_CONFIRMED, FLAG_FENCE, StatusCode
+from bksim.model.status import FLAG_FENCE, StatusCode
 
 SERVICE_NAME = bookie_pb2.DESCRIPTOR.services_by_name["Bookie"].full_name
 
-_TOO_MANY = StatusCode.TOO_MANY_REQUESTS
 _IO_ERROR = StatusCode.IO_ERROR
-_BAD_REQUEST = StatusCode.BAD_REQUEST
 _AddResponse = bookie_pb2.AddResponse
 _ReadEntryResult = bookie_pb2.ReadEntryResult
-_RESULT_OVERHEAD = 48  # protobuf bytes of one ReadEntryResult besides its entry and message (tags, lengths, LAC)
-_RESPONSE_OVERHEAD = 64  # slack for the ReadEntriesResponse framing
 
 
 def server_options(config: BookieConfig) -> list[tuple[str, int]]:
@@ -64,10 +59,10 @@ def server_options(config: BookieConfig) -> list[tuple[str, int]]:
 class _Stream:
     """Per-AddEntries-stream state."""
 
-    __slots__ = ("inflight", "reader")
+    __slots__ = ("admission", "reader")
 
-    def __init__(self) -> None:
-        self.inflight = 0  # entries accepted on this stream and not yet answered
+    def __init__(self, admission: AddStreamAdmission) -> None:
+        self.admission = admission  # this stream's share of the add bounds
         self.reader: asyncio.Task | None = None
 
 
@@ -78,20 +73,14 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         self._engine = engine
         self._bookie_id = bookie_id
         self._log = log
-        self._per_stream_max = config.add_inflight_per_stream_max
-        self._total_max = config.add_inflight_total_max
+        self._config = config
         self._queue_max = config.add_inflight_per_stream_max
-        self._read_batch_max = config.read_batch_entries_max
-        self._response_bytes_max = config.frame_bytes_max - _RESPONSE_OVERHEAD
-        self._inflight_total = 0  # entries inside engine.add_entries, all streams
+        self._admission = AddAdmission(config, bookie_id)
         self._streams: set[_Stream] = set()
         self._no_streams = asyncio.Event()
         self._no_streams.set()
         self.draining = False
         # statistics
-        self.add_requests = 0
-        self.add_entries = 0
-        self.add_rejected_entries = 0
         self.streams_opened = 0
         self.read_batches = 0
         self.read_batch_entries = 0
@@ -101,7 +90,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
     async def AddEntries(self, request_iterator, context):
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"bookie {self._bookie_id} is shutting down")
-        stream = _Stream()
+        stream = _Stream(self._admission.open_stream())
         queue: asyncio.Queue = asyncio.Queue(self._queue_max)
         stream.reader = asyncio.create_task(self._read_adds(request_iterator, queue, stream))
         self._streams.add(stream)
@@ -121,12 +110,10 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 except Exception as e:  # noqa: BLE001 - an engine bug must not kill the stream silently
                     self._log(f"add_entries failed: {type(e).__name__}: {e}")
                     statuses, message = [_IO_ERROR] * n, f"bookie internal error: {type(e).__name__}: {e}"
-                stream.inflight -= n
-                self._inflight_total -= n
+                stream.admission.answered(n)
                 yield _AddResponse(batch_id=batch_id, statuses=statuses, message=message)
         finally:
-            self._inflight_total -= stream.inflight  # unanswered adds of a stream that ended stop counting
-            stream.inflight = 0
+            stream.admission.close()  # unanswered adds of a stream that ended stop counting
             self._streams.discard(stream)
             if not self._streams:
                 self._no_streams.set()
@@ -134,21 +121,15 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
 
     async def _read_adds(self, request_iterator, queue: asyncio.Queue, stream: _Stream) -> None:
         start_adds = self._engine.start_adds
-        per_stream_max = self._per_stream_max
-        total_max = self._total_max
+        admit = stream.admission.admit
         try:
             async for req in request_iterator:
                 entries = req.entries
                 n = len(entries)
-                self.add_requests += 1
-                if stream.inflight + n > per_stream_max or self._inflight_total + n > total_max:
-                    self.add_rejected_entries += n
-                    await queue.put(_AddResponse(batch_id=req.batch_id, statuses=[_TOO_MANY] * n,
-                                                 message=self._overload_reason(stream, n)))
+                refused = admit(n)
+                if refused is not None:
+                    await queue.put(_AddResponse(batch_id=req.batch_id, statuses=refused[0], message=refused[1]))
                     continue
-                self.add_entries += n
-                stream.inflight += n
-                self._inflight_total += n
                 try:
                     batch = start_adds([(e.entry, e.master_key, e.flags) for e in entries])
                 except Exception as e:  # noqa: BLE001 - an engine bug must not kill the stream silently
@@ -164,13 +145,6 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 queue.put_nowait(None)
             except asyncio.QueueFull:
                 await _put_end(queue)
-
-    def _overload_reason(self, stream: _Stream, n: int) -> str:
-        if stream.inflight + n > self._per_stream_max:
-            return (f"too many unacknowledged adds on this stream: {stream.inflight} + {n} > "
-                    f"add_inflight_per_stream_max={self._per_stream_max}")
-        return (f"too many adds in flight in bookie {self._bookie_id}: {self._inflight_total} + {n} > "
-                f"add_inflight_total_max={self._total_max}")
 
     def begin_drain(self) -> None:
         """Stop reading new add requests on every stream; accepted ones are still answered, then streams end."""
@@ -204,41 +178,16 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
 
     async def ReadEntries(self, request, context):
         ids = request.entry_ids
-        n = len(ids)
-        self.read_batches += 1
-        if n == 0 or n > self._read_batch_max or min(ids) < -1:
-            why = (f"ReadEntries asks for {n} entries of ledger {request.ledger_id}; "
-                   f"1..read_batch_entries_max={self._read_batch_max} allowed" if n == 0 or n > self._read_batch_max
-                   else f"ReadEntries of ledger {request.ledger_id}: invalid entry id {min(ids)} (ids are >= -1)")
-            return bookie_pb2.ReadEntriesResponse(results=[
-                _ReadEntryResult(status=_BAD_REQUEST, last_add_confirmed=-1, message=why)] * max(n, 1))
-        self.read_batch_entries += n
         ledger_id = request.ledger_id
-        fence = bool(request.flags & FLAG_FENCE)
-        read_entry = self._engine.read_entry
-        results = []
-        size = 0
-        try:
-            for i, entry_id in enumerate(ids):
-                if i == 0 and fence:  # the fence, once, before any entry is read
-                    status, entry, lac, message = await read_entry(ledger_id, entry_id, True, request.master_key)
-                    if status not in FENCE_CONFIRMED:
-                        result = _ReadEntryResult(status=status, last_add_confirmed=-1,
-                                                  message=f"fence not confirmed: {message}")
-                        return bookie_pb2.ReadEntriesResponse(results=[result] * n)
-                else:
-                    status, entry, lac, message = await read_entry(ledger_id, entry_id)
-                size += len(entry) + len(message) + _RESULT_OVERHEAD
-                if size > self._response_bytes_max and results:
-                    why = (f"entries {ledger_id}:{entry_id} and after not read: the answer would pass "
-                           f"frame_bytes_max={self._response_bytes_max + _RESPONSE_OVERHEAD}; ask again")
-                    results += [_ReadEntryResult(status=_TOO_MANY, last_add_confirmed=-1, message=why)] * (n - i)
-                    break
-                results.append(_ReadEntryResult(status=status, entry=entry, last_add_confirmed=lac, message=message))
-        except Exception as e:  # noqa: BLE001
-            why = self._internal(e, "read_entries")
-            results += [_ReadEntryResult(status=_IO_ERROR, last_add_confirmed=-1, message=why)] * (n - len(results))
-        return bookie_pb2.ReadEntriesResponse(results=results)
+        self.read_batches += 1
+        if read_batch_refusal(ledger_id, ids, self._config.read_batch_entries_max) is None:
+            self.read_batch_entries += len(ids)
+        results = await read_entries(self._engine, self._config, ledger_id, ids, bool(request.flags & FLAG_FENCE),
+                                     request.master_key,
+                                     internal_error=lambda e: self._internal(e, "read_entries"))
+        return bookie_pb2.ReadEntriesResponse(results=[
+            _ReadEntryResult(status=status, entry=entry, last_add_confirmed=lac, message=message)
+            for status, entry, lac, message in results])
 
     async def ReadLac(self, request, context):
         try:
@@ -269,10 +218,11 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         return f"bookie internal error in {what}: {type(e).__name__}: {e}"
 
     def statistics(self) -> dict:
-        return {"add_requests": self.add_requests, "add_entries": self.add_entries,
-                "add_rejected_entries": self.add_rejected_entries, "streams_opened": self.streams_opened,
+        a = self._admission
+        return {"add_requests": a.requests, "add_entries": a.entries,
+                "add_rejected_entries": a.rejected_entries, "streams_opened": self.streams_opened,
                 "read_batches": self.read_batches, "read_batch_entries": self.read_batch_entries,
-                "streams_open": len(self._streams), "add_inflight_total": self._inflight_total}
+                "streams_open": len(self._streams), "add_inflight_total": a.inflight_total}
 
 
 class _FailedBatch:

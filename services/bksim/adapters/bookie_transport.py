@@ -45,6 +45,7 @@ from typing import Awaitable, Callable, Mapping, Sequence
 import grpc
 
 from bksim.adapters.bookie_client import FRAME_BYTES_MAX, AddStream, BookieUnavailable
+from bksim.bookie.requests import answered_count
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.metadata.paths import bookie_path
 from bksim.model.errors import BookieUnreachable, MetadataError, NoNodeError
@@ -63,7 +64,6 @@ _AddEntry = bookie_pb2.AddEntry
 _ReadEntryRequest = bookie_pb2.ReadEntryRequest
 _ReadLacRequest = bookie_pb2.ReadLacRequest
 _ReadEntriesRequest = bookie_pb2.ReadEntriesRequest
-_TOO_MANY = StatusCode.TOO_MANY_REQUESTS
 _ENTRY_OVERHEAD = 32  # protobuf bytes of one AddEntry besides its entry and master key (tags, lengths, flags)
 _REQUEST_OVERHEAD = 64  # protobuf bytes of an AddRequest besides its entries
 _OK = StatusCode.OK
@@ -342,16 +342,11 @@ class GrpcBookieTransport:
             if len(results) != len(ids):
                 raise BookieUnreachable(bookie, f"ReadEntries {ledger_id}: {len(results)} results for "
                                                 f"{len(ids)} entry ids")
-            progress = False
-            for x in results:
-                status = _status(x.status)
-                if status is _TOO_MANY and progress:
-                    break  # the answer was full from here on: ask again for the rest
-                progress = True
-                out.append((status, x.entry))
-            else:
-                continue
-            self.stats["read_batch_continuations"] += 1
+            statuses = [_status(x.status) for x in results]
+            answered = answered_count(statuses)  # the rest were left unread (the answer was full): ask again
+            out += [(statuses[i], results[i].entry) for i in range(answered)]
+            if answered < len(ids):
+                self.stats["read_batch_continuations"] += 1
         self.stats["read_batches"] += 1
         return out
 

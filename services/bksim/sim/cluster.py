@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Coroutine
 
 from bksim.bookie.engine import BookieEngine
+from bksim.bookie.requests import AddAdmission
 from bksim.metadata import paths
 from bksim.metadata.memory import InMemoryMetadataStore, SessionView
 from bksim.model.config import BookieConfig
@@ -71,6 +72,7 @@ class SimBookie:
         self.formats = 0  # how often the bookie was wiped and formatted
         self.limbo_ledger_id_max = -1  # the bound its last format recorded (bookie/cookie.py "Limbo")
         self.engine: BookieEngine | None = None
+        self.add_admission = AddAdmission(spec.config, spec.bookie_id)  # the add bounds of the current incarnation
         self.alive = False  # the engine is started and serving
         self.stopping = False
         self.session: SessionView | None = None  # the current incarnation's metadata session
@@ -103,6 +105,7 @@ class SimBookie:
     def _new_engine(self) -> BookieEngine:
         self.incarnation += 1
         n = self.incarnation
+        self.add_admission = AddAdmission(self.spec.config, self.bookie_id)
         disk = self.device.reopen()
         return BookieEngine(self.spec.config, disk=disk, clock=self._clock, open_kv=self.kv.open_kv,
                             instance_id=CLUSTER_INSTANCE_ID, journal_dir=JOURNAL_DIR, ledger_dir=LEDGER_DIR,

@@ -17,15 +17,19 @@ Invariants:
 
 SimBookieTransport implements ports.bookie_transport.BookieTransport for one client node: a call travels
 client -> bookie through the network, the bookie's real BookieEngine handles it (start_adds / read_entry /
-read_lac), the answer travels back bookie -> client. A read_entries call is one message each way: at the
-bookie it mirrors the gRPC server's ReadEntries (BAD_REQUEST for none or more than read_batch_entries_max
-ids; with fence the first id's read fences, and a fence it does not confirm gives every id its status; then
-engine.read_entry per id, in order); the observer sees each id's answer as a "read_entry". No answer within `timeout_ms` of virtual time (request
-or reply lost, a partition, a crashed bookie) raises BookieUnreachable; so does any call after close(). The
-bookie side mirrors the real gRPC server (adapters/bookie_server.py): an add batch is started in the engine
-when it arrives, and the answers of one client's add stream leave in request order, each once its batch is
-durable. A duplicated add request reaches the engine twice (two batches, two answers; the client takes the
-first). An answer computed by a bookie incarnation that has crashed since is never sent.
+read_lac), the answer travels back bookie -> client. The bookie side runs the gRPC server's rules from the
+same code (bookie/requests.py): a ReadEntries call is one message each way, answered by read_entries (batch
+bound, the fence once by the first id, a status per id, the frame_bytes_max budget), and the observer sees
+each id's answer as a "read_entry"; the client asks again for ids the bookie left unread (answered_count),
+as GrpcBookieTransport does. The add bounds are the bookie incarnation's AddAdmission (BookieHost
+.add_admission), one share per (client, bookie incarnation) add stream: a refused batch is answered
+TOO_MANY_REQUESTS without reaching the engine; an admitted one is started in the engine when it arrives.
+The answers of one client's add stream leave in request order, each once its batch is durable. A
+duplicated add request reaches the engine twice (two batches, two answers; the client takes the first). No
+answer within `timeout_ms` of virtual time (request or reply lost, a partition, a crashed bookie) raises
+BookieUnreachable; so does any call after close(). An answer computed by a bookie incarnation that has
+crashed since is never sent. An exception from the engine escapes the request handler (sim.cluster records
+it): the simulator reports engine bugs instead of answering them.
 
 Must not: read the wall clock, use threads, or draw randomness from anything but the rng it is given.
 """
@@ -38,8 +42,9 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Mapping, Protocol, Sequence
 
+from bksim.bookie.requests import AddAdmission, AddStreamAdmission, answered_count, read_entries
 from bksim.model.errors import BookieUnreachable
-from bksim.model.status import FENCE_CONFIRMED, StatusCode
+from bksim.model.status import StatusCode
 
 CALLS_INFLIGHT_MAX = 100_000  # unanswered calls of one transport: beyond it, a bug (calls never time out)
 
@@ -205,6 +210,7 @@ class BookieHost(Protocol):
     """What the transport needs of a simulated bookie process (sim.cluster.SimBookie)."""
     bookie_id: str
     incarnation: int
+    add_admission: AddAdmission  # the add bounds of the current incarnation
 
     def serving(self) -> Any:
         """The BookieEngine answering requests now, or None (crashed, starting, stopped)."""
@@ -234,6 +240,7 @@ class SimBookieTransport:
         self._calls: dict[int, asyncio.Future] = {}
         self._ids = itertools.count(1)
         self._stream_tails: dict[tuple[str, int], asyncio.Task] = {}  # (bookie, incarnation) -> last answer
+        self._add_streams: dict[str, tuple[int, AddStreamAdmission]] = {}  # bookie -> (incarnation, its share)
         self._closed = False
         self.stats = {"calls": 0, "timeouts": 0}
 
@@ -253,10 +260,15 @@ class SimBookieTransport:
 
     async def read_entries(self, bookie: str, ledger_id: int, entry_ids: Sequence[int], *, fence: bool = False,
                            master_key: bytes = b"") -> list[tuple[StatusCode, bytes]]:
-        ids = list(entry_ids)
-        what = f"read-batch{'+fence' if fence else ''} {ledger_id}:{ids[0] if ids else '-'} x{len(ids)}"
-        return await self._call(bookie, what, None, lambda host, call_id: self._serve_read_entries(
-            host, call_id, ledger_id, ids, fence, master_key))
+        n = len(entry_ids)
+        out: list[tuple[StatusCode, bytes]] = []
+        while len(out) < n:  # one call, plus one for the rest each time the bookie's answer was full
+            ids = list(entry_ids[len(out):])
+            what = f"read-batch{'+fence' if fence else ''} {ledger_id}:{ids[0]} x{len(ids)}"
+            results = await self._call(bookie, what, None, lambda host, call_id: self._serve_read_entries(
+                host, call_id, ledger_id, ids, fence, master_key))
+            out += results[:answered_count([status for status, _ in results])]
+        return out
 
     async def read_lac(self, bookie: str, ledger_id: int) -> tuple[StatusCode, int]:
         async def handle(engine) -> tuple:
@@ -267,6 +279,9 @@ class SimBookieTransport:
     async def close(self) -> None:
         """Later calls raise BookieUnreachable; calls waiting for an answer fail with it now."""
         self._closed = True
+        for _incarnation, admission in self._add_streams.values():
+            admission.close()
+        self._add_streams.clear()
         for call_id in sorted(self._calls):
             future = self._calls.pop(call_id)
             if not future.done():
@@ -320,21 +335,38 @@ class SimBookieTransport:
         engine = host.serving()
         if engine is None:
             return
-        batch = engine.start_adds(items)  # validation, cache, journal queueing: now, in arrival order
         incarnation = host.incarnation
+        admission = self._add_stream(host)
+        refused = admission.admit(len(items))
+        # validation, cache, journal queueing: now, in arrival order
+        batch = engine.start_adds(items) if refused is None else None
         key = (host.bookie_id, incarnation)
         previous = self._stream_tails.get(key)
 
         async def answer() -> None:
             if previous is not None and not previous.done():
                 await asyncio.wait([previous])  # answers of one stream leave in request order
-            statuses, _message = await batch.result()
+            if batch is None:
+                statuses = refused[0]
+            else:
+                statuses, _message = await batch.result()
+                admission.answered(len(items))
             if self._observe is not None and host.incarnation == incarnation and host.serving() is not None:
                 self._observe(host.bookie_id, incarnation, "add", tuple(items), statuses)
             self._reply(host, incarnation, call_id, statuses, ("answers", self.client_node))
             if self._stream_tails.get(key) is task:
                 del self._stream_tails[key]
         task = self._stream_tails[key] = host.spawn(answer(), f"{host.bookie_id} answer#{call_id}")
+
+    def _add_stream(self, host: BookieHost) -> AddStreamAdmission:
+        """This client's add stream to the bookie's current incarnation: its share of the add bounds (a new
+        incarnation is a new stream)."""
+        current = self._add_streams.get(host.bookie_id)
+        if current is None or current[0] != host.incarnation:
+            if current is not None:
+                current[1].close()
+            current = self._add_streams[host.bookie_id] = (host.incarnation, host.add_admission.open_stream())
+        return current[1]
 
     def _serve_read_entries(self, host: BookieHost, call_id: int, ledger_id: int, ids: list[int], fence: bool,
                             master_key: bytes) -> None:
@@ -348,20 +380,9 @@ class SimBookieTransport:
                 self._observe(host.bookie_id, incarnation, "read_entry", (ledger_id, entry_id, fenced), result)
 
         async def answer() -> None:
-            n = len(ids)
-            if n == 0 or n > engine.config.read_batch_entries_max or min(ids) < -1:
-                self._reply(host, incarnation, call_id, [(StatusCode.BAD_REQUEST, b"")] * max(n, 1), None)
-                return
-            out = []
-            for i, entry_id in enumerate(ids):
-                fenced = fence and i == 0  # the fence, once, before any entry is read
-                result = await engine.read_entry(ledger_id, entry_id, fence=fenced, master_key=master_key)
-                observe(entry_id, fenced, result)
-                if fenced and result[0] not in FENCE_CONFIRMED:
-                    out = [(result[0], b"")] * n
-                    break
-                out.append((result[0], result[1]))
-            self._reply(host, incarnation, call_id, out, None)
+            results = await read_entries(engine, engine.config, ledger_id, ids, fence, master_key, on_read=observe)
+            self._reply(host, incarnation, call_id, [(status, entry) for status, entry, _lac, _message in results],
+                        None)
         host.spawn(answer(), f"{host.bookie_id} answer#{call_id}")
 
     def _serve_unary(self, host: BookieHost, call_id: int, handle: Callable[[Any], Coroutine[Any, Any, Any]],
