@@ -13,10 +13,15 @@ Contract:
 - `read_entries` reads several entries of one ledger from ONE bookie in one call (one message each way):
   result i answers entry_ids[i] exactly as `read_entry` would, except that with `fence` the fence is applied
   once, before any entry is read (a fence that fails gives every entry its status). At most
-  READ_BATCH_ENTRIES_MAX ids per call (callers split longer lists). The transport asks again for entries a
-  bookie left unread because its answer was full (TOO_MANY_REQUESTS from the gRPC bookie), so a caller sees
-  TOO_MANY_REQUESTS only when no progress was possible. No answer at all raises BookieUnreachable: nothing is
-  known about any of the entries.
+  READ_BATCH_ENTRIES_MAX ids per call (callers split longer lists; no ids: an empty list, no call). The
+  transport asks again for entries a bookie left unread because its answer was full (TOO_MANY_REQUESTS:
+  bookie/requests.py), so a caller sees TOO_MANY_REQUESTS only when no progress was possible. No answer at
+  all raises BookieUnreachable: nothing is known about any of the entries.
+- A request a bookie refuses as overload (an add batch past its in-flight bounds) is answered
+  TOO_MANY_REQUESTS for every entry; nothing of it was stored.
+
+tests/bookie_transport_contract.py checks this contract on every implementation (the gRPC transport, the
+simulator's, and the unit tests' fake).
 """
 from __future__ import annotations
 

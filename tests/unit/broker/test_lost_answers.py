@@ -53,7 +53,7 @@ def test_a_read_call_cancelled_underneath_delivers_none_for_each_entry():
         fake = CancelledUnderneath(["b0", "b1"])
         fake.underneath.add("b1")
         got = []
-        outbox = ReadOutbox(fake, LEDGER, lambda *reply: got.append(reply))
+        outbox = ReadOutbox(fake, LEDGER, lambda *reply: got.append(reply), master_key=b"k" * 32)  # fences need it
         for i in (3, 4):
             outbox.read("b0", i, fence=True)
             outbox.read("b1", i, fence=True)
