@@ -12,8 +12,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from bksim.adapters.bookie_client import BookieClient, BookieUnavailable, SyncBookieClient
+from bksim.adapters.bookie_client import BookieClient, SyncBookieClient
 from bksim.formats.entry import encode_entry, master_key
+from bksim.model.errors import BookieUnreachable
 from bksim.model.status import StatusCode
 from integration.bookie_harness import KEY, BookieProcess, kazoo_client
 
@@ -101,7 +102,7 @@ def test_frame_over_limit_fails_only_that_stream(bookie):
             bystander = client.add_stream()
             assert (await bystander.add(0, [(entry(ledger, 0), KEY, 0)])).ok
             victim = client.add_stream()
-            with pytest.raises(BookieUnavailable) as failure:
+            with pytest.raises(BookieUnreachable) as failure:
                 await victim.add(0, too_big_frame)
             await victim.close()
             survived = await bystander.add(1, [(entry(ledger, 1), KEY, 0)])

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from bksim.adapters.bookie_client import BookieClient, BookieUnavailable
+from bksim.adapters.bookie_client import BookieClient
 from bksim.adapters.bookie_server import BookieServer
 from bksim.adapters.clock import SystemClock
 from bksim.formats.entry import encode_entry
 from bksim.model.config import BookieConfig
+from bksim.model.errors import BookieUnreachable
 from bksim.model.status import StatusCode
 from helpers import wait_until_async
 from integration.bookie_harness import KEY
@@ -138,7 +139,7 @@ def test_drain_answers_accepted_adds_and_refuses_new_streams():
             try:
                 await refused.add(1, batch(3, 10, 1))
                 refused_error = None
-            except BookieUnavailable as e:
+            except BookieUnreachable as e:
                 refused_error = e
             assert not pending.done()
             engine.gate.set()

@@ -42,3 +42,51 @@ def test_errors_carry_enum_members_and_keep_their_text() -> None:
 def test_errors_refuse_ok_and_unknown_statuses(make, status) -> None:
     with pytest.raises(ValueError):
         make(status)
+
+
+def _bksim_classes() -> dict[str, type]:
+    import importlib
+    import pkgutil
+
+    import bksim
+    found: dict[str, type] = {}
+    for m in pkgutil.walk_packages(bksim.__path__, "bksim."):
+        if m.name.startswith("bksim.gen"):
+            continue
+        for name, value in vars(importlib.import_module(m.name)).items():
+            if isinstance(value, type) and issubclass(value, BaseException) and value.__module__.startswith("bksim."):
+                found.setdefault(value.__name__, value)
+    return found
+
+
+def test_the_error_tree_in_model_errors_is_the_class_tree() -> None:
+    """Every class drawn in model/errors.py's docstring derives from the one drawn above it, and every
+    BksimError subclass of the package is drawn (or named among the command errors)."""
+    import re
+
+    from bksim.model import errors
+    from bksim.model.errors import BksimError, BookieUnreachable
+    from bksim.adapters.bookie_client import BookieUnavailable
+
+    classes = _bksim_classes()
+    doc = errors.__doc__
+    parents: list[tuple[int, str]] = []
+    drawn = set()
+    for line in doc.splitlines():
+        m = re.match(r"^ {4}([│ ]*)(?:[├└]── )?([A-Za-z]+(?: errors)?)\b", line)
+        if not m or not (line.strip().startswith(("BksimError", "├", "└", "│"))):
+            continue
+        if "──" not in line and not line.strip().startswith("BksimError"):
+            continue
+        depth, name = len(m.group(1)) // 4 + (1 if "──" in line else 0), m.group(2)
+        parents = parents[:depth]
+        if name in classes:
+            drawn.add(name)
+            parent = next((p for _, p in reversed(parents) if p in classes), None)
+            assert parent is None or issubclass(classes[name], classes[parent]), (name, parent)
+        parents.append((depth, name))
+    named = set(re.findall(r"\b([A-Z][A-Za-z]+Error)\b", doc[doc.index("command errors"):]))
+    missing = {n for n, c in classes.items() if issubclass(c, BksimError)} - drawn - named
+    assert not missing, f"BksimError subclasses not in the tree of model/errors.py: {sorted(missing)}"
+    assert {"TopicError", "ZooKeeperError", "ChaosError", "BookieUnreachable"} <= drawn
+    assert BookieUnavailable is BookieUnreachable

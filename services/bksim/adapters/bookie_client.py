@@ -2,7 +2,8 @@
 
 Owns: the channel (message size bounds), the pipelined AddEntries stream (`AddStream`: bounded window
 of unanswered requests, responses matched to requests in order), and the unary calls, each with a
-deadline. Transport failures raise `BookieUnavailable` (the outcome of unanswered adds is unknown);
+deadline. Transport failures raise `BookieUnreachable` (model/errors.py; `code` names the gRPC status; the
+outcome of unanswered adds is unknown);
 bookie answers come back as status codes, never as exceptions.
 
 `SyncBookieClient` wraps the same calls for scripts and tests that are not async.
@@ -19,7 +20,7 @@ import grpc
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.model.config import ADD_WINDOW_MAX  # default unanswered AddRequests per stream
 from bksim.model.config import FRAME_BYTES_MAX  # the bookie's default frame_bytes_max, what a client receives
-from bksim.model.errors import BksimError
+from bksim.model.errors import BookieUnreachable
 from bksim.model.status import FLAG_FENCE, StatusCode
 
 DEADLINE_S = 5.0  # default deadline of unary calls and of waiting for one add response
@@ -28,13 +29,7 @@ _AddRequest = bookie_pb2.AddRequest
 _AddEntry = bookie_pb2.AddEntry
 
 
-class BookieUnavailable(BksimError):
-    """The call did not get an answer from the bookie (connection, deadline, stream broken)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        self.code = code  # gRPC status code name, e.g. "UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"
-        self.message = message
-        super().__init__(f"{code}: {message}")
+BookieUnavailable = BookieUnreachable  # the name the bookie CLI and the benchmarks import
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +59,14 @@ class LacResult:
     message: str
 
 
-def _unavailable(e: grpc.aio.AioRpcError) -> BookieUnavailable:
-    return BookieUnavailable(e.code().name, e.details() or "")
+def _no_answer(bookie: str, code: str, message: str) -> BookieUnreachable:
+    """No answer from `bookie` ("" = not known here): `code` is the gRPC status code name ("UNAVAILABLE",
+    "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "CANCELLED", ...)."""
+    return BookieUnreachable(bookie, f"{code}: {message}", code=code)
+
+
+def _unavailable(bookie: str, e: grpc.aio.AioRpcError) -> BookieUnreachable:
+    return _no_answer(bookie, e.code().name, e.details() or "")
 
 
 def make_request(batch_id: int, entries: Sequence[tuple[bytes, bytes, int]]) -> bookie_pb2.AddRequest:
@@ -78,15 +79,17 @@ class AddStream:
     """One pipelined AddEntries stream: up to `window_max` requests may await their responses.
 
     `send(...)` waits for window room, sends, and returns a future of the AddResult; responses arrive in
-    request order. When the stream breaks every unanswered future fails with BookieUnavailable.
+    request order. When the stream breaks every unanswered future fails with BookieUnreachable (naming `bookie`).
     """
 
-    def __init__(self, stub: bookie_pb2_grpc.BookieStub, window_max: int, response_timeout_s: float) -> None:
+    def __init__(self, stub: bookie_pb2_grpc.BookieStub, window_max: int, response_timeout_s: float, *,
+                 bookie: str = "") -> None:
+        self._bookie = bookie
         self._window = asyncio.Semaphore(window_max)
         self._outbox: asyncio.Queue = asyncio.Queue(window_max + 1)  # +1: the end marker
         self._pending: collections.deque = collections.deque()
         self._response_timeout_s = response_timeout_s
-        self._error: BookieUnavailable | None = None
+        self._error: BookieUnreachable | None = None
         self._closed = False
         self._call = stub.AddEntries(self._requests())
         self._reader = asyncio.get_running_loop().create_task(self._read_responses())
@@ -113,14 +116,14 @@ class AddStream:
                 if not future.done():
                     future.set_result(AddResult(batch_id, list(response.statuses), response.message))
             if pending:
-                error = BookieUnavailable("UNAVAILABLE", f"the bookie ended the stream with {len(pending)} "
-                                          f"request(s) unanswered (outcome unknown)")
+                error = _no_answer(self._bookie, "UNAVAILABLE", f"the bookie ended the stream with "
+                                   f"{len(pending)} request(s) unanswered (outcome unknown)")
         except grpc.aio.AioRpcError as e:
-            error = _unavailable(e)
+            error = _unavailable(self._bookie, e)
         except asyncio.CancelledError:
-            error = BookieUnavailable("CANCELLED", "the add stream was closed by the client")
+            error = _no_answer(self._bookie, "CANCELLED", "the add stream was closed by the client")
         finally:
-            error = error or BookieUnavailable("UNAVAILABLE", "the add stream is closed")
+            error = error or _no_answer(self._bookie, "UNAVAILABLE", "the add stream is closed")
             self._error = error
             while pending:
                 _, future = pending.popleft()
@@ -130,7 +133,7 @@ class AddStream:
                     future.exception()  # retrieved: `stream.error` reports it; callers may stop awaiting
 
     @property
-    def error(self) -> BookieUnavailable | None:
+    def error(self) -> BookieUnreachable | None:
         return self._error
 
     async def send_request(self, request: bookie_pb2.AddRequest) -> asyncio.Future:
@@ -138,7 +141,7 @@ class AddStream:
         if self._error is not None:
             raise self._error
         if self._closed:
-            raise BookieUnavailable("CANCELLED", "the add stream is closing")
+            raise _no_answer(self._bookie, "CANCELLED", "the add stream is closing")
         await self._window.acquire()
         if self._error is not None:
             self._window.release()
@@ -164,7 +167,7 @@ class AddStream:
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
         except TimeoutError:
-            raise BookieUnavailable("DEADLINE_EXCEEDED", f"no add response within {timeout:.1f}s") from None
+            raise _no_answer(self._bookie, "DEADLINE_EXCEEDED", f"no add response within {timeout:.1f}s") from None
 
     async def close(self, timeout_s: float = DEADLINE_S) -> None:
         """Half-close, wait (bounded) for the answers still due, then end the call."""
@@ -210,11 +213,12 @@ class BookieClient:
         try:
             await asyncio.wait_for(self._channel.channel_ready(), timeout_s)
         except TimeoutError:
-            raise BookieUnavailable("UNAVAILABLE", f"bookie {self.address} not reachable within {timeout_s:.1f}s") from None
+            raise _no_answer(self.address, "UNAVAILABLE", f"not reachable within {timeout_s:.1f}s") from None
 
     def add_stream(self, window_max: int = ADD_WINDOW_MAX, response_timeout_s: float | None = None) -> AddStream:
         """Open a pipelined AddEntries stream (must be called from a running event loop)."""
-        return AddStream(self._stub, window_max, self.deadline_s if response_timeout_s is None else response_timeout_s)
+        return AddStream(self._stub, window_max, self.deadline_s if response_timeout_s is None else response_timeout_s,
+                         bookie=self.address)
 
     async def read_entry(self, ledger_id: int, entry_id: int, fence: bool = False, master_key: bytes = b"",
                          deadline_s: float | None = None) -> ReadResult:
@@ -223,7 +227,7 @@ class BookieClient:
         try:
             r = await self._stub.ReadEntry(request, timeout=deadline_s or self.deadline_s)
         except grpc.aio.AioRpcError as e:
-            raise _unavailable(e) from None
+            raise _unavailable(self.address, e) from None
         return ReadResult(StatusCode(r.status), r.entry, r.last_add_confirmed, r.message)
 
     async def read_entries(self, ledger_id: int, entry_ids: Sequence[int], fence: bool = False,
@@ -234,7 +238,7 @@ class BookieClient:
         try:
             r = await self._stub.ReadEntries(request, timeout=deadline_s or self.deadline_s)
         except grpc.aio.AioRpcError as e:
-            raise _unavailable(e) from None
+            raise _unavailable(self.address, e) from None
         return [ReadResult(StatusCode(x.status), x.entry, x.last_add_confirmed, x.message) for x in r.results]
 
     async def read_lac(self, ledger_id: int, deadline_s: float | None = None) -> LacResult:
@@ -242,7 +246,7 @@ class BookieClient:
             r = await self._stub.ReadLac(bookie_pb2.ReadLacRequest(ledger_id=ledger_id),
                                          timeout=deadline_s or self.deadline_s)
         except grpc.aio.AioRpcError as e:
-            raise _unavailable(e) from None
+            raise _unavailable(self.address, e) from None
         return LacResult(StatusCode(r.status), r.last_add_confirmed, r.last_entry_id, r.message)
 
     async def write_lac(self, ledger_id: int, last_add_confirmed: int, master_key: bytes,
@@ -252,7 +256,7 @@ class BookieClient:
         try:
             r = await self._stub.WriteLac(request, timeout=deadline_s or self.deadline_s)
         except grpc.aio.AioRpcError as e:
-            raise _unavailable(e) from None
+            raise _unavailable(self.address, e) from None
         return StatusCode(r.status), r.message
 
     async def info(self, deadline_s: float | None = None) -> dict:
@@ -261,7 +265,7 @@ class BookieClient:
             r = await self._stub.GetBookieInfo(bookie_pb2.GetBookieInfoRequest(),
                                                timeout=deadline_s or self.deadline_s)
         except grpc.aio.AioRpcError as e:
-            raise _unavailable(e) from None
+            raise _unavailable(self.address, e) from None
         return {"bookie_id": r.bookie_id, "state": r.state, "free_bytes": r.free_bytes,
                 "total_bytes": r.total_bytes, "instance_id": r.instance_id}
 
@@ -273,7 +277,7 @@ class BookieClient:
             r = await health_pb2_grpc.HealthStub(self._channel).Check(
                 health_pb2.HealthCheckRequest(service=service), timeout=deadline_s or self.deadline_s)
         except grpc.aio.AioRpcError as e:
-            raise _unavailable(e) from None
+            raise _unavailable(self.address, e) from None
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
 
 

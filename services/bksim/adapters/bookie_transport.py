@@ -44,7 +44,7 @@ from typing import Awaitable, Callable, Mapping, Sequence
 
 import grpc
 
-from bksim.adapters.bookie_client import FRAME_BYTES_MAX, AddStream, BookieUnavailable
+from bksim.adapters.bookie_client import FRAME_BYTES_MAX, AddStream
 from bksim.bookie.requests import answered_count
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.metadata.paths import bookie_path
@@ -265,7 +265,7 @@ class GrpcBookieTransport:
                 if stream.answered == answered_before:
                     self._break(bookie, s, why + ", and no answer arrived meanwhile")
             raise BookieUnreachable(bookie, why) from None
-        except BookieUnavailable as e:
+        except BookieUnreachable as e:  # from the stream, which names no bookie: `e` is the gRPC code and why
             why = s.why or f"add stream broken: {e}"
             self._failed(bookie, e.code, s, s.channel)
             raise BookieUnreachable(bookie, why) from None

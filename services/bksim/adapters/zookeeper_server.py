@@ -16,6 +16,7 @@ import shutil
 import time
 
 from bksim.adapters import processes
+from bksim.model.errors import BksimError
 
 JAVA_DIR = "/usr/share/java"
 ZOOKEEPER_JAR = f"{JAVA_DIR}/zookeeper.jar"
@@ -24,7 +25,7 @@ MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 FOUR_LETTER_WORDS = "ruok,srvr,stat,mntr,envi,conf,cons"  # `envi` is needed by KazooClient.server_version()
 
 
-class ZooKeeperError(RuntimeError):
+class ZooKeeperError(BksimError):
     """ZooKeeper could not be started or did not become ready (the message carries its log tail)."""
 
 

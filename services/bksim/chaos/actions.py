@@ -33,6 +33,7 @@ from bksim.chaos.proxy import TcpProxy
 from bksim.chaos.scenarios import Step, StepAction, StepTarget
 from bksim.chaos.workload import TOPIC, LedgerWriter, Recorder, TopicWorkload
 from bksim.ledger.quorum import write_set_indexes
+from bksim.model.errors import BksimError
 
 REFUSAL_TIMEOUT_S = 30.0  # a bookie started on wiped directories must exit within this
 FENCED_TIMEOUT_S = 30.0  # a resumed broker must answer NOT_OWNER for the topic within this
@@ -44,7 +45,7 @@ FORMAT_TIMEOUT_S = 60.0
 HEAL_TIMEOUT_S = 60.0
 
 
-class ChaosError(RuntimeError):
+class ChaosError(BksimError):
     """A run could not be carried out (not a violation: the cluster could not start, a step failed)."""
 
 

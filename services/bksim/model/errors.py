@@ -1,11 +1,17 @@
-"""The error tree.
+"""The error tree: every operating error is a BksimError, drawn here once (classes defined in other modules
+name their module; a module raises only the errors of its own layer or below).
 
     BksimError                      operating errors: expected, handled, reported with a clear message
     ├── ConfigError                 a configuration value is missing, malformed or out of range
     ├── BookieError(status)         an operation answered with a non-OK StatusCode (PROTOCOL.md §2.1)
+    ├── BookieUnreachable(bookie, why, code)  no answer from a bookie (refused, broken, deadline, closed):
+    │                               the outcome of an unanswered add is unknown; `code` is the gRPC code
+    │                               name when a gRPC call failed (adapters/bookie_client.py raises it too)
     ├── FormatError                 bytes that do not parse (bad magic, short record, bad CRC)
     │   ├── JournalCorruptError     journal damage that is not a torn tail: the bookie refuses to start
-    │   └── MetadataFormatError     ledger metadata bytes that are not JSON of a known format_version
+    │   ├── MetadataFormatError     ledger metadata bytes that are not JSON of a known format_version
+    │   └── CodecError              a cursor znode or cursor-ledger entry that does not decode
+    │                               (topics/cursor_codec.py)
     ├── CookieError                 directories and ZooKeeper disagree on the bookie's identity
     ├── MetadataError(path)         the metadata store (ZooKeeper, or the in-memory twin) refused an operation
     │   ├── NoNodeError             the node does not exist (for create: its parent does not)
@@ -17,10 +23,48 @@
     │   ├── SessionExpiredError     the session of the caller is gone: its ephemeral nodes were deleted and
     │   │                           every later call through it fails; open a new session
     │   └── ConnectionLossError     no answer in time: the outcome of a write is UNKNOWN (re-read first)
-    └── LedgerStateError            a ledger metadata transition the current state forbids (e.g. closing a
-                                    ledger that is CLOSED with other values)
+    ├── LedgerStateError            a ledger metadata transition the current state forbids (e.g. closing a
+    │                               ledger that is CLOSED with other values)
+    ├── QuorumError                 quorum sizes that break E >= Qw >= Qa >= 1 (ledger/quorum.py)
+    ├── WriterError                 an event the ledger writer cannot take in its state (ledger/writer.py)
+    ├── ManagedLedgerStateError     a managed-ledger state move its transition table does not list
+    │                               (topics/managed_ledger.py)
+    ├── LedgerError(status)         a ledger operation failed: a LedgerStatus (model/status.py,
+    │                               proto/broker.proto) a client can act on
+    ├── TopicError(status)          a topic operation failed: a TopicStatus (proto/topic.proto), with the
+    │                               owner's address for NOT_OWNER (topics/errors.py)
+    ├── BrokerCallError(status, grpc_code)  a call to a broker failed: the LedgerStatus or TopicStatus name of
+    │                               its answer, or the gRPC code when it did not answer
+    │                               (adapters/broker_client.py)
+    ├── ClientError(status)         a topic client call failed: a TopicStatus (client/errors.py)
+    ├── RegistrationError           ZooKeeper unreachable, or it refused a bookie's registration
+    │                               (adapters/registration.py)
+    ├── ZooKeeperError              the ZooKeeper server did not start or become ready
+    │                               (adapters/zookeeper_server.py)
+    ├── ClusterError                a local cluster process did not start, become ready or stop
+    │                               (adapters/local_cluster.py)
+    ├── SimulationError             the simulated world used in a way it does not support (sim/loop.py)
+    │   ├── SimThreadsRefused       run_in_executor or asyncio.to_thread under the simulator
+    │   ├── SimDeadlock             no runnable task and no timer while tasks wait
+    │   └── SimLivelock             tasks spin without virtual time moving
+    ├── AuditInputError             audit input that cannot be used: a missing path, an unreadable
+    │                               snapshot, files whose bookie cannot be told (audit/snapshot.py)
+    ├── ChaosError                  a chaos run that cannot go on (chaos/actions.py)
+    └── command errors              a CLI command refused its arguments or could not finish:
+                                    LedgerCommandError (cli/ledger_cmd.py), TopicCommandError
+                                    (cli/topic_cmd.py), ComposeError (cli/compose_cmd.py),
+                                    BookieFormatError (`bksim bookie format` refused, nothing changed:
+                                    adapters/bookie_cookies.py)
 
-Bugs (a broken invariant) are not in this tree: they are ``assert`` statements and crash loudly.
+Servers map LedgerError and TopicError to gRPC codes with one table each (adapters/broker_client.py
+GRPC_CODE_NAME, adapters/topic_server.py TOPIC_GRPC_CODE_NAME); the status name travels in the
+"bksim-status" trailer.
+
+Bugs (a broken invariant) are not in this tree: they are ``assert`` statements and InvariantError
+(model/invariants.py, an AssertionError raised by the state machines' check_invariants()), and crash
+loudly. Outside the tree too: the simulator's InvariantViolation (sim/bookie_checks.py: a finding about the
+code under simulation, reported by the scenario) and the simulated disk's ProcessCrashed (sim/disk.py: an
+OSError, because to the engine a crash looks like failing I/O).
 """
 from __future__ import annotations
 
