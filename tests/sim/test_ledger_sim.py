@@ -15,7 +15,7 @@ from bksim.bookie import engine as engine_mod
 from bksim.broker import driver as driver_mod
 from bksim.broker import recovery as broker_recovery_mod
 from bksim.ledger import recovery as recovery_mod
-from bksim.ledger.writer import LedgerWriter
+from bksim.ledger.writer import LedgerWriter, WriterState
 from bksim.metadata import ledger_metadata
 from bksim.metadata.paths import ledger_path
 from bksim.model.status import StatusCode
@@ -142,6 +142,27 @@ def test_a_writer_that_acknowledges_below_the_ack_quorum_is_caught(monkeypatch):
     seed, violation = _first_violation()
     assert violation is not None, f"no seed of {BROKEN_SEEDS_MAX} caught a writer acknowledging below Qa"
     assert violation.invariant == "AllCommittedEntriesReachAckQuorum", (seed, violation)
+
+
+def test_a_writer_that_holds_back_a_complete_entry_is_caught_by_its_own_invariants(monkeypatch):
+    """The world checks every live writer's check_invariants() after each loop step: a complete head that is not
+    acknowledged is named at once (AcknowledgeAtQuorum), long before a stalled writer would show as a liveness
+    failure."""
+    original = LedgerWriter.on_add_results
+
+    def results_recorded_not_acknowledged(self, bookie, entry_ids, statuses, writable_bookies=()):
+        if self.state is not WriterState.WRITING or not all(s is StatusCode.OK for s in statuses):
+            return original(self, bookie, entry_ids, statuses, writable_bookies)
+        self.events += 1  # BROKEN: the fast path records the acks and never acknowledges
+        for entry_id in entry_ids:
+            pending, index = self._pending.get(entry_id), self._index_of(bookie, entry_id)
+            if pending is not None and index is not None:
+                pending.acked.add(index)
+        return []
+    monkeypatch.setattr(LedgerWriter, "on_add_results", results_recorded_not_acknowledged)
+    seed, violation = _first_violation(5)
+    assert violation is not None and violation.invariant == "AcknowledgeAtQuorum", (seed, violation)
+    assert "writer" in violation.detail and "acks" in violation.detail
 
 
 def test_a_blind_metadata_write_is_caught(monkeypatch):

@@ -150,6 +150,7 @@ class LedgerRecovery:
         self._blocked = False  # some entry of the window is absent or unknown: no read beyond it is useful
         self.writer: LedgerWriter | None = None
         self._phase_seen = self.phase  # at the last check_invariants()
+        self.events = 0  # events taken so far (the write-back writer counts its own): a checker re-checks after one
 
     # -- invariants --------------------------------------------------------------------------------------
     def check_invariants(self) -> None:
@@ -221,11 +222,13 @@ class LedgerRecovery:
     # -- events ------------------------------------------------------------------------------------------
     def start_recovery(self) -> list[Command | ReadEntry | RecoveryFailed]:
         """Step 2: fence every bookie of the last segment."""
+        self.events += 1
         return [ReadEntry(b, -1, fence=True) for b in self.segments[-1][1]]
 
     def on_read_result(self, bookie: str, entry_id: int, status: StatusCode | None,
                        entry: bytes = b"") -> list[Command | ReadEntry | RecoveryFailed]:
         """A bookie answered a ReadEntry (status None = timeout)."""
+        self.events += 1
         if self.phase is RecoveryPhase.FENCING and entry_id == -1:
             return self._on_fence_reply(bookie, status, entry)
         if self.phase is RecoveryPhase.READING and entry_id in self._reads:
@@ -352,9 +355,11 @@ class LedgerRecovery:
 
     def forward(self, commands: list) -> list:
         """Pass the result of a writer event (on_add_result, on_ensemble_changed, ...) through recovery."""
+        self.events += 1
         return self._through_writer(commands)
 
     def on_closed(self) -> list:
+        self.events += 1
         if self.writer is None:
             raise BksimError(f"ledger {self.ledger_id}: on_closed in phase {self.phase.value}")
         self.writer.on_closed()

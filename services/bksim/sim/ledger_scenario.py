@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from bksim.broker.handle import LedgerHandle
 from bksim.broker.ledgers import LedgerService
+from bksim.ledger.recovery import LedgerRecovery
 from bksim.ledger.writer import LedgerWriter
 from bksim.metadata.ledger_metadata import LedgerState
 from bksim.metadata.memory import SessionView
@@ -150,7 +151,8 @@ class LedgerWorld:
         self._fault_tasks: set[asyncio.Task] = set()
         self._timers: list[asyncio.TimerHandle] = []
         self._violated = asyncio.Event()
-        self._writer_events: dict[LedgerWriter, int] = {}  # writer -> its events at its last invariant check
+        # writer or recovery -> its events at its last invariant check
+        self._machine_events: dict[LedgerWriter | LedgerRecovery, object] = {}
         self._liveness = False
         self.violation: InvariantViolation | None = None
         self.error = ""
@@ -187,23 +189,26 @@ class LedgerWorld:
                 raise InvariantViolation("StorageFailsOnlyUnderFaults", bookie.storage_failures[0])
 
     def _check_machines(self) -> None:
-        """After every loop step: the invariants of every live writer that took an event since its last check,
-        and of every running recovery (the first broken one is the run's violation; nothing is checked after
-        it)."""
+        """After every loop step: the invariants of every live writer and running recovery that took an event
+        since its last check (the first broken one is the run's violation; nothing is checked after it)."""
         if self.violation is not None:
             return
-        checked = self._writer_events
+        checked = self._machine_events
         try:
             for broker in self.brokers.values():
                 if not broker.alive:
                     continue
-                for handle in broker.service.open_handles:
+                service = broker.service
+                for handle in service.open_handles:
                     writer = handle.writer
                     if checked.get(writer) != writer.events:
                         writer.check_invariants()
                         checked[writer] = writer.events
-                for recovery in broker.service.running_recoveries:
-                    recovery.check_invariants()
+                for recovery in service.running_recoveries:
+                    events = (recovery.events, recovery.writer.events if recovery.writer is not None else -1)
+                    if checked.get(recovery) != events:
+                        recovery.check_invariants()
+                        checked[recovery] = events
         except InvariantError as e:
             self._fail(InvariantViolation(e.invariant, f"{broker.label}: {e}"))
 
