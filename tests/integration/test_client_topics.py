@@ -11,6 +11,7 @@ import pytest
 
 from bksim.client import Client, ClientError, InitialPosition, MessageId, SubscriptionType
 from bksim.formats.murmur3 import murmur3_32
+from bksim.model.status import TopicStatus
 
 BOOKIES = 3
 RECEIVE_MS = 10_000
@@ -63,7 +64,7 @@ def test_admin_round_trip(client, ns):
     assert owner["address"] in [b for b in client.addresses]
     with pytest.raises(ClientError) as e:
         client.create_topic(topic)
-    assert e.value.status == "ALREADY_EXISTS"
+    assert e.value.status is TopicStatus.ALREADY_EXISTS
     assert client.delete_topic(topic)["partitions"] == 2
     assert topic not in client.list_topics(ns)
 
@@ -85,7 +86,7 @@ def test_produce_consume_batches_in_order(client, ns):
     assert sorted(mid for _, mid in ids) == [m.message_id() for m in got]
     with pytest.raises(ClientError) as e:
         consumer.receive(300)
-    assert e.value.status == "TIMEOUT"
+    assert e.value.status is TopicStatus.TIMEOUT
 
 
 def test_batch_index_acks_survive_resubscribe(client, ns):
@@ -133,14 +134,14 @@ def test_exclusive_busy_and_cumulative_rules(client, ns):
     ex = client.subscribe(topic, "ex", initial_position=InitialPosition.Earliest)
     with pytest.raises(ClientError) as e:
         client.subscribe(topic, "ex")
-    assert e.value.status == "CONSUMER_BUSY" and e.value.from_broker
+    assert e.value.status is TopicStatus.CONSUMER_BUSY and e.value.from_broker
     msgs = _drain(ex, 3, ack=False)
     ex.acknowledge_cumulative(msgs[1])
     shared = client.subscribe(topic, "sh", SubscriptionType.Shared, initial_position=InitialPosition.Earliest)
     m = shared.receive(RECEIVE_MS)
     with pytest.raises(ClientError) as e:
         shared.acknowledge_cumulative(m)
-    assert e.value.status == "NOT_ALLOWED" and "cumulative" in e.value.message
+    assert e.value.status is TopicStatus.NOT_ALLOWED and "cumulative" in e.value.message
     ex.close()
     again = client.subscribe(topic, "ex")
     assert again.receive(RECEIVE_MS).data() == b"2"  # 0 and 1 were acknowledged cumulatively
@@ -193,18 +194,19 @@ def test_bad_input_is_refused_clearly(client, ns):
     client.create_topic(topic)
     with pytest.raises(ClientError) as e:
         client.create_producer(f"persistent://{ns}/missing")
-    assert e.value.status == "TOPIC_NOT_FOUND" and "missing" in e.value.message
+    assert e.value.status is TopicStatus.TOPIC_NOT_FOUND and "missing" in e.value.message
     with pytest.raises(ClientError) as e:
         client.subscribe("persistent://nobody/nothing/x", "s")
-    assert e.value.status in ("NAMESPACE_NOT_FOUND", "TENANT_NOT_FOUND", "TOPIC_NOT_FOUND")
+    assert e.value.status in (TopicStatus.NAMESPACE_NOT_FOUND, TopicStatus.TENANT_NOT_FOUND,
+                              TopicStatus.TOPIC_NOT_FOUND)
     consumer = client.subscribe(topic, "s")
     with pytest.raises(ClientError) as e:
         consumer.acknowledge(MessageId(999_999, 0, -1, -1))
-    assert e.value.status == "INVALID_ACK" and e.value.from_broker
+    assert e.value.status is TopicStatus.INVALID_ACK and e.value.from_broker
     producer = client.create_producer(topic, max_message_bytes=10 * MESSAGE_BYTES_MAX)
     with pytest.raises(ClientError) as e:
         producer.send(b"x" * (2 * MESSAGE_BYTES_MAX))
-    assert e.value.status == "MESSAGE_TOO_LARGE" and e.value.from_broker
+    assert e.value.status is TopicStatus.MESSAGE_TOO_LARGE and e.value.from_broker
     assert producer.send(b"small").entry >= 0  # the producer goes on
     assert consumer.receive(RECEIVE_MS).data() == b"small"
 
@@ -222,7 +224,7 @@ def test_too_many_pending_is_refused_and_nothing_accepted_is_lost(client, ns):
         except ClientError as e:
             refused.append(e)
     producer.flush()
-    assert refused and all(e.status == "TOO_MANY_REQUESTS" and "max_pending_messages=5" in e.message
+    assert refused and all(e.status is TopicStatus.TOO_MANY_REQUESTS and "max_pending_messages=5" in e.message
                            for e in refused)
     assert [m.data() for m in _drain(consumer, len(accepted))] == accepted
     with pytest.raises(ClientError):

@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from bksim.client import Client, ClientError, InitialPosition, SubscriptionType
+from bksim.model.status import TopicStatus
 from helpers import wait_until
 from integration.bookie_harness import SESSION_TIMEOUT_MS
 
@@ -152,7 +153,7 @@ def test_clean_restart_redelivers_nothing_acknowledged_holes_included(cluster, c
     assert redelivered == {m.data() for m in got} - acked
     with pytest.raises(ClientError) as info:  # and nothing else comes
         again.receive(2_000)
-    assert info.value.status == "TIMEOUT"
+    assert info.value.status is TopicStatus.TIMEOUT
     again.close()
 
 

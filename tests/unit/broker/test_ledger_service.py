@@ -14,6 +14,7 @@ from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig
 from bksim.model.errors import LedgerError
+from bksim.model.status import LedgerStatus
 from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies, FakeClock
 
@@ -60,10 +61,10 @@ def test_bad_quorums_and_not_enough_bookies():
         for e, qw, qa in ((2, 3, 2), (3, 2, 3), (0, 0, 0), (3, 3, 0)):
             with pytest.raises(LedgerError) as info:
                 await svc.create_ledger(e, qw, qa, password=PW)
-            assert info.value.status == "BAD_REQUEST"
+            assert info.value.status is LedgerStatus.BAD_REQUEST
         with pytest.raises(LedgerError) as info:
             await svc.create_ledger(6, 3, 2, password=PW)
-        assert info.value.status == "NOT_ENOUGH_BOOKIES"
+        assert info.value.status is LedgerStatus.NOT_ENOUGH_BOOKIES
         assert await svc.list_ledgers() == []  # nothing half-created
     run(main())
 
@@ -97,13 +98,13 @@ def test_recovery_by_another_broker_fences_the_writer():
         later = h.append(b"late")
         with pytest.raises(LedgerError) as info:
             await later
-        assert info.value.status == "FENCED"
+        assert info.value.status is LedgerStatus.FENCED
         with pytest.raises(LedgerError) as info:
             h.append(b"later still")
-        assert info.value.status == "FENCED"
+        assert info.value.status is LedgerStatus.FENCED
         with pytest.raises(LedgerError) as info:
             a.writer_of(h.ledger_id)  # a new Append stream to A hears why, not "not the writer"
-        assert info.value.status == "FENCED"
+        assert info.value.status is LedgerStatus.FENCED
         # a second recovery returns the same end (idempotent)
         again = await a.open_ledger(h.ledger_id, password=PW, recover=True)
         assert (again.last_entry_id, again.length) == (md.last_entry_id, md.length)
@@ -143,20 +144,20 @@ def test_bad_input_is_refused_precisely():
             assert info.value.status == status
         with pytest.raises(LedgerError) as info:
             [e async for e in a.read_entries(h.ledger_id, 0, 5, password=PW)]
-        assert info.value.status == "READ_BEYOND_LAC"
+        assert info.value.status is LedgerStatus.READ_BEYOND_LAC
         with pytest.raises(LedgerError) as info:
             h.append(b"x" * (a.config.payload_bytes_max + 1))
-        assert info.value.status == "BAD_REQUEST"
+        assert info.value.status is LedgerStatus.BAD_REQUEST
         with pytest.raises(LedgerError) as info:
             b.writer_of(h.ledger_id)
-        assert info.value.status == "NOT_WRITER"
+        assert info.value.status is LedgerStatus.NOT_WRITER
         await a.close_ledger(h.ledger_id, PW)
         with pytest.raises(LedgerError) as info:
             h.append(b"after close")
-        assert info.value.status == "LEDGER_CLOSED"
+        assert info.value.status is LedgerStatus.LEDGER_CLOSED
         with pytest.raises(LedgerError) as info:
             a.writer_of(h.ledger_id)
-        assert info.value.status == "LEDGER_CLOSED"
+        assert info.value.status is LedgerStatus.LEDGER_CLOSED
         assert (await a.close_ledger(h.ledger_id, PW)).last_entry_id == 0  # closing again: same end
     run(main())
 
@@ -194,7 +195,7 @@ def test_read_fails_over_to_the_next_replica_and_reports_unreadable_entries():
             fake[b].entries.get(h.ledger_id, {}).pop(2, None)
         with pytest.raises(LedgerError) as info:
             [e async for e in svc.read_entries(h.ledger_id, 0, 4, password=PW)]
-        assert info.value.status == "READ_FAILED"
+        assert info.value.status is LedgerStatus.READ_FAILED
     run(main())
 
 
@@ -205,7 +206,7 @@ def test_the_writer_broker_checks_the_password_too():
         await h.append(b"x")
         with pytest.raises(LedgerError) as info:
             await svc.read_lac(h.ledger_id, password=b"wrong")
-        assert info.value.status == "UNAUTHORIZED"
+        assert info.value.status is LedgerStatus.UNAUTHORIZED
         assert await svc.read_lac(h.ledger_id, password=PW) == 0
     run(main())
 
@@ -217,10 +218,10 @@ def test_a_wrong_password_is_unauthorized_even_for_an_ended_ledger():
         await svc.close_ledger(h.ledger_id, PW)
         with pytest.raises(LedgerError) as info:
             svc.writer_of(h.ledger_id, b"wrong")
-        assert info.value.status == "UNAUTHORIZED"
+        assert info.value.status is LedgerStatus.UNAUTHORIZED
         with pytest.raises(LedgerError) as info:
             svc.writer_of(h.ledger_id, PW)
-        assert info.value.status == "LEDGER_CLOSED"
+        assert info.value.status is LedgerStatus.LEDGER_CLOSED
     run(main())
 
 
@@ -237,7 +238,7 @@ def test_append_calls_hear_the_precise_reason():
         await a.close_ledger(h.ledger_id, PW)
         with pytest.raises(LedgerError) as info:
             await b.appender(h.ledger_id, PW)
-        assert info.value.status == "LEDGER_CLOSED"
+        assert info.value.status is LedgerStatus.LEDGER_CLOSED
     run(main())
 
 
@@ -277,7 +278,7 @@ def test_an_append_while_the_close_waits_for_pending_adds_is_ledger_closed():
                                message="the add at both bookies of its write set")
         with pytest.raises(LedgerError) as info:
             h.append(b"too late")
-        assert info.value.status == "LEDGER_CLOSED"
+        assert info.value.status is LedgerStatus.LEDGER_CLOSED
         gate.set()
         assert await pending == 0
         assert (await closing).last_entry_id == 0

@@ -18,7 +18,7 @@ import pytest
 from bksim.broker.reader import ReadOutbox, read_lac
 from bksim.metadata.ledger_metadata import LedgerState
 from bksim.model.errors import LedgerError
-from bksim.model.status import StatusCode
+from bksim.model.status import LedgerStatus, StatusCode
 from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies
 from tests.unit.broker.test_ledger_service import PW, world
@@ -94,7 +94,8 @@ def test_read_lac_counts_a_call_cancelled_underneath_as_unanswered():
         fake.underneath.add("b1")  # now no coverage: an error, not a hang
         with pytest.raises(LedgerError) as info:
             await asyncio.wait_for(read_lac(fake, h.ledger_id, md), WAIT_S)
-        assert info.value.status == "READ_FAILED" and "b1" in info.value.message and "b2" in info.value.message
+        assert info.value.status is LedgerStatus.READ_FAILED
+        assert "b1" in info.value.message and "b2" in info.value.message
     run(main())
 
 

@@ -5,6 +5,7 @@ import pytest
 
 from bksim.client import Client, ClientError
 from bksim.client.core import parse_service_url
+from bksim.model.status import TopicStatus
 from tests.unit.client.conftest import TOPIC
 
 
@@ -42,7 +43,7 @@ def test_no_broker_answers(fake):
     with Client("127.0.0.1:1", operation_timeout_ms=1_000) as c:
         with pytest.raises(ClientError) as e:
             c.list_tenants()
-    assert e.value.status == "SERVICE_UNAVAILABLE" and not e.value.from_broker
+    assert e.value.status is TopicStatus.SERVICE_UNAVAILABLE and not e.value.from_broker
 
 
 def test_service_url_forms():
@@ -50,7 +51,7 @@ def test_service_url_forms():
     assert parse_service_url(["a:1", "a:1"]) == ["a:1"]
     with pytest.raises(ClientError) as e:
         parse_service_url("nohost")
-    assert e.value.status == "BAD_REQUEST"
+    assert e.value.status is TopicStatus.BAD_REQUEST
 
 
 def test_closed_client_refuses(fake):

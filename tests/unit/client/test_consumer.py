@@ -6,6 +6,7 @@ import pytest
 
 from bksim.client import ClientError, InitialPosition, MessageId, SubscriptionType
 from bksim.formats.message import Message as Stored
+from bksim.model.status import TopicStatus
 from helpers import wait_until
 from tests.unit.client.conftest import TOPIC
 from tests.unit.client.fake_topics import LEDGER
@@ -43,7 +44,7 @@ def test_receive_timeout_is_a_clear_error(fake, client):
     consumer = _sub(client)
     with pytest.raises(ClientError) as e:
         consumer.receive(50)
-    assert e.value.status == "TIMEOUT" and "within 50 ms" in e.value.message
+    assert e.value.status is TopicStatus.TIMEOUT and "within 50 ms" in e.value.message
 
 
 def test_permits_granted_then_refilled_at_half_the_queue(fake, client):
@@ -92,7 +93,7 @@ def test_ack_of_an_unknown_id_gets_the_brokers_error(fake, client):
     consumer = _sub(client)
     with pytest.raises(ClientError) as e:
         consumer.acknowledge(MessageId(LEDGER, 99, -1, -1))
-    assert e.value.status == "INVALID_ACK" and "does not exist" in e.value.message and e.value.from_broker
+    assert e.value.status is TopicStatus.INVALID_ACK and "does not exist" in e.value.message and e.value.from_broker
 
 
 def test_cumulative_ack_refused_on_shared(fake, client):
@@ -102,7 +103,7 @@ def test_cumulative_ack_refused_on_shared(fake, client):
     m = consumer.receive(2000)
     with pytest.raises(ClientError) as e:
         consumer.acknowledge_cumulative(m)
-    assert e.value.status == "NOT_ALLOWED" and "cumulative" in e.value.message
+    assert e.value.status is TopicStatus.NOT_ALLOWED and "cumulative" in e.value.message
 
 
 def test_cumulative_ack_on_exclusive(fake, client):
@@ -156,7 +157,7 @@ def test_exclusive_busy_is_raised_at_subscribe(fake, client):
     _sub(client)
     with pytest.raises(ClientError) as e:
         _sub(client)
-    assert e.value.status == "CONSUMER_BUSY"
+    assert e.value.status is TopicStatus.CONSUMER_BUSY
 
 
 def test_a_retriable_refusal_at_subscribe_is_retried_and_giving_up_is_bounded(fake):
@@ -170,7 +171,7 @@ def test_a_retriable_refusal_at_subscribe_is_retried_and_giving_up_is_bounded(fa
         fake.fail_subscribe.extend(["SERVICE_UNAVAILABLE"] * 1000)
         with pytest.raises(ClientError) as e:
             c.subscribe(TOPIC, "other", SubscriptionType.Exclusive)
-    assert e.value.status == "SERVICE_UNAVAILABLE" and e.value.from_broker
+    assert e.value.status is TopicStatus.SERVICE_UNAVAILABLE and e.value.from_broker
     assert f"consumer of {TOPIC} (subscription other): gave up connecting after" in e.value.message
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from bksim.client import ClientError, MessageId, RoutingMode
 from bksim.formats.murmur3 import murmur3_32
+from bksim.model.status import TopicStatus
 from helpers import wait_until
 from tests.unit.client.conftest import TOPIC
 from tests.unit.client.fake_topics import LEDGER
@@ -91,7 +92,7 @@ def test_oversize_message_is_refused_before_sending(fake, client):
     producer = client.create_producer(TOPIC, max_message_bytes=1_000)
     with pytest.raises(ClientError) as e:
         producer.send(b"x" * 2_000)
-    assert e.value.status == "MESSAGE_TOO_LARGE" and "max_message_bytes 1000" in e.value.message
+    assert e.value.status is TopicStatus.MESSAGE_TOO_LARGE and "max_message_bytes 1000" in e.value.message
     assert fake.sends == []
 
 
@@ -103,12 +104,12 @@ def test_queue_full_raises_or_blocks(fake, client):
         producer.send_async(b"x", None)
     with pytest.raises(ClientError) as e:
         producer.send_async(b"x", None)
-    assert e.value.status == "TOO_MANY_REQUESTS" and "max_pending_messages=3" in e.value.message
+    assert e.value.status is TopicStatus.TOO_MANY_REQUESTS and "max_pending_messages=3" in e.value.message
     blocking = client.create_producer(TOPIC, max_pending_messages=1, block_if_queue_full=True, send_timeout_ms=300)
     first = []
     blocking.send_async(b"x", lambda e, mid: first.append(e))
     blocking.send_async(b"y", None)  # waits for room: the first message's send timeout makes it
-    assert len(first) == 1 and first[0].status == "TIMEOUT"
+    assert len(first) == 1 and first[0].status is TopicStatus.TIMEOUT
     assert blocking.pending_messages() == 1
 
 
@@ -118,7 +119,7 @@ def test_send_timeout_fails_the_message(fake, client):
     producer = client.create_producer(TOPIC, send_timeout_ms=200)
     with pytest.raises(ClientError) as e:
         producer.send(b"x")
-    assert e.value.status == "TIMEOUT" and "send_timeout_ms=200" in e.value.message
+    assert e.value.status is TopicStatus.TIMEOUT and "send_timeout_ms=200" in e.value.message
     assert producer.pending_messages() == 0
 
 
@@ -149,7 +150,7 @@ def test_explicit_sequence_ids_must_increase(fake, client):
     p.send(b"b")
     with pytest.raises(ClientError) as e:
         p.send(b"c", sequence_id=5)
-    assert e.value.status == "BAD_REQUEST"
+    assert e.value.status is TopicStatus.BAD_REQUEST
     assert [m.sequence_id for m in fake.published(TOPIC)] == [10, 11]
 
 
@@ -157,7 +158,7 @@ def test_unknown_topic_is_a_clear_error(fake, client):
     fake.add_topic(TOPIC)
     with pytest.raises(ClientError) as e:
         client.create_producer("persistent://t/ns/nope")
-    assert e.value.status == "TOPIC_NOT_FOUND" and "nope" in e.value.message
+    assert e.value.status is TopicStatus.TOPIC_NOT_FOUND and "nope" in e.value.message
 
 
 def test_not_owner_redirects_to_the_owner(fake, client):
@@ -195,7 +196,7 @@ def test_a_refused_send_fails_only_its_batch(fake, client):
     fake.fail_sends.append(("MESSAGE_TOO_LARGE", ""))
     with pytest.raises(ClientError) as e:
         producer.send(b"big")
-    assert e.value.status == "MESSAGE_TOO_LARGE" and e.value.from_broker
+    assert e.value.status is TopicStatus.MESSAGE_TOO_LARGE and e.value.from_broker
     assert producer.send(b"fine").entry == 0
 
 
@@ -205,10 +206,10 @@ def test_a_fatal_refusal_fails_the_producer(fake, client):
     fake.fail_sends.append(("TOPIC_NOT_FOUND", ""))
     with pytest.raises(ClientError) as e:
         producer.send(b"x")
-    assert e.value.status == "TOPIC_NOT_FOUND"
+    assert e.value.status is TopicStatus.TOPIC_NOT_FOUND
     with pytest.raises(ClientError) as e2:
         producer.send(b"y")
-    assert e2.value.status == "TOPIC_NOT_FOUND"
+    assert e2.value.status is TopicStatus.TOPIC_NOT_FOUND
 
 
 def test_giving_up_reconnecting_is_bounded(fake):
@@ -221,7 +222,7 @@ def test_giving_up_reconnecting_is_bounded(fake):
         fake.fail_sends.append(("NOT_OWNER", ""))
         with pytest.raises(ClientError) as e:
             producer.send(b"x")
-        assert e.value.status == "SERVICE_UNAVAILABLE" and "gave up connecting" in e.value.message
+        assert e.value.status is TopicStatus.SERVICE_UNAVAILABLE and "gave up connecting" in e.value.message
 
 
 def test_partitioned_routing_by_key_round_robin_and_single(fake, client):
@@ -257,6 +258,6 @@ def test_a_send_callback_never_blocks_the_clients_thread(fake, client):
 
     producer.send_async(b"first", callback)
     wait_until(lambda: seen, 5, message="the callback's second send refused")
-    assert seen[0].status == "TOO_MANY_REQUESTS" and "in a client callback" in seen[0].message
+    assert seen[0].status is TopicStatus.TOO_MANY_REQUESTS and "in a client callback" in seen[0].message
     producer.flush()
     assert [m.payload for m in fake.published(TOPIC)] == [b"first", b"from-callback-1"]

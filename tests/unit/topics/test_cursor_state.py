@@ -8,6 +8,7 @@ import random
 import pytest
 
 from bksim.model.invariants import InvariantError
+from bksim.model.status import TopicStatus
 from bksim.topics import cursor_state as cs
 from bksim.topics.cursor_state import CursorState
 from bksim.topics.errors import TopicError
@@ -117,11 +118,11 @@ def test_invalid_ack_names_the_position_and_changes_nothing():
     for bad in (P(10, 5), P(11, 0), P(99, 0), P(10, -1)):
         with pytest.raises(TopicError) as info:
             s.ack([P(10, 1), bad])
-        assert info.value.status == "INVALID_ACK" and str(bad) in info.value.message
+        assert info.value.status is TopicStatus.INVALID_ACK and str(bad) in info.value.message
     assert s.acked_count == 0 and not s.is_acked(P(10, 1))
     with pytest.raises(TopicError) as info:
         s.ack(["nonsense"])
-    assert info.value.status == "INVALID_ACK"
+    assert info.value.status is TopicStatus.INVALID_ACK
 
 
 def test_backlog_counts_unacked_entries_up_to_the_last_confirmed():
@@ -217,7 +218,7 @@ def test_batch_index_acks_are_validated():
     for indexes, size in (([4], 4), ([-1], 4), ([0], 0)):
         with pytest.raises(TopicError) as info:
             s.ack_batch_indexes(P(10, 1), indexes, size)
-        assert info.value.status == "INVALID_ACK"
+        assert info.value.status is TopicStatus.INVALID_ACK
     s.ack_batch_indexes(P(10, 1), [0], 4)
     with pytest.raises(TopicError) as info:
         s.ack_batch_indexes(P(10, 1), [1], 5)

@@ -19,7 +19,7 @@ from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig, TopicConfig
 from bksim.model.errors import ConnectionLossError, LedgerError
-from bksim.model.status import StatusCode
+from bksim.model.status import LedgerStatus, StatusCode, TopicStatus
 from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies
 from tests.unit.topics.fake_layout import FakeLayout
@@ -105,7 +105,7 @@ def test_open_creates_the_znode_at_latest_or_earliest():
         assert z["cursor_ledger"] == -1 and z["mark_delete"] == [100, -1]
         with pytest.raises(TopicError) as info:
             await w.open(svc, initial_position="middle")
-        assert info.value.status == "BAD_REQUEST"
+        assert info.value.status is TopicStatus.BAD_REQUEST
     run(main())
 
 
@@ -115,7 +115,7 @@ def test_open_without_the_managed_ledger_znode_is_topic_not_found():
         await w.store.delete(ML)
         with pytest.raises(TopicError) as info:
             await w.open(w.broker())
-        assert info.value.status == "TOPIC_NOT_FOUND" and ML in info.value.message
+        assert info.value.status is TopicStatus.TOPIC_NOT_FOUND and ML in info.value.message
     run(main())
 
 
@@ -154,7 +154,7 @@ def test_kill_after_a_persist_recovers_everything_from_the_cursor_ledger_opened_
         assert second not in (first_ledger, -1) and (await w.znode())["cursor_ledger"] == second
         with pytest.raises(LedgerError) as info:
             await b_service.metadata(first_ledger)
-        assert info.value.status == "NO_SUCH_LEDGER"
+        assert info.value.status is LedgerStatus.NO_SUCH_LEDGER
         b.abort("kill -9 again")
         c = await w.open(w.broker())
         assert_same_state(b, c)
@@ -180,7 +180,7 @@ def test_clean_close_with_a_small_state_leaves_the_znode_alone_and_deletes_the_l
             await svc.metadata(ledger)
         with pytest.raises(TopicError) as info:
             a.ack([P(100, 9)])
-        assert info.value.status == "SERVICE_UNAVAILABLE"
+        assert info.value.status is TopicStatus.SERVICE_UNAVAILABLE
         b = await w.open(w.broker())
         assert b.stats_internal()["recovery"]["source"] == "znode" and "reason" not in b.stats_internal()["recovery"]
         assert_same_state(a, b)
@@ -342,12 +342,12 @@ def test_another_broker_recovering_the_cursor_fences_the_first():
         a.ack([P(100, 1)])
         with pytest.raises(TopicError) as info:
             await a.persist(force=True)
-        assert info.value.status == "TOPIC_FENCED" and "fenced" in info.value.message
+        assert info.value.status is TopicStatus.TOPIC_FENCED and "fenced" in info.value.message
         assert len(fenced) == 1 and a.stats_internal()["state"] == "Fenced"
         for call in (lambda: a.ack([P(100, 2)]), lambda: a.increment_redelivery(P(100, 3))):
             with pytest.raises(TopicError) as info:
                 call()
-            assert info.value.status == "TOPIC_FENCED"
+            assert info.value.status is TopicStatus.TOPIC_FENCED
         with pytest.raises(TopicError):
             await a.close()
         await b.persist(force=True)  # the new owner is unaffected
@@ -367,7 +367,7 @@ def test_a_znode_cas_conflict_is_topic_fenced_and_the_new_ledger_is_not_left_beh
         a.ack([P(100, 5)])
         with pytest.raises(TopicError) as info:
             await a.persist(force=True)
-        assert info.value.status == "TOPIC_FENCED" and PATH in info.value.message
+        assert info.value.status is TopicStatus.TOPIC_FENCED and PATH in info.value.message
         assert set(await svc.list_ledgers()) == before  # a's fresh cursor ledger was deleted again
         assert (await w.znode())["cursor_ledger"] == b.stats_internal()["cursorLedger"]
     run(main())
@@ -454,7 +454,7 @@ def test_stats_internal_has_pulsars_fields():
         assert s["state"] == "Open" and s["cursorLedgerLastEntry"] == 0 and s["lastPersist"]["to"] == "ledger"
         with pytest.raises(TopicError) as info:
             a.ack([P(102, 500)])
-        assert info.value.status == "INVALID_ACK" and "102:500" in info.value.message
+        assert info.value.status is TopicStatus.INVALID_ACK and "102:500" in info.value.message
     run(main())
 
 
@@ -476,7 +476,7 @@ def test_abort_while_a_persist_waits_for_the_bookies_writes_nothing_more():
             w.fake[b].gate.set()
         with pytest.raises(TopicError) as info:
             await persist
-        assert info.value.status == "SERVICE_UNAVAILABLE" and "aborted" in info.value.message
+        assert info.value.status is TopicStatus.SERVICE_UNAVAILABLE and "aborted" in info.value.message
         assert (await w.store.get(PATH))[1] == version  # no fall-back to the znode after the abort
         b = await w.open(w.broker())
         # the interrupted snapshot may or may not have reached the bookies: either way the ledger is recovered
@@ -520,7 +520,7 @@ def test_a_lost_answer_to_a_znode_write_is_settled_by_reading_it_back():
         lossy.lose_next_set = "not applied"
         with pytest.raises(TopicError) as info:
             await a.seek(P(100, 7))
-        assert info.value.status == "METADATA_ERROR" and "not applied" in info.value.message
+        assert info.value.status is TopicStatus.METADATA_ERROR and "not applied" in info.value.message
         assert (await w.znode())["mark_delete"] == [100, 4]
         await a.seek(P(100, 7))  # and the cursor goes on
         assert (await w.znode())["mark_delete"] == [100, 6]
@@ -548,7 +548,7 @@ def test_a_cursor_ledger_that_cannot_be_read_now_fails_the_open_and_loses_nothin
         svc = w.broker()
         with pytest.raises(TopicError) as info:
             await w.open(svc)
-        assert info.value.status == "SERVICE_UNAVAILABLE" and f"cursor ledger {ledger}" in info.value.message
+        assert info.value.status is TopicStatus.SERVICE_UNAVAILABLE and f"cursor ledger {ledger}" in info.value.message
         znode = await w.znode()
         assert znode["cursor_ledger"] == ledger and znode["mark_delete"] == [100, 1]  # untouched
         for b in w.bookie_ids:

@@ -95,7 +95,7 @@ def test_reopen_by_another_broker_fences_the_old_one_and_keeps_everything():
         assert [d for _, d in await read_all(b)] == [b"a%d" % i for i in range(20)]
         with pytest.raises(TopicError) as info:  # a's next write is fenced (ledger fenced, then the CAS fails)
             await a.append(b"late")
-        assert info.value.status == "TOPIC_FENCED"
+        assert info.value.status is TopicStatus.TOPIC_FENCED
         assert a.state is ManagedLedgerState.FENCED and a.stats_internal()["state"] == "Fenced"
         checked(a, b)
         more = await asyncio.gather(*[b.append(b"b%d" % i) for i in range(5)])

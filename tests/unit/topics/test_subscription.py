@@ -12,6 +12,7 @@ from bksim.topics.positions import Position
 from bksim.topics.subscription import Subscription
 from bksim.formats.message import Message, encode_entry, read_header
 from bksim.model.config import TopicConfig
+from bksim.model.status import TopicStatus
 from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeClock
 from tests.unit.topics.memory_cursor import MemoryCursor
@@ -64,7 +65,7 @@ def test_exclusive_rejects_a_second_consumer_and_never_exceeds_permits():
         ca = sub.add_consumer("a", 0, a, "Exclusive")
         with pytest.raises(TopicError) as info:
             sub.add_consumer("b", 0, Sink(), "Exclusive")
-        assert info.value.status == "CONSUMER_BUSY"
+        assert info.value.status is TopicStatus.CONSUMER_BUSY
         sub.flow(ca, 4)
         await wait_until_async(lambda: len(a.got) == 4, 5)
         await wait_until_async(lambda: sub.idle, 5)  # the dispatcher went idle: it must not have sent a 5th
@@ -88,7 +89,7 @@ def test_shared_round_robin_and_a_departed_consumers_messages_go_to_the_others()
         assert abs(len(a.got) - len(b.got)) <= 1
         with pytest.raises(TopicError) as info:
             sub.ack(ca, [(a.got[0].position, -1, 0)], cumulative=True)
-        assert info.value.status == "NOT_ALLOWED"
+        assert info.value.status is TopicStatus.NOT_ALLOWED
         sub.ack(ca, [(d.position, -1, 0) for d in a.got[:2]], cumulative=False)
         unacked = {d.position for d in a.got[2:]}
         before = len(b.got)
@@ -167,7 +168,7 @@ def test_ack_of_an_unknown_message_is_invalid_and_nothing_changes():
         ca = sub.add_consumer("a", 0, a, "Exclusive")
         with pytest.raises(TopicError) as info:
             sub.ack(ca, [(Position(ml.last_confirmed.ledger, 99), -1, 0)], cumulative=False)
-        assert info.value.status == "INVALID_ACK"
+        assert info.value.status is TopicStatus.INVALID_ACK
         assert sub.cursor.backlog() == 3
         await sub.close()
     run(main())

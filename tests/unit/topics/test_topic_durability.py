@@ -22,6 +22,7 @@ from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig, TopicConfig
 from bksim.model.errors import LedgerError
+from bksim.model.status import TopicStatus
 from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies
 from tests.unit.topics.manual_clock import ManualClock
@@ -196,7 +197,7 @@ def test_a_load_fails_retriably_while_a_cursor_ledger_cannot_be_read_and_the_ret
         await a.fence("kill -9")
         with pytest.raises(TopicError) as info:
             await w.load(Policies(), config, cursor_ledgers=UnreadableCursorLedgers)
-        assert info.value.status == "SERVICE_UNAVAILABLE" and info.value.status in RETRIABLE
+        assert info.value.status is TopicStatus.SERVICE_UNAVAILABLE and info.value.status in RETRIABLE
         assert "cannot be read now" in info.value.message
         b = await w.load(Policies(), config)  # the client's retry, once the bookies answer
         assert b.subscriptions["s"].cursor.mark_delete == positions[3]

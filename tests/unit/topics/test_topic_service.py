@@ -17,6 +17,7 @@ from bksim.formats.message import Message, decode_entry
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig, TopicConfig
+from bksim.model.status import TopicStatus
 from helpers import wait_until_async
 from tests.unit.broker.fake_bookies import FakeBookies, FakeClock
 from tests.unit.topics.memory_cursor import MemoryCursor
@@ -60,29 +61,29 @@ def test_admin_errors_are_precise_and_leave_nothing_behind():
         store, [a, _] = await cluster()
         with pytest.raises(TopicError) as e:
             await a.create_namespace("acme/orders", Policies())
-        assert e.value.status == "TENANT_NOT_FOUND"
+        assert e.value.status is TopicStatus.TENANT_NOT_FOUND
         await a.create_tenant("acme")
         with pytest.raises(TopicError) as e:
             await a.create_tenant("acme")
-        assert e.value.status == "ALREADY_EXISTS"
+        assert e.value.status is TopicStatus.ALREADY_EXISTS
         with pytest.raises(TopicError) as e:
             await a.create_topic(TOPIC, 0)
-        assert e.value.status == "NAMESPACE_NOT_FOUND"
+        assert e.value.status is TopicStatus.NAMESPACE_NOT_FOUND
         await a.create_namespace("acme/orders", Policies(dedup=True))
         for bad in ("orders", "persistent://acme/orders", "persistent://acme/ord ers/x", "persistent://a/b/c/d"):
             with pytest.raises(TopicError) as e:
                 await a.create_topic(bad, 0)
-            assert e.value.status == "BAD_REQUEST", bad
+            assert e.value.status is TopicStatus.BAD_REQUEST, bad
         await a.create_topic(TOPIC, 0)
         await a.create_topic("persistent://acme/orders/p", 3)
         assert await a.list_topics("acme/orders") == ["persistent://acme/orders/o1", "persistent://acme/orders/p"]
         assert await a.get_topic("persistent://acme/orders/p") == 3
         with pytest.raises(TopicError) as e:
             await a.acquire("persistent://acme/orders/nope")
-        assert e.value.status == "TOPIC_NOT_FOUND"
+        assert e.value.status is TopicStatus.TOPIC_NOT_FOUND
         with pytest.raises(TopicError) as e:
             await a.acquire("persistent://acme/orders/p")  # a partitioned topic is served per partition
-        assert e.value.status == "BAD_REQUEST"
+        assert e.value.status is TopicStatus.BAD_REQUEST
         await a.acquire("persistent://acme/orders/p-partition-2")
     run(main())
 
@@ -100,7 +101,7 @@ def test_one_owner_redirects_and_a_takeover_fences_the_old_owner():
         assert await ta.publish(a_name, msgs(5)) is None  # dedup: already persisted
         with pytest.raises(TopicError) as e:
             await b.acquire(TOPIC)
-        assert e.value.status == "NOT_OWNER" and e.value.owner_address == "127.0.0.1:7000"
+        assert e.value.status is TopicStatus.NOT_OWNER and e.value.owner_address == "127.0.0.1:7000"
         assert (await b.lookup(TOPIC))[:2] == ("br0", "127.0.0.1:7000")
         # a's ownership node vanishes while a still believes it owns the topic; b takes over
         await store.session("admin").delete(ta.name.ownership_path)
@@ -111,7 +112,7 @@ def test_one_owner_redirects_and_a_takeover_fences_the_old_owner():
         # the old owner's next write is fenced (its ledger was fenced by b's recovery; its CAS then fails)
         with pytest.raises(TopicError) as e:
             await ta.publish(a_name, msgs(10))
-        assert e.value.status == "TOPIC_FENCED"
+        assert e.value.status is TopicStatus.TOPIC_FENCED
         # dedup state came across from the log: a resend of sequence ids 0..9 is dropped at b
         b_name, last = tb.add_producer("p1", "br1")
         assert last == 9
@@ -166,7 +167,7 @@ def test_session_expiry_fences_every_topic_of_the_broker():
         assert TOPIC not in a.topics
         with pytest.raises(TopicError) as e:
             await ta.publish(name, msgs(1))
-        assert e.value.status == "TOPIC_FENCED"
+        assert e.value.status is TopicStatus.TOPIC_FENCED
         assert tb.ml.last_confirmed.entry == 0 and len(await tb.ml.read(tb.ml.first_position(), 10)) == 1
     run(main())
 
