@@ -1,5 +1,5 @@
-"""The child processes of one benchmark run (echo server, ZooKeeper, bookie), over bksim.adapters.processes,
-and the benchmark's own event loops.
+"""The helper processes of one benchmark run (echo server, audit job, py-spy), over bksim.adapters.processes,
+and the benchmark's own event loops (a cluster's processes are adapters.local_cluster's).
 
 Every process started through a `ProcessGroup` is stopped by `stop_all()` (SIGTERM, bounded wait, then
 SIGKILL, by pid), which the benchmarks call in a `finally`, so Ctrl-C or an exception never leaves a server
@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Coroutine, TypeVar
+from typing import Any, Coroutine, TypeVar
 
 from bksim.adapters import processes
 from bksim.adapters.processes import INTERRUPTS, interrupts_deferred  # noqa: F401 - the benchmarks take it from here
@@ -83,7 +83,6 @@ class Child:
     name: str
     pid: int
     log_path: str
-    stopper: Callable[[], bool] | None = None  # custom stop (e.g. ZooKeeperServer.stop); default SIGTERM/KILL
 
     def alive(self) -> bool:
         return processes.is_alive(self.pid)
@@ -102,21 +101,15 @@ class ProcessGroup:
             self.children.append(child)
         return child
 
-    def adopt(self, name: str, pid: int, log_path: str, stopper: Callable[[], bool]) -> Child:
-        """Track a process another adapter started (it is stopped with `stopper`)."""
-        child = Child(name, pid, log_path, stopper)
-        self.children.append(child)
-        return child
-
     def stop(self, child: Child, grace_s: float = STOP_GRACE_S) -> bool:
         """Stop one child; True when it is gone."""
-        gone = child.stopper() if child.stopper else processes.stop(child.pid, grace_s)
+        gone = processes.stop(child.pid, grace_s)
         if gone and child in self.children:
             self.children.remove(child)
         return gone
 
     def stop_all(self) -> None:
-        """Stop every child, newest first (a bookie before its ZooKeeper); report any that would not go."""
+        """Stop every child, newest first; report any that would not go."""
         for child in reversed(list(self.children)):
             try:
                 if not self.stop(child):
