@@ -17,13 +17,15 @@ Invariants:
 - trimming removes only a contiguous prefix of closed ledgers below every cursor's persisted mark-delete,
   metadata first, then the ledgers.
 
-States (ManagedLedgerState; `_move` refuses a move the table below does not list with ManagedLedgerStateError):
+States (ManagedLedgerState; TRANSITIONS lists every move, and `_move`, the one place the state changes, refuses
+any other with ManagedLedgerStateError):
 
-    NONE ──open──> LEDGER_OPENED <──roll done── ROLLING     (full, old, or a failed add: close or recover the
-      │                 │ └──────────roll──────────> │        current ledger, then create the next)
-      └────────────┬────┴────────────────────────────┘
-                   ├──abandon, CAS lost, roll failed──> FENCED   (every pending and later append: TOPIC_FENCED)
-                   └──close──────────────────────────> CLOSED   (clean close on this broker)
+    NONE ──open──> LEDGER_OPENED ──roll──> ROLLING      roll: the ledger is full or old, or an add failed:
+                         ^                    │          close (or recover) it, then create the next
+                         └─────roll done──────┘
+    from NONE, LEDGER_OPENED or ROLLING:
+        abandon, CAS lost, roll failed ──> FENCED   every pending and later append fails with TOPIC_FENCED
+        close ───────────────────────────> CLOSED   a clean close on this broker (unload, shutdown)
 
 FENCED and CLOSED are final: a topic is loaded again into a new ManagedLedger.
 
