@@ -1,9 +1,10 @@
 """Chaos scenarios on real processes: a fresh cluster per run, a recording workload, faults on a
 seeded schedule, healing, then the checks of PROTOCOL.md section 7 and the journal audit.
 
-- cluster.py   ChaosCluster: ZooKeeper, bookies and brokers as child processes of this run (own run
-               directory, free loopback ports, stable identities so a killed process restarts as itself);
-               kill -9, SIGSTOP/SIGCONT, restart, all by pid.
+- cluster.py   ChaosCluster: the local-cluster launcher's ZooKeeper, bookies and brokers (adapters/local_cluster.py:
+               own run directory, free loopback ports, stable identities so a killed process restarts as
+               itself; kill -9, SIGSTOP/SIGCONT, restart, all by pid) plus a proxy per broker to ZooKeeper,
+               the broker->bookie link proxies and a bookie's private tmpfs ledger disk.
 - proxy.py     a loopback TCP proxy with link faults (block, hold one or both directions, delay): between
                each broker and ZooKeeper, and on every broker->bookie link for the network scenarios.
 - disk.py      disk faults on a bookie's files: torn or truncated journal tails, a flipped entry-log byte, a
