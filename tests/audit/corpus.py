@@ -250,19 +250,37 @@ def plant_garbage(corpus: Corpus, bookie: str) -> Planted:
     return Planted("journal_garbage", None, None, bookie, r.path)
 
 
+def _mid_file_copy(corpus: Corpus, ledger: int, entry: int) -> tuple[int, Record]:
+    """The first entry at or after `entry` with a copy outside its file's last group write, and that copy.
+
+    Rewriting a record changes its group's CRC: in a file's last group that reads as a group torn by a crash
+    (replay and the audit drop it), so the planted damage would vanish with the group; where a copy lands
+    depends on the run's timing."""
+    for e in range(entry, entry + 1000):
+        copies = corpus.copies(ledger, e)
+        if not copies:
+            break
+        for r in copies:
+            if not r.last_group:
+                return e, r
+    raise AssertionError(f"no copy of ledger {ledger} from entry {entry} on lies outside a file's last group")
+
+
 def plant_removed_copy(corpus: Corpus, ledger: int, entry: int) -> Planted:
-    """One of the two copies (Qw = Qa = 2) of an entry cut out of its journal: one holder left."""
+    """One of the two copies (Qw = Qa = 2) of an entry (`entry` or the next one with a copy outside a last
+    group write) cut out of its journal: one holder left."""
+    entry, r = _mid_file_copy(corpus, ledger, entry)
     copies = corpus.copies(ledger, entry)
     assert len({c.bookie for c in copies}) == 2 and len(copies) == 2, copies
-    r = copies[0]
     _rewrite(r.path, r.offset, r.end, b"")
     return Planted("below_ack_quorum", ledger, entry, "", "")
 
 
 def plant_divergent_copy(corpus: Corpus, ledger: int, entry: int) -> Planted:
-    """One copy of an entry replaced by an entry with the same ids and a different payload (a valid digest
-    and a valid journal CRC: only the other copies disagree)."""
-    r = corpus.copies(ledger, entry)[0]
+    """One copy of an entry (`entry` or the next one with a copy outside a last group write) replaced by an
+    entry with the same ids and a different payload (a valid digest and a valid record CRC: only the other
+    copies disagree)."""
+    entry, r = _mid_file_copy(corpus, ledger, entry)
     lid, eid, lac, length, _ = entry_fmt.HEADER.unpack_from(r.body)
     data = bytearray(r.body[entry_fmt.HEADER_BYTES:])
     data[len(data) // 2] ^= 0x01
