@@ -36,7 +36,7 @@ from bksim.model.config import BrokerConfig
 from bksim.model.errors import BookieUnreachable, LedgerError
 from bksim.model.status import FLAG_FENCE, StatusCode
 from helpers import free_port, wait_until_async
-from tests.unit.broker.fake_bookies import FakeClock
+from fakes.clock import ManualClock
 
 TIMEOUT_MS = 3_000
 FAST_S = 1.0  # "at once": a cancelled call must end far below the deadline it had
@@ -236,7 +236,7 @@ def test_recovery_ends_when_a_read_forward_call_is_cancelled_with_its_channel():
             await create_ledger_metadata(store, ledger, metadata)
             t = transport()
             service = LedgerService(store=store.session("broker"), transport=t, rng=random.Random(1),
-                                    clock=FakeClock(), config=BrokerConfig(bookie_timeout_ms=TIMEOUT_MS))
+                                    clock=ManualClock(sleeps_advance=True), config=BrokerConfig(bookie_timeout_ms=TIMEOUT_MS))
             try:
                 # B: the fencing call (ids [-1]) waits, then fails UNAVAILABLE; any other call waits
                 bookie_b.behavior = lambda rpc, r: (UNAVAILABLE_WHEN_RELEASED if list(r.entry_ids) == [-1]

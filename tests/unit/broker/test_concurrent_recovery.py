@@ -14,7 +14,8 @@ from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig
 from helpers import wait_until_async
-from tests.unit.broker.fake_bookies import FakeBookies, FakeClock
+from fakes.bookies import FakeBookies
+from fakes.clock import ManualClock
 
 BOOKIES = [f"b{i}" for i in range(6)]
 PW = b"secret"
@@ -32,7 +33,7 @@ def test_two_recoveries_at_once_close_only_over_segments_that_got_the_entries():
         fake = FakeBookies(BOOKIES)
         writer, first, second = [
             LedgerService(store=store.session(f"broker-{i}"), transport=fake, rng=random.Random(i),
-                          clock=FakeClock(), config=BrokerConfig(speculative_read_ms=50)) for i in range(3)]
+                          clock=ManualClock(sleeps_advance=True), config=BrokerConfig(speculative_read_ms=50)) for i in range(3)]
         handle = await writer.create_ledger(3, 2, 2, password=PW)
         lid = handle.ledger_id
         await asyncio.gather(*[handle.append(b"e%d" % i) for i in range(ENTRIES - 1)])

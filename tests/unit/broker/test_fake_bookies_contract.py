@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from bookie_transport_contract import CONTRACT, check_id, contract_config
-from tests.unit.broker.fake_bookies import FakeBookies
+from fakes.bookies import FakeBookies
 
 
 class FakeHarness:

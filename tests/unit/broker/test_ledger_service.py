@@ -16,7 +16,8 @@ from bksim.model.config import BrokerConfig
 from bksim.model.errors import LedgerError
 from bksim.model.status import LedgerStatus
 from helpers import wait_until_async
-from tests.unit.broker.fake_bookies import FakeBookies, FakeClock
+from fakes.bookies import FakeBookies
+from fakes.clock import ManualClock
 
 BOOKIES = [f"b{i}" for i in range(5)]
 PW = b"secret"
@@ -29,7 +30,7 @@ async def world(bookies=BOOKIES, *, brokers=1, config=BrokerConfig(speculative_r
         await reg.create(bookie_path(b), b"{}", ephemeral=True, make_parents=True)
     fake = FakeBookies(bookies)
     services = [LedgerService(store=store.session(f"broker-{i}"), transport=fake, rng=random.Random(i),
-                              clock=FakeClock(), config=config) for i in range(brokers)]
+                              clock=ManualClock(sleeps_advance=True), config=config) for i in range(brokers)]
     return store, fake, services
 
 

@@ -20,7 +20,7 @@ from bksim.metadata.ledger_metadata import LedgerState
 from bksim.model.errors import LedgerError
 from bksim.model.status import LedgerStatus, StatusCode
 from helpers import wait_until_async
-from tests.unit.broker.fake_bookies import FakeBookies
+from fakes.bookies import FakeBookies
 from tests.unit.broker.test_ledger_service import PW, world
 
 LEDGER = 7

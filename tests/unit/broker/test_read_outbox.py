@@ -10,7 +10,7 @@ from bksim.broker.reader import ReadOutbox
 from bksim.formats.entry import encode_entry
 from bksim.model.status import StatusCode
 from helpers import wait_until_async
-from tests.unit.broker.fake_bookies import FakeBookies
+from fakes.bookies import FakeBookies
 from tests.unit.broker.test_ledger_service import PW, world
 
 LEDGER = 7

@@ -1,11 +1,11 @@
-"""Fixtures of the client's unit tests: a fake Topics cluster (tests/unit/client/fake_topics.py) and a Client
+"""Fixtures of the client's unit tests: a fake Topics cluster (tests/fakes/topic_brokers.py) and a Client
 on it, both stopped at the end of the test."""
 from __future__ import annotations
 
 import pytest
 
 from bksim.client import Client
-from tests.unit.client.fake_topics import FakeCluster
+from fakes.topic_brokers import FakeCluster
 
 TOPIC = "persistent://t/ns/topic"
 

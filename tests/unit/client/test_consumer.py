@@ -9,7 +9,7 @@ from bksim.formats.message import Message as Stored
 from bksim.model.status import TopicStatus
 from helpers import wait_until
 from tests.unit.client.conftest import TOPIC
-from tests.unit.client.fake_topics import LEDGER
+from fakes.topic_brokers import LEDGER
 
 
 def _sub(client, **kw):

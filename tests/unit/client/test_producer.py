@@ -11,7 +11,7 @@ from bksim.formats.murmur3 import murmur3_32
 from bksim.model.status import TopicStatus
 from helpers import wait_until
 from tests.unit.client.conftest import TOPIC
-from tests.unit.client.fake_topics import LEDGER
+from fakes.topic_brokers import LEDGER
 
 
 def test_send_returns_message_id_and_persists_every_field(fake, client):

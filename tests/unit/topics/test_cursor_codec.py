@@ -13,7 +13,7 @@ from bksim.topics import cursor_codec as codec
 from bksim.topics.cursor_codec import CursorSnapshot
 from bksim.topics.cursor_state import CursorState
 from bksim.topics.positions import Position as P
-from tests.unit.topics.fake_layout import FakeLayout
+from fakes.layout import FakeLayout
 
 
 def bits_of(entries, size=None) -> bytearray:

@@ -13,7 +13,7 @@ from bksim.topics import cursor_state as cs
 from bksim.topics.cursor_state import CursorState
 from bksim.topics.errors import TopicError
 from bksim.topics.positions import Position as P
-from tests.unit.topics.fake_layout import FakeLayout
+from fakes.layout import FakeLayout
 
 MUTATORS = ("__init__", "ack", "ack_cumulative", "expire_until", "seek", "rewind", "ack_batch_indexes",
             "increment_redelivery", "set_property", "restore")

@@ -21,9 +21,9 @@ from bksim.model.config import BrokerConfig, TopicConfig
 from bksim.model.errors import ConnectionLossError, LedgerError
 from bksim.model.status import LedgerStatus, StatusCode, TopicStatus
 from helpers import wait_until_async
-from tests.unit.broker.fake_bookies import FakeBookies
-from tests.unit.topics.fake_layout import FakeLayout
-from tests.unit.topics.manual_clock import ManualClock
+from fakes.bookies import FakeBookies
+from fakes.layout import FakeLayout
+from fakes.clock import ManualClock
 
 ML = "/managed-ledgers/t/ns/persistent/topic"
 PATH = f"{ML}/sub"

@@ -22,7 +22,8 @@ from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig, TopicConfig
 from helpers import wait_until_async
-from tests.unit.broker.fake_bookies import FakeBookies, FakeClock
+from fakes.bookies import FakeBookies
+from fakes.clock import ManualClock
 
 BOOKIES = [f"b{i}" for i in range(4)]
 TOPIC = TopicName.parse("persistent://t/ns/orders")
@@ -38,9 +39,9 @@ async def world(config=TopicConfig(), brokers=1):
     mls = []
     for i in range(brokers):
         session = store.session(f"broker-{i}")
-        svc = LedgerService(store=session, transport=fake, rng=random.Random(i), clock=FakeClock(),
+        svc = LedgerService(store=session, transport=fake, rng=random.Random(i), clock=ManualClock(sleeps_advance=True),
                             config=BrokerConfig(speculative_read_ms=50, bookie_timeout_ms=200))
-        mls.append(ManagedLedger(TOPIC, ledgers=svc, store=session, clock=FakeClock(), config=config))
+        mls.append(ManagedLedger(TOPIC, ledgers=svc, store=session, clock=ManualClock(sleeps_advance=True), config=config))
     return store, fake, mls
 
 

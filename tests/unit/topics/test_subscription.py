@@ -14,8 +14,8 @@ from bksim.formats.message import Message, encode_entry, read_header
 from bksim.model.config import TopicConfig
 from bksim.model.status import TopicStatus
 from helpers import wait_until_async
-from tests.unit.broker.fake_bookies import FakeClock
-from tests.unit.topics.memory_cursor import MemoryCursor
+from fakes.clock import ManualClock
+from fakes.cursor import MemoryCursor
 from tests.unit.topics.test_managed_ledger import world
 
 CONFIG = TopicConfig(failover_switch_delay_ms=1)
@@ -50,7 +50,7 @@ async def setup(sub_type, n=0, keys=None):
                                      publish_time_ms=i, batch=False))
     cursor = MemoryCursor(ml, "sub")
     sub = Subscription(topic="persistent://t/ns/orders", name="sub", sub_type=sub_type, cursor=cursor, ml=ml,
-                       clock=FakeClock(), config=CONFIG)
+                       clock=ManualClock(sleeps_advance=True), config=CONFIG)
     return ml, sub
 
 
@@ -193,7 +193,7 @@ def test_a_batch_bigger_than_the_permits_waits_unless_it_exceeds_the_whole_queue
             await ml.append(encode_entry([Message(b"x", sequence_id=i) for i in range(n)], producer_name="p",
                                          publish_time_ms=0, batch=True))
         sub = Subscription(topic="persistent://t/ns/orders", name="sub", sub_type="Exclusive",
-                           cursor=MemoryCursor(ml, "sub"), ml=ml, clock=FakeClock(), config=CONFIG)
+                           cursor=MemoryCursor(ml, "sub"), ml=ml, clock=ManualClock(sleeps_advance=True), config=CONFIG)
         a = Sink()
         ca = sub.add_consumer("a", 0, a, "Exclusive")
         sub.flow(ca, 5)  # a queue of 5: the 3-message batch fits, then 2 permits are left for the 8-message one
@@ -233,7 +233,7 @@ async def held_setup(sub_type, n):
     ml, _ = await setup(sub_type, n)
     held = HeldReads(ml)
     sub = Subscription(topic="persistent://t/ns/orders", name="sub", sub_type=sub_type,
-                       cursor=MemoryCursor(ml, "sub"), ml=held, clock=FakeClock(), config=CONFIG)
+                       cursor=MemoryCursor(ml, "sub"), ml=held, clock=ManualClock(sleeps_advance=True), config=CONFIG)
     return ml, held, sub
 
 

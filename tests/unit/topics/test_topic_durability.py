@@ -24,8 +24,8 @@ from bksim.model.config import BrokerConfig, TopicConfig
 from bksim.model.errors import LedgerError
 from bksim.model.status import TopicStatus
 from helpers import wait_until_async
-from tests.unit.broker.fake_bookies import FakeBookies
-from tests.unit.topics.manual_clock import ManualClock
+from fakes.bookies import FakeBookies
+from fakes.clock import ManualClock
 
 TOPIC = TopicName.parse("persistent://acme/orders/o1")
 BOOKIES = ("b0", "b1", "b2")

@@ -21,8 +21,8 @@ from bksim.gen import topic_pb2_grpc
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig
-from tests.unit.broker.fake_bookies import FakeBookies
-from tests.unit.topics.memory_cursor import MemoryCursor
+from fakes.bookies import FakeBookies
+from fakes.cursor import MemoryCursor
 
 TOPIC = "persistent://t/ns/a"
 

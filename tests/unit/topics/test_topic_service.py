@@ -19,8 +19,9 @@ from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig, TopicConfig
 from bksim.model.status import TopicStatus
 from helpers import wait_until_async
-from tests.unit.broker.fake_bookies import FakeBookies, FakeClock
-from tests.unit.topics.memory_cursor import MemoryCursor
+from fakes.bookies import FakeBookies
+from fakes.clock import ManualClock
+from fakes.cursor import MemoryCursor
 
 TOPIC = "persistent://acme/orders/o1"
 
@@ -36,13 +37,13 @@ async def cluster(brokers=2, config=TopicConfig()):
         session = store.session(f"broker-{i}")
         await session.create(f"/brokers/available/br{i}", b'{"host": "127.0.0.1", "port": %d}' % (7000 + i),
                              ephemeral=True, make_parents=True)
-        ledgers = LedgerService(store=session, transport=fake, rng=random.Random(i), clock=FakeClock(),
+        ledgers = LedgerService(store=session, transport=fake, rng=random.Random(i), clock=ManualClock(sleeps_advance=True),
                                 config=BrokerConfig(speculative_read_ms=50))
 
         async def open_cursor(ml, name, sub, initial, on_fenced):
             return MemoryCursor(ml, sub, initial)
 
-        services.append(TopicService(store=session, ledgers=ledgers, clock=FakeClock(), broker_id=f"br{i}",
+        services.append(TopicService(store=session, ledgers=ledgers, clock=ManualClock(sleeps_advance=True), broker_id=f"br{i}",
                                      address=f"127.0.0.1:{7000 + i}", open_cursor_factory=open_cursor,
                                      config=config))
     return store, services
@@ -184,7 +185,7 @@ def test_stats_report_rates_over_the_last_interval():
         t._sample_rates()
         for i in range(10):
             await t.publish(name, msgs(i, 3))
-        t._clock.now_ms += 2_000  # two seconds of (virtual) time
+        t._clock.advance(2_000)  # two seconds of (virtual) time
         t._sample_rates()
         stats = t.stats()
         assert stats["msgRateIn"] == 15.0 and stats["msgInCounter"] == 30

@@ -143,18 +143,3 @@ class FakeBookies:
 
     async def close(self):
         self.closed = True
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now_ms = 1_700_000_000_000
-
-    def monotonic_ms(self) -> float:
-        return float(self.now_ms)
-
-    def wall_ms(self) -> int:
-        return self.now_ms
-
-    async def sleep_ms(self, ms: float) -> None:
-        self.now_ms += max(0, int(-(-ms // 1)))  # virtual time: a sleep moves the clock on by its length
-        await asyncio.sleep(0)

@@ -13,7 +13,7 @@ from bksim.cli import config as loader
 from bksim.model import config as schema
 from bksim.model.errors import ConfigError
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 TOML_PATH = os.path.join(REPO, "deploy", "bksim.toml")
 
 
