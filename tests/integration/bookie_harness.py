@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from kazoo.client import KazooClient
 
 from bksim.adapters import processes
+from bksim.adapters.bookie_client import BookieClient
 from bksim.adapters.local_cluster import LocalCluster
-from bksim.adapters.bookie_client import BookieClient, BookieUnavailable
 from bksim.formats.entry import encode_entry, master_key
+from bksim.model.errors import BookieUnreachable
 from bksim.model.status import StatusCode
 from helpers import wait_until, wait_until_async
 
@@ -219,7 +220,7 @@ async def stream_until(client: BookieClient, workload: Workload, acked_target: i
             future, entries = inflight.popleft()
             try:
                 result = await stream.result(future)
-            except BookieUnavailable:
+            except BookieUnreachable:
                 if fired:
                     break  # answers are in order: nothing later was answered either
                 raise
@@ -252,6 +253,6 @@ async def wait_serving(address: str, timeout_s: float = START_TIMEOUT_S) -> None
         async def serving() -> bool:
             try:
                 return await client.health() == "SERVING"
-            except BookieUnavailable:
+            except BookieUnreachable:
                 return False
         await wait_until_async(serving, timeout_s, interval_s=0.05, message=f"bookie {address} SERVING")

@@ -29,7 +29,6 @@ _AddRequest = bookie_pb2.AddRequest
 _AddEntry = bookie_pb2.AddEntry
 
 
-BookieUnavailable = BookieUnreachable  # the name the bookie CLI and the benchmarks import
 
 
 @dataclass(frozen=True, slots=True)

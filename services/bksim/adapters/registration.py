@@ -34,7 +34,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from bksim.bookie import cookie as cookies
 from bksim.bookie.cookie import Cookie
-from bksim.metadata.paths import AVAILABLE, COOKIES, INSTANCEID, READONLY, READONLY_CHILD
+from bksim.metadata.paths import AVAILABLE, BROKERS_AVAILABLE, COOKIES, INSTANCEID, READONLY, READONLY_CHILD
 from bksim.metadata.paths import LEDGERS_ROOT as LEDGERS
 from bksim.model.errors import BksimError, CookieError
 
@@ -258,3 +258,29 @@ class Registration:
                       f"{registration_path(self.bookie_id, self._read_only)}")
         except Exception as e:  # noqa: BLE001 - the next reconnect tries again; say why loudly
             self._log(f"re-registration after session loss FAILED: {type(e).__name__}: {e}")
+
+
+def registered_brokers(client) -> list[dict]:
+    """The brokers under /brokers/available (kazoo client), sorted by id: registration data + "broker_id"."""
+    try:
+        names = sorted(client.get_children(BROKERS_AVAILABLE))
+    except NoNodeError:
+        return []
+    rows = []
+    for name in names:
+        try:
+            data, _ = client.get(f"{BROKERS_AVAILABLE}/{name}")
+            row = json.loads(data or b"{}")
+            rows.append((row if isinstance(row, dict) else {}) | {"broker_id": name})
+        except NoNodeError:
+            continue  # gone meanwhile
+        except ValueError:
+            rows.append({"broker_id": name})
+    return rows
+
+
+def broker_address(row: dict) -> str:
+    """"host:port" of a broker registration (the id when the data lacks them)."""
+    if row.get("host") and row.get("port"):
+        return f"{row['host']}:{row['port']}"
+    return row["broker_id"]

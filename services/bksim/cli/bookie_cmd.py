@@ -31,7 +31,7 @@ from typing import Callable
 
 from bksim.cli import config as cfgload
 from bksim.model.config import Config
-from bksim.model.errors import ConfigError
+from bksim.model.errors import BookieUnreachable, ConfigError
 
 ZK_CONNECT_TIMEOUT_S = 15.0
 LIST_INFO_DEADLINE_S = 1.0
@@ -250,7 +250,7 @@ def cmd_list(args) -> int:
 
 
 async def _fill_info(rows: list[dict]) -> None:
-    from bksim.adapters.bookie_client import BookieClient, BookieUnavailable
+    from bksim.adapters.bookie_client import BookieClient
 
     async def one(row: dict) -> None:
         host, port = row.get("host"), row.get("port")
@@ -260,7 +260,7 @@ async def _fill_info(rows: list[dict]) -> None:
         async with BookieClient(f"{host}:{port}", deadline_s=LIST_INFO_DEADLINE_S) as client:
             try:
                 row["info"], row["error"] = await client.info(), None
-            except BookieUnavailable as e:
+            except BookieUnreachable as e:
                 row["info"], row["error"] = None, str(e)
 
     await asyncio.gather(*(one(r) for r in rows))

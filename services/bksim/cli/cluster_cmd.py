@@ -197,7 +197,7 @@ def cmd_status(args) -> int:
     zk_error = None
     if zk_alive:
         from bksim.adapters import registration
-        from bksim.cli.ledger_cmd import registered_brokers
+        from bksim.adapters.registration import registered_brokers
         try:
             client = connect_zookeeper(config)
             try:

@@ -143,36 +143,6 @@ def password_of(args) -> bytes:
     return os.environ.get(PASSWORD_ENV, "").encode()
 
 
-def registered_brokers(client) -> list[dict]:
-    """The brokers under /brokers/available (kazoo client), sorted by id: registration data + "broker_id"."""
-    from kazoo.exceptions import NoNodeError
-
-    from bksim.metadata.paths import BROKERS_AVAILABLE
-
-    try:
-        names = sorted(client.get_children(BROKERS_AVAILABLE))
-    except NoNodeError:
-        return []
-    rows = []
-    for name in names:
-        try:
-            data, _ = client.get(f"{BROKERS_AVAILABLE}/{name}")
-            row = json.loads(data or b"{}")
-            rows.append((row if isinstance(row, dict) else {}) | {"broker_id": name})
-        except NoNodeError:
-            continue  # gone meanwhile
-        except ValueError:
-            rows.append({"broker_id": name})
-    return rows
-
-
-def broker_address(row: dict) -> str:
-    """"host:port" of a broker registration (the id when the data lacks them)."""
-    if row.get("host") and row.get("port"):
-        return f"{row['host']}:{row['port']}"
-    return row["broker_id"]
-
-
 def find_broker(config: Config) -> tuple[str, str]:
     """(address, where it came from): the first broker registered in ZooKeeper, else the configured default."""
     from bksim.adapters import registration
@@ -184,12 +154,12 @@ def find_broker(config: Config) -> tuple[str, str]:
     except registration.RegistrationError:
         return fallback, f"ZooKeeper {zk} not reachable; using the default broker address"
     try:
-        rows = registered_brokers(client)
+        rows = registration.registered_brokers(client)
     finally:
         client.stop()
         client.close()
     if rows:
-        return broker_address(rows[0]), f"registered in ZooKeeper {zk}"
+        return registration.broker_address(rows[0]), f"registered in ZooKeeper {zk}"
     return fallback, f"no broker registered in ZooKeeper {zk}; using the default broker address"
 
 

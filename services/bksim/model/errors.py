@@ -52,7 +52,7 @@ name their module; a module raises only the errors of its own layer or below).
     ├── ChaosError                  a chaos run that cannot go on (chaos/actions.py)
     └── command errors              a CLI command refused its arguments or could not finish:
                                     LedgerCommandError (cli/ledger_cmd.py), TopicCommandError
-                                    (cli/topic_cmd.py), ComposeError (cli/compose_cmd.py),
+                                    (cli/topic_cmd.py), ComposeError (deploy/compose.py),
                                     BookieFormatError (`bksim bookie format` refused, nothing changed:
                                     adapters/bookie_cookies.py)
 

@@ -18,10 +18,11 @@ import time
 from typing import Callable
 
 from bksim.adapters import processes
-from bksim.adapters.bookie_client import BookieClient, BookieUnavailable
+from bksim.adapters.bookie_client import BookieClient
 from bksim.adapters.local_cluster import Node
 from bksim.gen import bookie_pb2
 from bksim.model.config import Config
+from bksim.model.errors import BookieUnreachable
 from bksim.perf.grpc_baseline import RESPONSE_TIMEOUT_S, EntryFactory, drive, drive_result
 from bksim.perf.machine import process_cpu_s
 from bksim.perf.ledger_write import LedgerCluster
@@ -88,7 +89,7 @@ async def _measure(bookie: Node, record_bytes: int, batch: int, inflight: int, s
         try:
             result = await drive(stream, bookie_pb2.AddRequest, EntryFactory(record_bytes, LEDGER_ID), batch,
                                  seconds, records_max)
-        except BookieUnavailable as e:
+        except BookieUnreachable as e:
             raise RuntimeError(f"bookie (pid {bookie.pid}) stream broke: {e}; its log:\n{bookie.log_tail()}") from None
         cpu_s = process_cpu_s(bookie.pid) - cpu_start
     if spy is not None and not processes.wait_exit(spy.pid, PY_SPY_WAIT_S):
@@ -108,7 +109,7 @@ async def _wait_serving(client: BookieClient, bookie: Node) -> None:
             last = await client.health(deadline_s=1.0)
             if last == "SERVING":
                 return
-        except BookieUnavailable as e:
+        except BookieUnreachable as e:
             last = str(e)
         if time.monotonic() >= deadline:
             raise TimeoutError(f"bookie (pid {bookie.pid}) not SERVING after {BOOKIE_READY_TIMEOUT_S:.0f} s "

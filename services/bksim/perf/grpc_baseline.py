@@ -42,7 +42,7 @@ from bksim.perf.stats import LatencyRecorder, Result, make_result
 TARGET_RATIO = 0.5
 INFLIGHT_DEFAULT = 8  # batches unacknowledged per stream
 READY_TIMEOUT_S = 30.0
-RESPONSE_TIMEOUT_S = 30.0  # an ack slower than this breaks the run (BookieUnavailable)
+RESPONSE_TIMEOUT_S = 30.0  # an ack slower than this breaks the run (BookieUnreachable)
 MASTER_KEY = master_key(b"bksim-perf")
 
 
@@ -141,7 +141,7 @@ async def drive(stream: AddStream, request_type, entries: EntryFactory, batch: i
         batch_id += 1
         if len(futures) > 4096:  # keep the list short: drop acknowledged ones
             futures = [f for f in futures if not f.done()]
-    await asyncio.gather(*futures)  # raises BookieUnavailable if the stream broke
+    await asyncio.gather(*futures)  # raises BookieUnreachable if the stream broke
     await asyncio.sleep(0)  # let the last done-callbacks run
     await stream.close()
     return DriveResult(latencies, state["last_ack"] - start, state["batches"], state["not_ok"], state["error"],
