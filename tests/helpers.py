@@ -7,6 +7,7 @@ with a bounded deadline and fails with a message that says what did not happen.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import time
 from typing import Callable, TypeVar
@@ -59,3 +60,18 @@ async def wait_until_async(pred: Callable[[], object], timeout_s: float, interva
         await asyncio.sleep(interval_s)  # poll interval of a bounded wait
 
 
+def checked(method):
+    """`method` wrapped so that `self.check_invariants()` runs when it returns or raises (a refused
+    constructor leaves no object to check): monkeypatched onto a state machine's events by a test's fixture,
+    a state that breaks an invariant fails the test that reached it, whatever that test asserts itself."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            result = method(self, *args, **kwargs)
+        except Exception:
+            if method.__name__ != "__init__":
+                self.check_invariants()
+            raise
+        self.check_invariants()
+        return result
+    return wrapper

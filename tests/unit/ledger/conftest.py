@@ -6,34 +6,20 @@ invariant of their docstrings fails the test that reached it, whatever that test
 """
 from __future__ import annotations
 
-import functools
 
 import pytest
 
 from bksim.ledger.recovery import LedgerRecovery
 from bksim.ledger.writer import LedgerWriter
+from helpers import checked
 
 WRITER_EVENTS = ("__init__", "append", "append_existing", "on_add_result", "on_add_results", "on_ensemble_changed",
                  "on_ensemble_change_rejected", "close", "on_closed", "abort")
 RECOVERY_EVENTS = ("__init__", "start_recovery", "on_read_result", "forward", "on_closed")
 
 
-def _checked(method):
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            result = method(self, *args, **kwargs)
-        except Exception:
-            if method.__name__ != "__init__":  # a refused constructor leaves no object to check
-                self.check_invariants()
-            raise
-        self.check_invariants()
-        return result
-    return wrapper
-
-
 @pytest.fixture(autouse=True)
 def checked_after_each_event(monkeypatch):
     for cls, events in ((LedgerWriter, WRITER_EVENTS), (LedgerRecovery, RECOVERY_EVENTS)):
         for name in events:
-            monkeypatch.setattr(cls, name, _checked(getattr(cls, name)))
+            monkeypatch.setattr(cls, name, checked(getattr(cls, name)))

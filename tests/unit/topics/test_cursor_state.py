@@ -2,7 +2,6 @@
 helpers against a naive model."""
 from __future__ import annotations
 
-import functools
 import random
 
 import pytest
@@ -14,32 +13,19 @@ from bksim.topics.cursor_state import CursorState
 from bksim.topics.errors import TopicError
 from bksim.topics.positions import Position as P
 from fakes.layout import FakeLayout
+from helpers import checked
 
 MUTATORS = ("__init__", "ack", "ack_cumulative", "expire_until", "seek", "rewind", "ack_batch_indexes",
             "increment_redelivery", "set_property", "restore")
-
-
-def _checked(method):
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        try:
-            result = method(self, *args, **kwargs)
-        except Exception:
-            if method.__name__ != "__init__":  # a refused constructor leaves no object to check
-                self.check_invariants()
-            raise
-        self.check_invariants()
-        return result
-    return wrapper
 
 
 @pytest.fixture(autouse=True)
 def checked_after_each_operation(monkeypatch):
     """Every operation of every test here is followed by CursorState.check_invariants()."""
     for name in MUTATORS:
-        monkeypatch.setattr(CursorState, name, _checked(getattr(CursorState, name)))
+        monkeypatch.setattr(CursorState, name, checked(getattr(CursorState, name)))
     read_position = CursorState.read_position
-    monkeypatch.setattr(CursorState, "read_position", property(read_position.fget, _checked(read_position.fset)))
+    monkeypatch.setattr(CursorState, "read_position", property(read_position.fget, checked(read_position.fset)))
 
 
 def state(ledgers=((10, 5), (11, 0), (12, 4), (13, 3)), md=None, **kw) -> tuple[CursorState, FakeLayout, list[str]]:
