@@ -22,7 +22,17 @@ from bksim.adapters import processes
 from bksim.adapters.local_cluster import registration_doc
 from bksim.adapters.zookeeper_server import MAIN_CLASS
 from bksim.cli import cluster_cmd
-from helpers import free_port
+from helpers import free_port, kill_leftovers
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running(tmp_path):
+    """Every process a test here starts names its tmp dir (config, data, zoo.cfg): none may outlive the test.
+    Leftovers are killed by pid and fail the test, so a `down` that misses a process cannot go unseen."""
+    yield
+    left = kill_leftovers(str(tmp_path))
+    assert not left, f"processes left running after the test (killed now): {left}"
+
 
 FAKE_BOOKIE = r"""
 # stands in for `python -m bksim.cli.main bookie run` (that marker is how `down` recognises a bookie pid)

@@ -20,6 +20,7 @@ Every call blocks (kazoo is thread based): asyncio callers run them with `asynci
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -284,3 +285,30 @@ def broker_address(row: dict) -> str:
     if row.get("host") and row.get("port"):
         return f"{row['host']}:{row['port']}"
     return row["broker_id"]
+
+
+async def call_bounded(fn: Callable[[], object], timeout_s: float) -> object:
+    """`fn()` on a daemon thread, waited for at most `timeout_s` (TimeoutError; the thread is left behind).
+
+    For blocking calls that may never return (kazoo waits for a ZooKeeper that is gone): unlike
+    asyncio.to_thread, whose executor asyncio.run joins on exit, a daemon thread cannot keep the process
+    from exiting."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def settle(result: object, error: BaseException | None) -> None:
+        if not done.done():
+            done.set_exception(error) if error is not None else done.set_result(result)
+
+    def work() -> None:
+        try:
+            result, error = fn(), None
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting coroutine
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits any more
+
+    threading.Thread(target=work, name="bounded-call", daemon=True).start()
+    return await asyncio.wait_for(done, timeout_s)

@@ -179,7 +179,10 @@ async def _until_stopped(stop: asyncio.Event, awaitable):
 
 
 async def _shutdown(config: Config, log, client, engine, server, reg) -> None:
-    """Stop in order: no new work, drain, checkpoint, deregister, close ZooKeeper. Each step bounded."""
+    """Stop in order: no new work, drain, checkpoint, deregister, close ZooKeeper. Each step bounded (the
+    ZooKeeper steps by the session timeout: a ZooKeeper that is gone must not keep the process alive)."""
+    from bksim.adapters import registration
+
     b = config.bookie
     if server is not None:
         await server.stop(b.shutdown_grace_ms)
@@ -190,15 +193,22 @@ async def _shutdown(config: Config, log, client, engine, server, reg) -> None:
             log("storage closed (journal drained, checkpoint written)")
         except Exception as e:  # noqa: BLE001 - keep shutting down; the journal replays what is missing
             log(f"storage close failed: {type(e).__name__}: {e}")
+    zk_bound_s = config.zookeeper.session_timeout_ms / 1000
     if reg is not None:
         try:
-            await asyncio.to_thread(reg.deregister)
+            await registration.call_bounded(reg.deregister, zk_bound_s)
+        except TimeoutError:
+            log(f"deregister gave up after {zk_bound_s:.1f} s (ZooKeeper unreachable); the registration ends "
+                f"with the session")
         except Exception as e:  # noqa: BLE001 - the session close below removes the ephemeral node anyway
             log(f"deregister failed: {type(e).__name__}: {e}")
         reg.close()
     if client is not None:
-        await asyncio.to_thread(_close_zk, client)
-        log("ZooKeeper session closed; bye")
+        try:
+            await registration.call_bounded(lambda: _close_zk(client), zk_bound_s)
+            log("ZooKeeper session closed; bye")
+        except TimeoutError:
+            log(f"closing the ZooKeeper session gave up after {zk_bound_s:.1f} s; bye")
 
 
 def _close_zk(client) -> None:

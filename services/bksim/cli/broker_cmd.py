@@ -199,8 +199,14 @@ async def _shutdown(config: Config, log, client, store, transport, service, serv
     if store is not None:
         store.close()
     if client is not None:
-        await asyncio.to_thread(_close_zk, client)
-        log("ZooKeeper session closed; bye")
+        from bksim.adapters.registration import call_bounded
+
+        zk_bound_s = config.zookeeper.session_timeout_ms / 1000
+        try:
+            await call_bounded(lambda: _close_zk(client), zk_bound_s)
+            log("ZooKeeper session closed; bye")
+        except TimeoutError:
+            log(f"closing the ZooKeeper session gave up after {zk_bound_s:.1f} s; bye")
 
 
 def cmd_list(args) -> int:
