@@ -7,7 +7,11 @@
     /ledgers/idgen/ID-<10 digits>                ephemeral-sequential nodes that hand out ledger ids
     /ledgers/00/0000/L0016                       metadata of ledger 16 (the short form, ids < 10^10)
     /ledgers/000/0000/0100/0000/L0000            metadata of ledger 10^10 (the long form, ids >= 10^10)
-    /ledgers/underreplication/...                autorecovery state (PROTOCOL.md §6)
+    /ledgers/underreplication/ledgers/0000/0000/0000/0010/urL0000000016
+                                                 under-replication mark of ledger 16 (missing bookies)
+    /ledgers/underreplication/locks/urL0000000016   ephemeral: the worker copying ledger 16
+    /ledgers/underreplication/auditorelection/V_<10 digits>   ephemeral-sequential auditor votes
+    /ledgers/underreplication/disable            exists = marking and replication paused
     /brokers/available/<broker id>               ephemeral broker registration
     /managed-ledgers/<tenant>/<ns>/persistent/<topic>[/<cursor>]   managed ledger and cursor info (§5)
     /ownership/<tenant>/<ns>/<topic>             ephemeral topic owner
@@ -21,6 +25,9 @@ to the long form at 2^31 - 1, bksim at 10^10, so every id a 10-digit path can sp
 Each id has exactly one path: ``ledger_id_from_path`` rejects a path that does not round-trip (e.g. a
 long-form path of a small id), so the walk in ``metadata.ledger_manager.list_ledger_ids`` never counts one ledger
 twice.
+
+Under-replication marks (BookKeeper's ZkLedgerUnderreplicationManager): the 64-bit id as four 16-bit hex
+chunks, then ``urL`` and the id zero-padded to 10 digits (more digits for larger ids).
 
 Pure: no I/O. ``metadata.ledger_manager`` walks these paths over the MetadataStore port.
 """
@@ -37,6 +44,12 @@ COOKIES = f"{LEDGERS_ROOT}/cookies"
 IDGEN = f"{LEDGERS_ROOT}/idgen"
 IDGEN_PREFIX = f"{IDGEN}/ID-"  # create(..., sequential=True) appends ZooKeeper's 10-digit counter
 UNDERREPLICATION = f"{LEDGERS_ROOT}/underreplication"
+UNDERREPLICATED_LEDGERS = f"{UNDERREPLICATION}/ledgers"
+UNDERREPLICATION_LOCKS = f"{UNDERREPLICATION}/locks"
+AUDITOR_ELECTION = f"{UNDERREPLICATION}/auditorelection"
+AUDITOR_VOTE_PREFIX = f"{AUDITOR_ELECTION}/V_"  # create(..., ephemeral=True, sequential=True); lowest wins
+UNDERREPLICATION_DISABLE = f"{UNDERREPLICATION}/disable"
+UNDERREPLICATED_LEAF_PREFIX = "urL"
 
 BROKERS_ROOT = "/brokers"
 BROKERS_AVAILABLE = f"{BROKERS_ROOT}/available"
@@ -162,3 +175,32 @@ def _check_name(name: str, what: str) -> None:
     """One path component: non-empty, no '/', not '.' or '..', no NUL (ZooKeeper's rules)."""
     if not isinstance(name, str) or not name or "/" in name or name in (".", "..") or "\0" in name:
         raise ValueError(f"{what} {name!r} cannot be a ZooKeeper path component")
+
+
+def underreplicated_name(ledger_id: int) -> str:
+    """``urL0000000016`` for ledger 16: the leaf of its mark, and the name of its lock."""
+    _check_ledger_id(ledger_id)
+    return f"{UNDERREPLICATED_LEAF_PREFIX}{ledger_id:010d}"
+
+
+def underreplicated_path(ledger_id: int) -> str:
+    """The mark of `ledger_id`: /ledgers/underreplication/ledgers/<4 hex>/<4 hex>/<4 hex>/<4 hex>/urL<id>."""
+    _check_ledger_id(ledger_id)
+    digits = f"{ledger_id:016x}"
+    chunks = "/".join(digits[i:i + 4] for i in range(0, 16, 4))
+    return f"{UNDERREPLICATED_LEDGERS}/{chunks}/{underreplicated_name(ledger_id)}"
+
+
+def underreplication_lock_path(ledger_id: int) -> str:
+    return f"{UNDERREPLICATION_LOCKS}/{underreplicated_name(ledger_id)}"
+
+
+def ledger_id_from_underreplicated_name(name: str) -> int | None:
+    """16 for ``urL0000000016``; None for a name that is not a mark's or a lock's."""
+    if not name.startswith(UNDERREPLICATED_LEAF_PREFIX):
+        return None
+    digits = name[len(UNDERREPLICATED_LEAF_PREFIX):]
+    if not digits.isdigit() or len(digits) < SHORT_DIGITS:
+        return None
+    ledger_id = int(digits)
+    return ledger_id if underreplicated_name(ledger_id) == name else None

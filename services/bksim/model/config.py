@@ -117,6 +117,11 @@ class BrokerConfig:
     bookie_address_overrides: str = option("", "comma-separated BOOKIE_ID=HOST:PORT: dial HOST:PORT for that bookie "
                                                "instead of its registered address (the chaos runner routes links "
                                                "through fault-injecting proxies this way); empty = none")
+    quarantine_errors: int = option(3, "failed calls to one bookie within quarantine_window_ms that quarantine it: "
+                                       "not chosen for new ensembles or replacements (BookKeeper's "
+                                       "bookieQuarantineTime); 0 = never quarantine")
+    quarantine_window_ms: int = option(30_000, "the window in which quarantine_errors failed calls count")
+    quarantine_ms: int = option(60_000, "how long a quarantined bookie is not chosen (it still serves reads)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,12 +165,36 @@ class TopicConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AutoRecoveryConfig:
+    """The auditor and the replication workers (PROTOCOL.md §6): they restore lost replicas."""
+    enabled: bool = option(True, "run the auditor election and a replication worker inside every bookie process "
+                                 "(BookKeeper's autoRecoveryDaemonEnabled); `bksim autorecovery run` runs them alone")
+    lost_bookie_recovery_delay_ms: int = option(0, "a bookie missing from the registrations this long is lost and "
+                                                   "its ledgers are marked (0 = at once); a restart within it is "
+                                                   "not a loss")
+    bookie_check_interval_ms: int = option(1_000, "how often the auditor compares known bookies (cookies) with the "
+                                                  "registered ones")
+    periodic_bookie_check_interval_ms: int = option(86_400_000, "how often the auditor marks every ledger that "
+                                                                "names a lost bookie, whatever it saw before")
+    periodic_check_interval_ms: int = option(604_800_000, "how often the auditor asks every replica of every "
+                                                          "closed ledger which entries it holds (check-all)")
+    open_ledger_rereplication_grace_ms: int = option(30_000, "a marked ledger whose last segment is still OPEN this "
+                                                             "long is recovered (fenced, closed) before its copy")
+    rereplication_bytes_per_s_max: int = option(32 * MiB, "copy rate of one worker, so writers keep their latency")
+    worker_backoff_ms: int = option(5_000, "a worker waits this long after a failed attempt before the next")
+    lost_ledger_retry_ms: int = option(60_000, "a ledger with an entry no replica holds is tried again only after "
+                                               "this long (it is reported as lost meanwhile)")
+    read_batch_entries: int = option(64, "entries a worker reads from one replica in one ReadEntries call")
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     zookeeper: ZooKeeperConfig = field(default_factory=ZooKeeperConfig)
     bookie: BookieConfig = field(default_factory=BookieConfig)
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     topic: TopicConfig = field(default_factory=TopicConfig)
+    autorecovery: AutoRecoveryConfig = field(default_factory=AutoRecoveryConfig)
 
     def validate(self) -> "Config":
         b = self.bookie
@@ -214,13 +243,22 @@ class Config:
         _require(t.ack_quorum_size <= t.write_quorum_size <= t.ensemble_size,
                  "need topic.ack_quorum_size <= topic.write_quorum_size <= topic.ensemble_size")
         _require(0 <= t.ledger_age_ms_min <= t.ledger_age_ms_max, "need 0 <= topic.ledger_age_ms_min <= ledger_age_ms_max")
+        for name in ("quarantine_window_ms", "quarantine_ms"):
+            _require(getattr(r, name) > 0, f"broker.{name} must be > 0")
+        _require(r.quarantine_errors >= 0, "broker.quarantine_errors must be >= 0")
+        a = self.autorecovery
+        _require(a.lost_bookie_recovery_delay_ms >= 0, "autorecovery.lost_bookie_recovery_delay_ms must be >= 0")
+        for name in ("bookie_check_interval_ms", "periodic_bookie_check_interval_ms", "periodic_check_interval_ms",
+                     "open_ledger_rereplication_grace_ms", "rereplication_bytes_per_s_max", "worker_backoff_ms",
+                     "lost_ledger_retry_ms", "read_batch_entries"):
+            _require(getattr(a, name) > 0, f"autorecovery.{name} must be > 0")
         _require(self.zookeeper.operation_timeout_ms > 0, "zookeeper.operation_timeout_ms must be > 0")
         _require(self.zookeeper.read_tries_max >= 1, "zookeeper.read_tries_max must be >= 1")
         return self
 
 
 SECTIONS = {"cluster": ClusterConfig, "zookeeper": ZooKeeperConfig, "bookie": BookieConfig, "broker": BrokerConfig,
-            "topic": TopicConfig}
+            "topic": TopicConfig, "autorecovery": AutoRecoveryConfig}
 
 
 def parse_address_overrides(text: str) -> dict[str, str]:

@@ -50,5 +50,12 @@ class BookieTransport(Protocol):
     async def read_lac(self, bookie: str, ledger_id: int) -> tuple[StatusCode, int]:
         """(status, the bookie's known LAC of the ledger)."""
 
+    async def list_entries(self, bookie: str, ledger_id: int) -> tuple[StatusCode, list[tuple[int, int]]]:
+        """(status, the entry ids of the ledger the bookie holds, as sorted, disjoint, non-adjacent inclusive
+        ranges [(first, last), ...]) (BookKeeper's GET_LIST_OF_ENTRIES_OF_LEDGER). OK with [] for a ledger the
+        bookie knows without entries; NO_LEDGER for one it does not know; UNKNOWN_STATE for a limbo ledger of
+        a formatted bookie (it cannot say what it lost). What the autorecovery auditor's check of all ledgers
+        asks each replica."""
+
     async def close(self) -> None:
         """Release connections; later calls raise BookieUnreachable."""
