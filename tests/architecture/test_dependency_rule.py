@@ -8,14 +8,16 @@ Layers, bottom to top (a module imports only from its own row or below):
                                               and chaos may import client (the topic client over gRPC), and
                                               chaos may import adapters (it drives real processes), and client
                                               may import adapters (shared gRPC channel helpers)
-    topics                                    managed ledgers, cursors, subscriptions over the ledger client
+    topics | autorecovery                     managed ledgers, cursors, subscriptions over the ledger client;
+                                              the auditor and replication workers (autorecovery never
+                                              imports bookie or topics)
     bookie | metadata | broker                bookie never imports broker, and broker never imports bookie
     formats | ports | ledger
     model
 
 `gen` (generated gRPC/protobuf code) may be imported only by adapters, client, perf and cli.
 
-The pure layers (model, formats, ports, ledger, bookie, metadata, broker, topics) import none of grpc,
+The pure layers (model, formats, ports, ledger, bookie, metadata, broker, topics, autorecovery) import none of grpc,
 google.protobuf, kazoo, rocksdict, pyspark, py4j, socket, threading, time, random, subprocess,
 multiprocessing (stdlib ones are allowed under `if TYPE_CHECKING:` for annotations), and never read a wall
 or monotonic clock (`time.time()`, `time.monotonic()`, `datetime.now()`, ...): time and randomness are
@@ -34,12 +36,13 @@ RANK = {
     "model": 0,
     "formats": 1, "ports": 1, "ledger": 1,
     "bookie": 2, "metadata": 2, "broker": 2,
-    "topics": 3,
+    "topics": 3, "autorecovery": 3,
     "adapters": 4, "sim": 4, "audit": 4, "chaos": 4, "perf": 4, "gen": 4, "client": 4,
     "cli": 5, "<root>": 5,  # bksim/__init__.py, bksim/__main__.py
 }
-PURE = {"model", "formats", "ports", "ledger", "bookie", "metadata", "broker", "topics"}
-NEVER = {("bookie", "broker"), ("broker", "bookie"), ("topics", "bookie")}
+PURE = {"model", "formats", "ports", "ledger", "bookie", "metadata", "broker", "topics", "autorecovery"}
+NEVER = {("bookie", "broker"), ("broker", "bookie"), ("topics", "bookie"), ("autorecovery", "bookie"),
+         ("autorecovery", "topics")}
 SIBLINGS = {"adapters", "sim", "audit", "chaos", "perf", "client"}
 SIBLING_EXCEPTIONS = {("perf", "adapters"), ("perf", "client"), ("chaos", "client"), ("chaos", "adapters"),
                       ("client", "adapters")}
@@ -147,8 +150,9 @@ def violations_in_source(source: str, module: str, is_package: bool = False, whe
             elif RANK[other] > RANK[layer]:
                 found.append(f"{at}: {layer} imports {target} from a higher layer ({other})")
             elif (layer, other) in NEVER:
-                found.append(f"{at}: {layer} imports {target}: the bookie is reached only through the "
-                             f"BookieTransport port, never imported by broker or topics")
+                why = ("the bookie is reached only through the BookieTransport port, never imported by broker, "
+                       "topics or autorecovery") if other == "bookie" else f"{layer} and {other} are separate"
+                found.append(f"{at}: {layer} imports {target}: {why}")
             elif (layer != other and layer in SIBLINGS and other in SIBLINGS
                   and (layer, other) not in SIBLING_EXCEPTIONS):
                 found.append(f"{at}: {layer} imports {target}: {layer} and {other} are siblings and do not "
@@ -252,6 +256,14 @@ def test_scanner_catches_upward_and_sideways_imports():
     assert _v("from bksim.bookie.engine import BookieEngine\n", "bksim.topics.topic")
     assert _v("from bksim.adapters import rocks\n", "bksim.topics.topic")
     assert _v("import time\n", "bksim.topics.cursor_state")
+    assert _v("from bksim.bookie.engine import BookieEngine\n", "bksim.autorecovery.auditor")
+    assert _v("from ..bookie import engine\n", "bksim.autorecovery.worker")
+    assert _v("from bksim.topics.managed_ledger import ManagedLedger\n", "bksim.autorecovery.auditor")
+    assert _v("from bksim.adapters.zk_metadata import ZkMetadataStore\n", "bksim.autorecovery.marks")
+    assert _v("from bksim.autorecovery.marks import UnderReplicationMarks\n", "bksim.broker.ledgers")
+    assert _v("import kazoo\n", "bksim.autorecovery.marks")
+    assert _v("import asyncio, time\n", "bksim.autorecovery.auditor")
+    assert _v("import time\nx = time.monotonic()\n", "bksim.autorecovery.worker")
 
 
 def test_scanner_allows_what_the_rule_allows():
@@ -262,6 +274,12 @@ def test_scanner_allows_what_the_rule_allows():
     assert not _v("from . import journal\nfrom .journal import Journal\n", "bksim.bookie.engine")
     assert not _v("from .errors import ConfigError\n", "bksim.model", is_package=True)
     assert not _v("from bksim.broker.ledgers import LedgerService\n", "bksim.topics.managed_ledger")
+    assert not _v("from bksim.broker.ledgers import LedgerService\nfrom bksim.ledger.quorum import covered\n"
+                  "from bksim.metadata import paths\nfrom bksim.formats.entry import Entry\n"
+                  "from bksim.ports.clock import Clock\nfrom bksim.model.config import AutoRecoveryConfig\n"
+                  "from .marks import Mark\n", "bksim.autorecovery.auditor")
+    assert not _v("from bksim.autorecovery.auditor import Auditor\n", "bksim.cli.autorecovery_cmd")
+    assert not _v("from bksim.autorecovery.marks import UnderReplicationMarks\n", "bksim.sim.ledger_scenario")
     assert not _v("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import random\n", "bksim.ledger.x")
     assert not _v("import grpc, kazoo, time, threading\nfrom bksim.bookie import engine\n"
                   "from bksim.gen import bookie_pb2\n", "bksim.adapters.bookie_server")
