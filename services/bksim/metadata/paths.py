@@ -12,6 +12,7 @@
     /ledgers/underreplication/locks/urL0000000016   ephemeral: the worker copying ledger 16
     /ledgers/underreplication/auditorelection/V_<10 digits>   ephemeral-sequential auditor votes
     /ledgers/underreplication/disable            exists = marking and replication paused
+    /ledgers/underreplication/checkallledgersctime   wall ms of the last check of all ledgers (0: asked for)
     /brokers/available/<broker id>               ephemeral broker registration
     /managed-ledgers/<tenant>/<ns>/persistent/<topic>[/<cursor>]   managed ledger and cursor info (§5)
     /ownership/<tenant>/<ns>/<topic>             ephemeral topic owner
@@ -49,6 +50,7 @@ UNDERREPLICATION_LOCKS = f"{UNDERREPLICATION}/locks"
 AUDITOR_ELECTION = f"{UNDERREPLICATION}/auditorelection"
 AUDITOR_VOTE_PREFIX = f"{AUDITOR_ELECTION}/V_"  # create(..., ephemeral=True, sequential=True); lowest wins
 UNDERREPLICATION_DISABLE = f"{UNDERREPLICATION}/disable"
+CHECK_ALL_LEDGERS_CTIME = f"{UNDERREPLICATION}/checkallledgersctime"  # BookKeeper's name
 UNDERREPLICATED_LEAF_PREFIX = "urL"
 
 BROKERS_ROOT = "/brokers"
