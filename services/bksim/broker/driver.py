@@ -17,7 +17,12 @@ Subclasses say what the machine is (`_sink_*` methods) and what the application 
 
 Every bookie call ends in an event for the machine: an answer, or "no answer" (BookieUnreachable, and also a
 call that ended in asyncio.CancelledError although nobody cancelled the task waiting for it: see
-`cancelled_underneath`). A call whose end the machine never hears of would leave it waiting forever.
+`cancelled_underneath`). A call whose end the machine never hears of would leave it waiting forever. Each
+BookieUnreachable is also reported to `bookie_failed` (the ledger service's placement quarantine counts them).
+
+Replacements come from `writable_bookies(ensemble)`: the candidates for replacing members of `ensemble`, the
+ensemble this driver's writer writes to now (the service leaves quarantined bookies out while enough others
+remain).
 """
 from __future__ import annotations
 
@@ -50,7 +55,8 @@ class LedgerDriver:
 
     def __init__(self, *, ledger_id: int, metadata: LedgerMetadata, version: int, store: MetadataStore,
                  transport: BookieTransport, master_key: bytes, batch_entries_max: int, cas_attempts_max: int,
-                 writable_bookies: Callable[[], Awaitable[list[str]]], log: Log) -> None:
+                 writable_bookies: Callable[[Sequence[str]], Awaitable[list[str]]], log: Log,
+                 bookie_failed: Callable[[str], None] = lambda bookie: None) -> None:
         self.ledger_id = ledger_id
         self.metadata = metadata
         self.version = version
@@ -61,6 +67,7 @@ class LedgerDriver:
         self._cas_attempts_max = cas_attempts_max
         self._writable_bookies = writable_bookies
         self._log = log
+        self._bookie_failed = bookie_failed
         self._outboxes: dict[str, list[tuple[int, bytes, int]]] = {}  # bookie -> (entry id, entry, flags)
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task] = set()
@@ -161,6 +168,7 @@ class LedgerDriver:
             if len(statuses) != len(items):
                 raise BookieUnreachable(bookie, f"answered {len(statuses)} statuses for {len(items)} entries")
         except BookieUnreachable as e:
+            self._bookie_failed(bookie)
             self._log_unanswered(bookie, len(items), e.why)
             statuses = [None] * len(items)
         except asyncio.CancelledError:
@@ -184,9 +192,13 @@ class LedgerDriver:
         self._log(f"ledger {self.ledger_id}: {count} add(s) to {bookie} unanswered: {why} (more adds failing "
                   f"the same way are not logged)")
 
+    def _ensemble_in_use(self) -> Sequence[str]:
+        """The ensemble this driver's writer writes to now (what a replacement must be outside of)."""
+        return self.metadata.ensemble
+
     async def _writable_or_none(self) -> Sequence[str]:
         try:
-            return await self._writable_bookies()
+            return await self._writable_bookies(self._ensemble_in_use())
         except MetadataError as e:
             self._log(f"ledger {self.ledger_id}: cannot list writable bookies: {e}")
             return ()

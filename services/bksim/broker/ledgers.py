@@ -3,7 +3,7 @@ read, delete and list ledgers, over the MetadataStore and BookieTransport ports.
 
 Owns: the handles of the ledgers this broker writes (at most `ledgers_open_max`), bookie placement (random,
 from the writable registrations under /ledgers/available, drawn from the `rng` the caller passes in so a
-simulator seed decides it), password checks (a client must present the ledger's password, as BookKeeper's
+simulator seed decides it), the placement quarantine (below), password checks (a client must present the ledger's password, as BookKeeper's
 client does on open), and the translation of every refusal into a LedgerError with a status a client can act
 on:
 
@@ -21,6 +21,14 @@ on:
     RECOVERY_FAILED     recovery could not decide safely; the ledger stays IN_RECOVERY, retry later
     TOO_MANY_REQUESTS   a bound was reached (open ledgers)
     METADATA_ERROR      the metadata store failed (connection loss, session expired)
+
+Placement quarantine (BookKeeper's bookieQuarantineTime): every bookie call of this service's writers, recoveries
+and reads that ends without an answer (BookieUnreachable: refused, broken, past its deadline) is counted against
+that bookie (`note_bookie_failure`); `quarantine_errors` of them within `quarantine_window_ms` quarantine it for
+`quarantine_ms`: it is not chosen for new ensembles or as a replacement, so a blackholed but still registered
+bookie stops stalling writers. It still serves reads and keeps its place in existing ensembles. When leaving
+the quarantined bookies out would leave too few candidates, placement falls back to all writable bookies (as
+BookKeeper does) and logs it. `quarantined()` shows who is out and until when.
 
 The service keeps no state a restart would need: everything lives in ZooKeeper and on the bookies. A broker
 that dies leaves its ledgers OPEN; any broker recovers them (open with recovery).
@@ -77,6 +85,11 @@ class LedgerService:
         # NOT_WRITER; bounded like the handles themselves, oldest forgotten first
         self._ended: collections.OrderedDict[int, tuple[LedgerError, LedgerMetadata]] = collections.OrderedDict()
         self._recoveries: list[LedgerRecovery] = []  # recoveries running now, oldest first
+        # placement quarantine: bookie -> monotonic times of its recent failed calls (at most quarantine_errors),
+        # and bookie -> the monotonic time its quarantine ends
+        self._failures: dict[str, collections.deque[float]] = {}
+        self._quarantine: dict[str, float] = {}
+        self._fallback_logged: frozenset[str] = frozenset()  # the quarantined set of the last fallback logged
 
     # -- bookies -------------------------------------------------------------------------------------------
     async def writable_bookies(self) -> list[str]:
@@ -91,6 +104,76 @@ class LedgerService:
             return await self.store.children(f"{AVAILABLE}/{READONLY_CHILD}")
         except NoNodeError:
             return []
+
+    # -- placement and quarantine ---------------------------------------------------------------------------
+    def note_bookie_failure(self, bookie: str) -> None:
+        """A call to `bookie` got no answer; `quarantine_errors` of them within the window quarantine it."""
+        errors_max = self.config.quarantine_errors
+        if errors_max <= 0:
+            return
+        now = self._clock.monotonic_ms()
+        times = self._failures.get(bookie)
+        if times is None:
+            times = self._failures[bookie] = collections.deque(maxlen=errors_max)
+        times.append(now)
+        while times and times[0] <= now - self.config.quarantine_window_ms:
+            times.popleft()
+        if len(times) < errors_max:
+            return
+        del self._failures[bookie]
+        if self._quarantine.get(bookie, -1.0) <= now:
+            self._log(f"bookie {bookie}: quarantined for {self.config.quarantine_ms} ms ({errors_max} calls "
+                      f"unanswered within {self.config.quarantine_window_ms} ms): not chosen for new ensembles "
+                      f"or replacements")
+        self._quarantine[bookie] = now + self.config.quarantine_ms
+
+    def quarantined(self) -> dict[str, float]:
+        """Quarantined bookies -> the time (the clock's monotonic_ms) their quarantine ends."""
+        now = self._clock.monotonic_ms()
+        for bookie in [b for b, until in self._quarantine.items() if until <= now]:
+            del self._quarantine[bookie]
+        return dict(self._quarantine)
+
+    async def choose_bookies(self, count: int, *, exclude: Sequence[str] = ()) -> list[str]:
+        """`count` distinct writable bookies, none in `exclude`, drawn at random, quarantined ones only when
+        too few others remain. LedgerError(NOT_ENOUGH_BOOKIES) when even they are too few; MetadataError
+        from the store."""
+        writable = [b for b in await self.writable_bookies() if b not in exclude]
+        candidates = self._unquarantined(writable, count, f"{count} bookie(s)")
+        if len(candidates) < count:
+            raise LedgerError(LedgerStatus.NOT_ENOUGH_BOOKIES,
+                              f"{count} bookie(s) needed, {len(writable)} writable registered outside "
+                              f"{list(exclude)}: {writable}")
+        return self._rng.sample(candidates, count)
+
+    async def replacement_candidates(self, ensemble: Sequence[str]) -> list[str]:
+        """Writable bookies a writer of `ensemble` may pick replacements from (it leaves out the ensemble
+        itself): without the quarantined ones while they leave at least as many candidates outside the
+        ensemble as the ensemble has members that are quarantined or not writable (those it may be
+        replacing), at least one."""
+        writable = await self.writable_bookies()
+        quarantined = self.quarantined()
+        if not quarantined:
+            return writable
+        usable = set(writable) - set(quarantined)
+        needed = max(1, sum(1 for b in ensemble if b not in usable))
+        outside = [b for b in writable if b not in ensemble]
+        kept = self._unquarantined(outside, needed, f"a replacement in {list(ensemble)}")
+        return [b for b in writable if b in ensemble or b in kept]
+
+    def _unquarantined(self, candidates: list[str], needed: int, what: str) -> list[str]:
+        """`candidates` without the quarantined bookies, or all of them when that leaves fewer than
+        `needed` (logged). Order kept, so that with no quarantine the rng draws as without one."""
+        quarantined = self.quarantined()
+        kept = [b for b in candidates if b not in quarantined]
+        if len(kept) >= needed or len(kept) == len(candidates):
+            return kept
+        if self._fallback_logged != frozenset(quarantined):  # once per quarantined set: writers ask on each failure
+            self._fallback_logged = frozenset(quarantined)
+            self._log(f"placement of {what}: only {len(kept)} writable bookie(s) outside quarantine "
+                      f"({sorted(b for b in candidates if b in quarantined)} quarantined); using quarantined ones "
+                      f"too")
+        return candidates
 
     # -- writing ---------------------------------------------------------------------------------------------
     async def create_ledger(self, ensemble_size: int, write_quorum_size: int, ack_quorum_size: int, *,
@@ -113,7 +196,8 @@ class LedgerService:
                 raise LedgerError(LedgerStatus.NOT_ENOUGH_BOOKIES,
                                   f"ensemble of {ensemble_size} needs {ensemble_size} "
                                   f"writable bookies, {len(writable)} registered: {writable}")
-            ensemble = self._rng.sample(writable, ensemble_size)
+            ensemble = self._rng.sample(self._unquarantined(writable, ensemble_size,
+                                                            f"an ensemble of {ensemble_size}"), ensemble_size)
             try:
                 metadata = LedgerMetadata.new(ensemble, write_quorum_size, ack_quorum_size, password=password,
                                               digest_type=digest_type, ctime_ms=int(self._clock.wall_ms()),
@@ -147,7 +231,8 @@ class LedgerService:
                     transport=self.transport, master_key=master_key(metadata.password),
                     batch_entries_max=self.config.add_batch_entries_max,
                     cas_attempts_max=self.config.metadata_cas_attempts_max,
-                    writable_bookies=self.writable_bookies, log=self._log)
+                    writable_bookies=self.replacement_candidates, log=self._log,
+                    bookie_failed=self.note_bookie_failure)
 
     def _handle_done(self, handle: LedgerHandle) -> None:
         if self._handles.get(handle.ledger_id) is handle:
@@ -264,7 +349,7 @@ class LedgerService:
             self.check_password(ledger_id, handle.metadata, password)
             return handle.last_add_confirmed  # the writer knows best
         metadata, _ = await self.metadata(ledger_id, password)
-        return await read_lac(self.transport, ledger_id, metadata)
+        return await read_lac(self.transport, ledger_id, metadata, bookie_failed=self.note_bookie_failure)
 
     async def read_entries(self, ledger_id: int, first: int, last: int, *, password: bytes) -> AsyncIterator[Entry]:
         """Entries first..last in order; `last` -1 means "up to the LAC". Raises READ_BEYOND_LAC above it."""
@@ -287,7 +372,8 @@ class LedgerService:
             metadata = handle.metadata  # newer segments than the znode we read may exist only here
         async for entry in read_entries(self.transport, ledger_id, metadata, first, last,
                                         window=self.config.read_window_max,
-                                        speculative_ms=self.config.speculative_read_ms):
+                                        speculative_ms=self.config.speculative_read_ms,
+                                        bookie_failed=self.note_bookie_failure):
             yield entry
 
     # -- the rest -------------------------------------------------------------------------------------------------

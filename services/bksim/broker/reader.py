@@ -13,7 +13,9 @@
   `read_entries` use it: a window of W entries costs one call per bookie instead of W * Qw calls. A
   speculative read issued later joins the next flush. A call that ends without an answer (BookieUnreachable,
   or cancelled underneath the outbox: driver.cancelled_underneath) delivers None for each of its entries, so
-  the caller's machine always hears of every read it asked for.
+  the caller's machine always hears of every read it asked for. A BookieUnreachable is also reported to
+  `bookie_failed` (the ledger service's placement quarantine counts them); so are `read_lac`'s and
+  `read_entries`'.
 """
 from __future__ import annotations
 
@@ -40,13 +42,15 @@ class ReadOutbox:
     `close()` nothing more is sent or delivered. Pending ids are bounded by what the owner's window issues."""
 
     def __init__(self, transport: BookieTransport, ledger_id: int, deliver: Deliver, *, master_key: bytes = b"",
-                 spawn: Callable | None = None, batch_max: int = READ_BATCH_ENTRIES_MAX) -> None:
+                 spawn: Callable | None = None, batch_max: int = READ_BATCH_ENTRIES_MAX,
+                 bookie_failed: Callable[[str], None] = lambda bookie: None) -> None:
         assert batch_max > 0
         self._transport = transport
         self._ledger_id = ledger_id
         self._deliver = deliver
         self._master_key = master_key
         self._batch_max = batch_max
+        self._bookie_failed = bookie_failed
         self._loop = asyncio.get_running_loop()
         self._tasks: set[asyncio.Task] = set()
         self._spawn = spawn or self._own_task
@@ -97,6 +101,7 @@ class ReadOutbox:
             if len(results) != len(ids):
                 raise BookieUnreachable(bookie, f"answered {len(results)} results for {len(ids)} entry ids")
         except BookieUnreachable:
+            self._bookie_failed(bookie)
             results = [(None, b"")] * len(ids)
         except asyncio.CancelledError:
             if self._closed or not cancelled_underneath():
@@ -109,7 +114,8 @@ class ReadOutbox:
             deliver(bookie, entry_id, status, entry)
 
 
-async def read_lac(transport: BookieTransport, ledger_id: int, metadata: LedgerMetadata) -> int:
+async def read_lac(transport: BookieTransport, ledger_id: int, metadata: LedgerMetadata, *,
+                   bookie_failed: Callable[[str], None] = lambda bookie: None) -> int:
     if metadata.is_closed:
         return metadata.last_entry_id
     machine = LacRead(metadata.ensemble, metadata.write_quorum_size, metadata.ack_quorum_size)
@@ -119,6 +125,7 @@ async def read_lac(transport: BookieTransport, ledger_id: int, metadata: LedgerM
         try:
             status, lac = await transport.read_lac(bookie, ledger_id)
         except BookieUnreachable:
+            bookie_failed(bookie)
             status, lac = None, -1
         except asyncio.CancelledError:
             if not cancelled_underneath():
@@ -188,7 +195,8 @@ class _OneEntry:
 
 
 async def read_entries(transport: BookieTransport, ledger_id: int, metadata: LedgerMetadata, first: int,
-                       last: int, *, window: int, speculative_ms: float) -> AsyncIterator[Entry]:
+                       last: int, *, window: int, speculative_ms: float,
+                       bookie_failed: Callable[[str], None] = lambda bookie: None) -> AsyncIterator[Entry]:
     """Entries first..last (inclusive, the caller checked them against the LAC), in order."""
     in_flight: collections.deque[_OneEntry] = collections.deque()
     by_id: dict[int, _OneEntry] = {}  # the entries of the window, for the outbox's replies
@@ -199,7 +207,7 @@ async def read_entries(transport: BookieTransport, ledger_id: int, metadata: Led
         if one is not None:  # else: already returned; a late (e.g. speculative) reply changes nothing
             one.on_reply(bookie, status, data)
 
-    outbox = ReadOutbox(transport, ledger_id, deliver)
+    outbox = ReadOutbox(transport, ledger_id, deliver, bookie_failed=bookie_failed)
     next_id = first
     try:
         while next_id <= last or in_flight:

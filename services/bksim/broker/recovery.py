@@ -40,7 +40,7 @@ class RecoveryRun(LedgerDriver):
         self.recovery = recovery
         self._done: asyncio.Future = asyncio.get_running_loop().create_future()
         self._reads = ReadOutbox(self._transport, self.ledger_id, self._on_read_result, master_key=self._master_key,
-                                 spawn=self.spawn)
+                                 spawn=self.spawn, bookie_failed=self._bookie_failed)
         self._base_segments = self.metadata.segments  # the IN_RECOVERY value this run's segments build on
         self._local_segments: list[tuple[int, tuple[str, ...]]] = []  # the write-back's ensemble changes, in order
 
@@ -68,6 +68,10 @@ class RecoveryRun(LedgerDriver):
         self.execute(self.recovery.on_read_result(bookie, entry_id, status, entry))
 
     # -- driver hooks (the write-back writer) ----------------------------------------------------------------
+    def _ensemble_in_use(self):
+        writer = self.recovery.writer
+        return writer.ensemble if writer is not None else self.metadata.ensemble
+
     def _sink_add_results(self, bookie, entry_ids, statuses, writable):
         if self.recovery.writer is None or self.recovery.phase is not RecoveryPhase.WRITING_BACK:
             return []
