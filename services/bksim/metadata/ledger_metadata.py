@@ -20,7 +20,11 @@ Transitions (pure: each returns a new value, the caller CASes it onto the znode 
                                             else LedgerStateError
 
 A new segment starting at the last segment's first_entry_id replaces it (PROTOCOL.md §4 ensemble
-change: the segment at LAC + 1 received nothing acknowledged yet). Whether a writer may change the
+change: the segment at LAC + 1 received nothing acknowledged yet).
+
+`with_replaced_bookie(first_entry_id, bookie, replacement)` swaps one bookie of one segment, in any state
+(CLOSED included: state, end and the segments' ranges stay): autorecovery's change once the replacement holds
+every entry of that segment the replaced bookie held (PROTOCOL.md §6; BookKeeper's replaceEnsembleEntry). Whether a writer may change the
 ensemble of an IN_RECOVERY ledger (it may not: it is fenced) is the protocol's decision, not this module's.
 
 Bytes: compact JSON with sorted keys (the same value always gives the same bytes), "format_version": 1,
@@ -239,6 +243,21 @@ class LedgerMetadata:
                              f"(entry {last.first_entry_id})")
         kept = self.segments[:-1] if segment.first_entry_id == last.first_entry_id else self.segments
         return self._replace(segments=(*kept, segment))
+
+    def with_replaced_bookie(self, first_entry_id: int, bookie: str, replacement: str) -> "LedgerMetadata":
+        """The segment starting at `first_entry_id` with `replacement` in `bookie`'s place (the same ensemble
+        index), everything else unchanged. ValueError when no segment starts there, it does not name `bookie`,
+        or it already names `replacement`."""
+        for i, segment in enumerate(self.segments):
+            if segment.first_entry_id == first_entry_id:
+                break
+        else:
+            raise ValueError(f"no segment starts at entry {first_entry_id}")
+        if bookie not in segment.ensemble:
+            raise ValueError(f"segment at entry {first_entry_id} does not name {bookie}: {list(segment.ensemble)}")
+        ensemble = tuple(replacement if b == bookie else b for b in segment.ensemble)
+        changed = Segment(first_entry_id, ensemble)  # ValueError: `replacement` is already in the ensemble
+        return self._replace(segments=(*self.segments[:i], changed, *self.segments[i + 1:]))
 
 
 # -- bytes -----------------------------------------------------------------------------------------------------

@@ -138,6 +138,22 @@ def test_new_segment_appends_or_replaces_the_last_one():
         m.with_new_segment(5, (A, A, B))
 
 
+def test_replacing_a_bookie_of_one_segment_keeps_everything_else_in_every_state():
+    two = meta().with_new_segment(5, (A, D, C))
+    closed = two.closed(9, 100)
+    for m in (two, two.with_state(LedgerState.IN_RECOVERY), closed):
+        replaced = m.with_replaced_bookie(0, B, E5)
+        assert replaced.segments == (Segment(0, (A, E5, C)), Segment(5, (A, D, C)))
+        assert (replaced.state, replaced.last_entry_id, replaced.length) == (m.state, m.last_entry_id, m.length)
+    assert closed.with_replaced_bookie(5, C, B).segments[1] == Segment(5, (A, D, B))
+    with pytest.raises(ValueError, match="no segment starts at entry 3"):
+        closed.with_replaced_bookie(3, A, E5)
+    with pytest.raises(ValueError, match="does not name"):
+        closed.with_replaced_bookie(5, B, E5)
+    with pytest.raises(ValueError, match="twice"):
+        closed.with_replaced_bookie(0, B, C)
+
+
 def test_segment_for_and_write_sets():
     m = meta(ensemble_size=3, write_quorum_size=2).with_new_segment(5, (A, D, C)).with_new_segment(8, (B, D, E5))
     assert [m.segment_for(e).first_entry_id for e in (0, 4, 5, 7, 8, 1000)] == [0, 0, 5, 5, 8, 8]
