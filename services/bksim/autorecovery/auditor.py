@@ -1,0 +1,427 @@
+"""The auditor (PROTOCOL.md §6): one per cluster, it finds ledgers that lack replicas and marks them for the
+replication workers. BookKeeper's AuditorElector, Auditor, AuditorBookieCheckTask and
+AuditorCheckAllLedgersTask / AuditorReplicasCheckTask, over the MetadataStore and BookieTransport ports.
+
+Election. Every candidate creates an ephemeral-sequential vote /ledgers/underreplication/auditorelection/V_<seq>
+whose data is its owner id; the lowest vote is the auditor. A vote dies with its session, so when the
+auditor's process dies the next vote wins.
+
+Lost bookies. known = the bookies with a cookie (/ledgers/cookies); registered = writable ∪ read-only
+registrations (a read-only bookie still serves its copies: it is not lost). A known bookie missing from the
+registrations for `lost_bookie_recovery_delay_ms` (0 = at once) is lost; a bookie that registers again within
+the delay cancels it, so a restart is not a loss. The bookie check marks every ledger whose metadata names a
+lost bookie in any segment with the lost bookies it names (the worker replaces each in the segments that name
+it). It scans the ledgers when a bookie becomes lost, and every `periodic_bookie_check_interval_ms` whatever
+it saw before (losses missed while no auditor ran, marks of a scan that failed halfway).
+
+Check of all ledgers. For every CLOSED ledger, for every segment's entries [first, last] and every registered
+bookie of its ensemble that must hold some of them (write sets: ledger/quorum.py), the auditor asks the
+bookie which entries of the ledger it holds (`list_entries`, one call per bookie and ledger) and marks the
+ledger with each bookie that lacks an entry it must hold: a truncated journal, a damaged entry log, a
+re-formatted bookie. NO_LEDGER holds nothing; UNKNOWN_STATE (a limbo ledger of a re-formatted bookie: it
+cannot say what it lost) counts as holding nothing; a bookie that does not answer is left to the bookie
+check; any other status is reported, not marked. OPEN and IN_RECOVERY ledgers are skipped (their end is
+not known; the bookie check covers their lost bookies). It runs every `periodic_check_interval_ms`,
+measured from the wall time of the last run recorded at /ledgers/underreplication/checkallledgersctime,
+so a new auditor does not repeat a recent check; `trigger_check_all` records 0 there, which any auditor
+takes as "run now" (the operators' `bksim autorecovery check-all`, from any process).
+
+Everything is bounded: ledgers in flight (LEDGER_CHECK_CONCURRENCY, METADATA_READ_CONCURRENCY), the calls
+a check makes (one per bookie and ledger), and every wait (the Clock port, woken early by `stop` and by
+`trigger_check_all`). While /ledgers/underreplication/disable exists nothing is marked.
+
+Where bksim differs from BookKeeper:
+- polling instead of watches (the port has none): candidates re-read the votes, and the auditor re-reads
+  cookies and registrations, every `bookie_check_interval_ms`;
+- the lost-bookie delay is a configuration value, not a znode, and applies to each bookie even when several
+  are missing at once (BookKeeper audits at once when more than one bookie is lost);
+- the check of all ledgers compares entry lists (BookKeeper's replicas check, GET_LIST_OF_ENTRIES_OF_LEDGER)
+  rather than reading the first and last entry of each fragment, so a hole in the middle is found too;
+- the checks run one after another in the auditor's loop, as on BookKeeper's single-threaded auditor
+  executor: a long check of all ledgers delays the next bookie check.
+
+`run` raises SessionExpiredError when the auditor's metadata session is gone: its vote died with it, and the
+owner starts a new Auditor on a new session. Other operating errors are logged and retried at the next turn.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable, Iterable, Sequence
+
+from bksim.autorecovery.marks import UnderReplicationMarks
+from bksim.ledger.quorum import write_set_indexes
+from bksim.metadata.ledger_manager import list_ledger_ids, read_ledger_metadata
+from bksim.metadata.ledger_metadata import LedgerMetadata
+from bksim.metadata.paths import (AUDITOR_ELECTION, AUDITOR_VOTE_PREFIX, AVAILABLE, CHECK_ALL_LEDGERS_CTIME, COOKIES,
+                                  READONLY, READONLY_CHILD, SEQUENCE_DIGITS)
+from bksim.model.config import AutoRecoveryConfig
+from bksim.model.errors import (BadVersionError, BksimError, BookieUnreachable, MetadataFormatError,
+                                NodeExistsError, NoNodeError, SessionExpiredError)
+from bksim.model.status import StatusCode
+from bksim.ports.bookie_transport import BookieTransport
+from bksim.ports.clock import Clock
+from bksim.ports.metadata import ANY_VERSION, MetadataStore
+
+# ledgers whose replicas are asked at once in a check of all ledgers; each asks the bookies of its segments
+# (at most E per segment) at once, so about LEDGER_CHECK_CONCURRENCY * E list_entries calls are in flight
+LEDGER_CHECK_CONCURRENCY = 8
+# ledger metadata reads in flight while the bookie check scans for ledgers that name a lost bookie
+METADATA_READ_CONCURRENCY = 32
+CHECK_ALL_REQUESTED = 0  # the check-all ctime that asks the auditor to run the check now
+_VOTE_NAME_PREFIX = AUDITOR_VOTE_PREFIX.rsplit("/", 1)[1]  # "V_"
+# answers of list_entries that say what the bookie holds: OK (its ranges), NO_LEDGER and UNKNOWN_STATE (nothing)
+_HOLDS_NOTHING = frozenset({StatusCode.NO_LEDGER, StatusCode.UNKNOWN_STATE})
+
+
+def required_entries(first: int, last: int, index: int, ensemble_size: int, write_quorum_size: int) -> int:
+    """How many entries of [first, last] the bookie at ensemble `index` must hold: those whose write set
+    (ledger/quorum.py) contains `index`. Every E consecutive entries put each index in Qw write sets."""
+    count = last - first + 1
+    if count <= 0:
+        return 0
+    rounds, rest = divmod(count, ensemble_size)
+    start = first + rounds * ensemble_size
+    return rounds * write_quorum_size + sum(
+        1 for entry_id in range(start, start + rest)
+        if index in write_set_indexes(entry_id, ensemble_size, write_quorum_size))
+
+
+def missing_entries(first: int, last: int, held: Sequence[tuple[int, int]], index: int, ensemble_size: int,
+                    write_quorum_size: int) -> int:
+    """How many entries of [first, last] the bookie at ensemble `index` must hold but does not, given the
+    inclusive ranges it `held`."""
+    missing, at = 0, first
+    for low, high in sorted(held):
+        if high < at:
+            continue
+        if low > last:
+            break
+        missing += required_entries(at, min(low - 1, last), index, ensemble_size, write_quorum_size)
+        at = high + 1
+        if at > last:
+            return missing
+    return missing + required_entries(at, last, index, ensemble_size, write_quorum_size)
+
+
+def segment_ranges(metadata: LedgerMetadata) -> list[tuple[int, int, tuple[str, ...]]]:
+    """(first, last, ensemble) of each segment of a CLOSED ledger that holds at least one entry."""
+    assert metadata.is_closed
+    out = []
+    for i, segment in enumerate(metadata.segments):
+        following = metadata.segments[i + 1].first_entry_id - 1 if i + 1 < len(metadata.segments) else None
+        last = metadata.last_entry_id if following is None else min(following, metadata.last_entry_id)
+        if last >= segment.first_entry_id:
+            out.append((segment.first_entry_id, last, segment.ensemble))
+    return out
+
+
+async def _for_each(items: Sequence[int], action: Callable[[int], Awaitable[None]], concurrency: int) -> None:
+    """Run `action` on every item, at most `concurrency` at once (a few workers pulling from one iterator)."""
+    pending = iter(items)
+
+    async def worker() -> None:
+        for item in pending:
+            await action(item)
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(min(concurrency, len(items))):
+            group.create_task(worker())
+
+
+class Auditor:
+    """One candidate for auditor; the elected one checks the bookies and ledgers (see the module docstring)."""
+
+    def __init__(self, store: MetadataStore, transport: BookieTransport, marks: UnderReplicationMarks, clock: Clock,
+                 config: AutoRecoveryConfig, owner_id: str, log: Callable[[str], None] = lambda line: None) -> None:
+        assert owner_id, "a candidate names itself in its vote"
+        self.store = store
+        self.transport = transport
+        self.marks = marks
+        self._clock = clock
+        self.config = config
+        self.owner_id = owner_id
+        self._log = log
+        self._vote: str | None = None  # the path of our vote
+        self._missing_since: dict[str, float] = {}  # bookie -> monotonic ms it was first seen unregistered
+        self._audited: set[str] = set()  # lost bookies whose ledgers a finished scan marked
+        self._wake = asyncio.Event()
+        self.leading = False  # what the last turn of `run` found
+        self.last_bookie_check: dict | None = None
+        self.last_check_all: dict | None = None
+
+    # -- election ------------------------------------------------------------------------------------------
+
+    @property
+    def vote(self) -> str | None:
+        """The path of our vote, once cast."""
+        return self._vote
+
+    async def elect(self) -> str:
+        """Cast our vote (once; again only if it is gone) and return its path."""
+        if self._vote is not None and await self.store.exists(self._vote) is not None:
+            return self._vote
+        self._vote = await self.store.create(AUDITOR_VOTE_PREFIX, self.owner_id.encode("utf-8"), ephemeral=True,
+                                             sequential=True, make_parents=True)
+        self._log(f"auditor election: {self.owner_id} voted {self._vote}")
+        return self._vote
+
+    async def _votes(self) -> list[str]:
+        """Vote names, lowest first."""
+        try:
+            names = await self.store.children(AUDITOR_ELECTION)
+        except NoNodeError:
+            return []
+        votes = [n for n in names if n.startswith(_VOTE_NAME_PREFIX) and n[-SEQUENCE_DIGITS:].isdigit()]
+        return sorted(votes, key=lambda n: int(n[-SEQUENCE_DIGITS:]))
+
+    async def is_auditor(self) -> bool:
+        """True while our vote is the lowest."""
+        votes = await self._votes()
+        return self._vote is not None and bool(votes) and f"{AUDITOR_ELECTION}/{votes[0]}" == self._vote
+
+    async def current_auditor(self) -> str | None:
+        """The owner id in the lowest vote, or None without votes."""
+        for name in await self._votes():
+            try:
+                data, _ = await self.store.get(f"{AUDITOR_ELECTION}/{name}")
+            except NoNodeError:
+                continue  # maybe: that candidate's session ended since we listed
+            return data.decode("utf-8", "replace")
+        return None
+
+    # -- lost bookies --------------------------------------------------------------------------------------
+
+    async def _children(self, path: str) -> list[str]:
+        try:
+            return await self.store.children(path)
+        except NoNodeError:
+            return []
+
+    async def _bookies(self) -> tuple[list[str], set[str]]:
+        """(known bookies, registered bookies)."""
+        known = await self._children(COOKIES)
+        writable = [b for b in await self._children(AVAILABLE) if b != READONLY_CHILD]
+        return known, set(writable) | set(await self._children(READONLY))
+
+    def _track(self, known: Iterable[str], registered: set[str]) -> tuple[list[str], dict[str, float]]:
+        """Update when each known bookie went missing; (lost bookies, {bookie: ms left before it is lost})."""
+        now = self._clock.monotonic_ms()
+        missing = set(known) - registered
+        for bookie in [b for b in self._missing_since if b not in missing]:
+            del self._missing_since[bookie]
+            self._audited.discard(bookie)
+            self._log(f"auditor: bookie {bookie} is registered again")
+        for bookie in sorted(missing - set(self._missing_since)):
+            self._missing_since[bookie] = now
+            self._log(f"auditor: bookie {bookie} is not registered (lost after "
+                      f"{self.config.lost_bookie_recovery_delay_ms} ms)")
+        delay = self.config.lost_bookie_recovery_delay_ms
+        lost = sorted(b for b in missing if now - self._missing_since[b] >= delay)
+        waiting = {b: delay - (now - self._missing_since[b]) for b in sorted(missing) if b not in lost}
+        return lost, waiting
+
+    async def check_bookies(self, *, full: bool = False) -> dict:
+        """Find lost bookies and mark the ledgers that name them: scans the ledgers when a bookie is newly lost,
+        or always with `full` (the periodic bookie check). Returns what it saw and did."""
+        known, registered = await self._bookies()
+        lost, waiting = self._track(known, registered)
+        report: dict = {"known": sorted(known), "registered": sorted(registered), "lost": lost, "waiting": waiting,
+                        "disabled": False, "scanned": False, "ledgers": 0, "marked": {}, "errors": []}
+        if await self.marks.is_disabled():
+            report["disabled"] = True
+            return report
+        if lost and (full or set(lost) - self._audited):
+            scan = await self.mark_ledgers_of(lost)
+            report.update(scanned=True, marked=scan["marked"], errors=scan["errors"], ledgers=scan["ledgers"])
+            self._audited |= set(lost)
+        return report
+
+    async def mark_ledgers_of(self, bookies: Iterable[str]) -> dict:
+        """Mark every ledger whose metadata names any of `bookies` in a segment, with the ones it names
+        (also what a decommission does for a stopped bookie). {"ledgers": n, "marked": {id: [bookie]},
+        "errors": [text]}."""
+        wanted = set(bookies)
+        ids = await list_ledger_ids(self.store)
+        marked: dict[int, list[str]] = {}
+        errors: list[str] = []
+
+        async def scan(ledger_id: int) -> None:
+            try:
+                metadata, _ = await read_ledger_metadata(self.store, ledger_id)
+            except NoNodeError:
+                return  # maybe: deleted since the listing
+            except MetadataFormatError as e:
+                errors.append(f"ledger {ledger_id}: {e}")
+                return
+            named = sorted({b for s in metadata.segments for b in s.ensemble} & wanted)
+            if named:
+                await self.marks.mark(ledger_id, named)
+                marked[ledger_id] = named
+                self._log(f"auditor: ledger {ledger_id} marked under-replicated (lost bookies {named})")
+
+        await _for_each(ids, scan, METADATA_READ_CONCURRENCY)
+        return {"ledgers": len(ids), "marked": dict(sorted(marked.items())), "errors": errors}
+
+    # -- check of all ledgers ------------------------------------------------------------------------------
+
+    async def check_all_ledgers(self) -> dict:
+        """Ask every replica of every CLOSED ledger which entries it holds and mark the ledgers with the bookies
+        that miss some. Returns {"ledgers", "checked", "marked": {id: {bookie: missing entries}},
+        "unreachable": {id: [bookie]}, "errors": [text], "disabled"}."""
+        report: dict = {"disabled": False, "ledgers": 0, "checked": 0, "marked": {}, "unreachable": {},
+                        "errors": []}
+        if await self.marks.is_disabled():
+            report["disabled"] = True
+            return report
+        started_ms = int(self._clock.wall_ms())
+        ctime_version = await self.store.exists(CHECK_ALL_LEDGERS_CTIME)
+        _, registered = await self._bookies()
+        ids = await list_ledger_ids(self.store)
+        report["ledgers"] = len(ids)
+
+        async def check(ledger_id: int) -> None:
+            try:
+                metadata, _ = await read_ledger_metadata(self.store, ledger_id)
+            except NoNodeError:
+                return  # maybe: deleted since the listing
+            except MetadataFormatError as e:
+                report["errors"].append(f"ledger {ledger_id}: {e}")
+                return
+            if not metadata.is_closed:
+                return
+            report["checked"] += 1
+            missing = await self._check_ledger(ledger_id, metadata, registered, report)
+            if missing:
+                await self.marks.mark(ledger_id, missing)
+                report["marked"][ledger_id] = missing
+                self._log(f"auditor: ledger {ledger_id} marked under-replicated (missing entries {missing})")
+
+        await _for_each(ids, check, LEDGER_CHECK_CONCURRENCY)
+        report["marked"] = dict(sorted(report["marked"].items()))
+        report["unreachable"] = dict(sorted(report["unreachable"].items()))
+        await self._record_check_all(started_ms, ctime_version)
+        return report
+
+    async def _check_ledger(self, ledger_id: int, metadata: LedgerMetadata, registered: set[str],
+                            report: dict) -> dict[str, int]:
+        """{bookie: entries it must hold and does not} for the registered bookies of a CLOSED ledger."""
+        e, qw = metadata.ensemble_size, metadata.write_quorum_size
+        duties = [(first, last, index, bookie) for first, last, ensemble in segment_ranges(metadata)
+                  for index, bookie in enumerate(ensemble)
+                  if bookie in registered and required_entries(first, last, index, e, qw) > 0]
+        asked = sorted({bookie for *_, bookie in duties})
+        held: dict[str, list[tuple[int, int]]] = {}
+
+        async def ask(bookie: str) -> None:
+            try:
+                status, ranges = await self.transport.list_entries(bookie, ledger_id)
+            except BookieUnreachable:
+                report["unreachable"].setdefault(ledger_id, []).append(bookie)
+                return  # maybe: lost; the bookie check decides
+            if status is StatusCode.OK:
+                held[bookie] = list(ranges)
+            elif status in _HOLDS_NOTHING:
+                held[bookie] = []
+            else:
+                report["errors"].append(f"ledger {ledger_id}: bookie {bookie} answered {status.name}")
+
+        async with asyncio.TaskGroup() as group:
+            for bookie in asked:
+                group.create_task(ask(bookie))
+        missing: dict[str, int] = {}
+        for first, last, index, bookie in duties:
+            if bookie in held:
+                count = missing_entries(first, last, held[bookie], index, e, qw)
+                if count:
+                    missing[bookie] = missing.get(bookie, 0) + count
+        return dict(sorted(missing.items()))
+
+    async def _record_check_all(self, started_ms: int, version: int | None) -> None:
+        """Record when the check that just ended started; a request made meanwhile (a write since we read
+        `version`) stays, so the check runs again."""
+        data = str(started_ms).encode("ascii")
+        try:
+            if version is None:
+                await self.store.create(CHECK_ALL_LEDGERS_CTIME, data, make_parents=True)
+            else:
+                await self.store.set(CHECK_ALL_LEDGERS_CTIME, data, version)
+        except (NodeExistsError, BadVersionError, NoNodeError):
+            pass  # maybe: trigger_check_all wrote since we read: keep its request
+
+    async def check_all_due(self) -> bool:
+        """Whether the check of all ledgers should run now: never ran, asked for, or its interval passed."""
+        try:
+            data, _ = await self.store.get(CHECK_ALL_LEDGERS_CTIME)
+        except NoNodeError:
+            return True
+        try:
+            ctime_ms = int(data.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            ctime_ms = CHECK_ALL_REQUESTED  # unreadable: run and rewrite it
+        return (ctime_ms == CHECK_ALL_REQUESTED
+                or self._clock.wall_ms() - ctime_ms >= self.config.periodic_check_interval_ms)
+
+    async def trigger_check_all(self) -> None:
+        """Ask the auditor, in whatever process it runs, to check all ledgers at its next turn; an auditor
+        in this process is woken at once."""
+        data = str(CHECK_ALL_REQUESTED).encode("ascii")
+        try:
+            await self.store.set(CHECK_ALL_LEDGERS_CTIME, data, ANY_VERSION)
+        except NoNodeError:
+            try:
+                await self.store.create(CHECK_ALL_LEDGERS_CTIME, data, make_parents=True)
+            except NodeExistsError:
+                await self.store.set(CHECK_ALL_LEDGERS_CTIME, data, ANY_VERSION)
+        self._wake.set()
+
+    # -- the loop ------------------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until `stop` is set: vote; while auditor, check the bookies every `bookie_check_interval_ms` (fully
+        at election and every `periodic_bookie_check_interval_ms`) and all ledgers when due; otherwise
+        re-read the election at the same pace. SessionExpiredError ends it (see the module docstring)."""
+        next_full_check_ms = 0.0
+        while not stop.is_set():
+            try:
+                await self.elect()
+                leading = await self.is_auditor()
+                if leading and not self.leading:
+                    self._log(f"auditor: {self.owner_id} is the auditor")
+                    next_full_check_ms = self._clock.monotonic_ms()
+                elif self.leading and not leading:
+                    self._log(f"auditor: {self.owner_id} is no longer the auditor")
+                    self._missing_since.clear()
+                    self._audited.clear()
+                self.leading = leading
+                if leading:
+                    now = self._clock.monotonic_ms()
+                    full = now >= next_full_check_ms
+                    self.last_bookie_check = await self.check_bookies(full=full)
+                    if full:
+                        next_full_check_ms = now + self.config.periodic_bookie_check_interval_ms
+                    if await self.check_all_due():
+                        self.last_check_all = await self.check_all_ledgers()
+            except SessionExpiredError:
+                self.leading = False
+                raise
+            except BksimError as e:
+                self._log(f"auditor: {type(e).__name__}: {e} (retrying in {self.config.bookie_check_interval_ms} ms)")
+            await self._wait(self.config.bookie_check_interval_ms, stop)
+
+    async def _wait(self, ms: float, stop: asyncio.Event) -> None:
+        """Sleep `ms` on the Clock, or less when `stop` or a trigger comes first."""
+        waits = [asyncio.ensure_future(self._clock.sleep_ms(ms)), asyncio.ensure_future(stop.wait()),
+                 asyncio.ensure_future(self._wake.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+        self._wake.clear()
+
+    def statistics(self) -> dict:
+        """What `bksim autorecovery status` shows of this candidate."""
+        return {"owner_id": self.owner_id, "vote": self._vote, "auditor": self.leading,
+                "missing_since_ms": dict(sorted(self._missing_since.items())),
+                "last_bookie_check": self.last_bookie_check, "last_check_all": self.last_check_all}
