@@ -38,6 +38,7 @@ FRAME_BYTES_MAX = 256 * KiB
 READ_BATCH_MAX = 8
 PER_STREAM_MAX = 16
 TOTAL_MAX = 32
+LIST_IDS_MAX = 4  # entry ids per ListEntries answer: a ledger of more is listed in pages
 BIG_PAYLOAD = b"x" * (60 * KiB)  # 4 such entries fit in one ReadEntries answer, 5 do not
 
 
@@ -45,7 +46,7 @@ def contract_config(base: BookieConfig = BookieConfig()) -> BookieConfig:
     """`base` with the limits the checks reach."""
     return dataclasses.replace(base, entry_bytes_max=ENTRY_BYTES_MAX, frame_bytes_max=FRAME_BYTES_MAX,
                                read_batch_entries_max=READ_BATCH_MAX, add_inflight_per_stream_max=PER_STREAM_MAX,
-                               add_inflight_total_max=TOTAL_MAX)
+                               add_inflight_total_max=TOTAL_MAX, list_entries_ids_max=LIST_IDS_MAX)
 
 
 class Harness(Protocol):
@@ -193,6 +194,29 @@ async def check_an_add_batch_past_the_in_flight_bound_is_overload(h: Harness) ->
     assert await t.read_entry(b, ledger, PER_STREAM_MAX - 1) == (S.OK, entry(ledger, PER_STREAM_MAX - 1))
 
 
+async def check_list_entries_gives_the_held_ids_as_ranges(h: Harness) -> None:
+    t, b, ledger = h.transport, h.bookie, 115
+    held = [0, 1, 2, 5, 9, 7, 8, 10, 11, 12, 13, 14, 15, 16, 20]  # out of order, gaps; more than one answer holds
+    assert await t.add(b, [(entry(ledger, i), KEY, 0) for i in held]) == [S.OK] * len(held)
+    assert await t.list_entries(b, ledger) == (S.OK, [(0, 2), (5, 5), (7, 16), (20, 20)])
+    assert await t.add(b, [(entry(ledger, 3), KEY, 0), (entry(ledger, 7), KEY, 0)]) == [S.OK] * 2
+    assert await t.list_entries(b, ledger) == (S.OK, [(0, 3), (5, 5), (7, 16), (20, 20)])
+    one_range = 116  # a range longer than one answer is joined across the answers
+    assert await t.add(b, [(entry(one_range, i), KEY, 0) for i in range(3 * LIST_IDS_MAX + 1)]) == \
+        [S.OK] * (3 * LIST_IDS_MAX + 1)
+    assert await t.list_entries(b, one_range) == (S.OK, [(0, 3 * LIST_IDS_MAX)])
+
+
+async def check_list_entries_of_unknown_and_empty_ledgers(h: Harness) -> None:
+    t, b, unknown, fenced = h.transport, h.bookie, 99_117, 117
+    assert await t.list_entries(b, unknown) == (S.NO_LEDGER, [])
+    assert await t.read_entry(b, fenced, -1, fence=True, master_key=KEY) == (S.NO_ENTRY, b"")
+    assert await t.list_entries(b, fenced) == (S.OK, [])  # known (fenced) without entries
+    assert await t.list_entries(b, -1) == (S.BAD_REQUEST, [])
+    assert await t.add(b, [(entry(fenced, 4), KEY, FLAG_RECOVERY_ADD)]) == [S.OK]
+    assert await t.list_entries(b, fenced) == (S.OK, [(4, 4)])
+
+
 async def check_a_bookie_that_does_not_answer_is_unreachable(h: Harness) -> None:
     t = h.transport
     with pytest.raises(BookieUnreachable):
@@ -203,6 +227,8 @@ async def check_a_bookie_that_does_not_answer_is_unreachable(h: Harness) -> None
         await t.read_entries(h.missing, 113, [0, 1])
     with pytest.raises(BookieUnreachable):
         await t.read_lac(h.missing, 113)
+    with pytest.raises(BookieUnreachable):
+        await t.list_entries(h.missing, 113)
     assert await t.add(h.bookie, [(entry(113, 0), KEY, 0)]) == [S.OK]  # the others are not affected
 
 
@@ -218,6 +244,8 @@ async def check_calls_after_close_are_unreachable(h: Harness) -> None:
         await t.read_entries(b, 114, [0])
     with pytest.raises(BookieUnreachable):
         await t.read_lac(b, 114)
+    with pytest.raises(BookieUnreachable):
+        await t.list_entries(b, 114)
 
 
 CONTRACT = [
@@ -233,6 +261,8 @@ CONTRACT = [
     check_read_entries_fences_once_first,
     check_read_entries_returns_every_entry_past_one_answer_s_budget,
     check_an_add_batch_past_the_in_flight_bound_is_overload,
+    check_list_entries_gives_the_held_ids_as_ranges,
+    check_list_entries_of_unknown_and_empty_ledgers,
     check_a_bookie_that_does_not_answer_is_unreachable,
     check_calls_after_close_are_unreachable,
 ]

@@ -6,7 +6,8 @@ BookieTransport contract (tests/bookie_transport_contract.py, run by test_fake_b
 bookie limits it is given (BookieConfig defaults): entry sizes, ReadEntries batch bounds, and an add batch
 larger than `add_inflight_per_stream_max` answered TOO_MANY_REQUESTS (its adds are answered at once, so a
 batch is all a stream ever has in flight). A bookie can be `down` (every call raises BookieUnreachable),
-`hold`ing its answers (calls wait until released), or told to answer a fixed error.
+`hold`ing its answers (calls wait until released), or told to answer a fixed error (list_entries answers it
+with no ranges).
 """
 from __future__ import annotations
 
@@ -140,6 +141,24 @@ class FakeBookies:
         if ledger_id not in b.keys:
             return StatusCode.NO_LEDGER, -1
         return StatusCode.OK, b.lac.get(ledger_id, -1)
+
+    async def list_entries(self, bookie, ledger_id):
+        """The ranges of the bookie's entries of the ledger, in one answer (the fake has no pages to join)."""
+        b = await self._reach(bookie)
+        if b.error is not None:
+            return b.error, []
+        if ledger_id < 0:
+            return StatusCode.BAD_REQUEST, []
+        entries = b.entries.get(ledger_id)
+        if not entries:
+            return (StatusCode.OK if ledger_id in b.keys else StatusCode.NO_LEDGER), []
+        ranges: list[tuple[int, int]] = []
+        for entry_id in sorted(entries):
+            if ranges and entry_id == ranges[-1][1] + 1:
+                ranges[-1] = (ranges[-1][0], entry_id)
+            else:
+                ranges.append((entry_id, entry_id))
+        return StatusCode.OK, ranges
 
     async def close(self):
         self.closed = True

@@ -1,7 +1,8 @@
 """Request handling of a real bookie process: keys, sizes, frame limit, overload, explicit negatives, health.
 
 One bookie (module scope) with small limits set through the environment:
-entry_bytes_max = 64 KiB, frame_bytes_max = 256 KiB, add_inflight_per_stream_max = 1000.
+entry_bytes_max = 64 KiB, frame_bytes_max = 256 KiB, add_inflight_per_stream_max = 1000,
+list_entries_ids_max = 3.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from integration.bookie_harness import KEY, BookieProcess, kazoo_client
 ENTRY_BYTES_MAX = 64 * 1024
 FRAME_BYTES_MAX = 256 * 1024
 PER_STREAM_MAX = 1000
+LIST_IDS_MAX = 3
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +33,7 @@ def bookie(zookeeper, tmp_path_factory):
         "BKSIM_BOOKIE_FRAME_BYTES_MAX": str(FRAME_BYTES_MAX),
         "BKSIM_BOOKIE_ADD_INFLIGHT_PER_STREAM_MAX": str(PER_STREAM_MAX),
         "BKSIM_BOOKIE_ADD_INFLIGHT_TOTAL_MAX": str(4 * PER_STREAM_MAX),
+        "BKSIM_BOOKIE_LIST_ENTRIES_IDS_MAX": str(LIST_IDS_MAX),
     })
     try:
         b.start(zk)
@@ -198,15 +201,39 @@ def test_write_lac_then_read_lac(bookie):
     assert lac.last_add_confirmed == 5 and lac.last_entry_id == 0
 
 
+def test_list_entries_answers_in_pages(bookie):
+    ledger = 109
+
+    async def scenario():
+        async with BookieClient(bookie.address) as client:
+            stream = client.add_stream()
+            assert (await stream.add(0, [(entry(ledger, i), KEY, 0) for i in (0, 1, 2, 3, 5, 8, 9)])).ok
+            await stream.close()
+            pages, first = [], 0
+            while first != -1:
+                page = await client.list_entries(ledger, first)
+                pages.append((page.status, page.ranges, page.next_entry))
+                first = page.next_entry
+            return pages, await client.list_entries(999_999), await client.list_entries(ledger, -1)
+
+    pages, unknown, bad = run(scenario())
+    assert pages == [(StatusCode.OK, [(0, 2)], 3), (StatusCode.OK, [(3, 3), (5, 5), (8, 8)], 9),
+                     (StatusCode.OK, [(9, 9)], -1)]
+    assert (unknown.status, unknown.ranges, unknown.next_entry) == (StatusCode.NO_LEDGER, [], -1)
+    assert bad.status == StatusCode.BAD_REQUEST and "ids are >= 0" in bad.message
+
+
 def test_info_health_and_reflection(bookie):
     sync_client = SyncBookieClient(bookie.address)
     try:
         info = sync_client.info()
         added = sync_client.add([(entry(108, 0), KEY, 0)])
         read = sync_client.read_entry(108, 0)
+        listed = sync_client.list_entries(108)
     finally:
         sync_client.close()
     assert added.ok and read.status == StatusCode.OK and read.entry == entry(108, 0)
+    assert (listed.status, listed.ranges, listed.next_entry) == (StatusCode.OK, [(0, 0)], -1)
 
     async def scenario():
         async with grpc.aio.insecure_channel(bookie.address) as channel:

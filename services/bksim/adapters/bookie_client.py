@@ -58,6 +58,15 @@ class LacResult:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class ListResult:
+    """One ListEntries page: the ranges held from the asked first entry up to `next_entry` (-1: the end)."""
+    status: StatusCode
+    ranges: list[tuple[int, int]]
+    next_entry: int
+    message: str
+
+
 def _no_answer(bookie: str, code: str, message: str) -> BookieUnreachable:
     """No answer from `bookie` ("" = not known here): `code` is the gRPC status code name ("UNAVAILABLE",
     "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED", "CANCELLED", ...)."""
@@ -248,6 +257,16 @@ class BookieClient:
             raise _unavailable(self.address, e) from None
         return LacResult(StatusCode(r.status), r.last_add_confirmed, r.last_entry_id, r.message)
 
+    async def list_entries(self, ledger_id: int, first_entry: int = 0, deadline_s: float | None = None) -> ListResult:
+        """One ListEntries call: one page of the entries the bookie holds of the ledger, from `first_entry` on (ask
+        again from `next_entry` until it is -1; bookie/requests.py list_all_entries joins the pages)."""
+        try:
+            request = bookie_pb2.ListEntriesRequest(ledger_id=ledger_id, first_entry=first_entry)
+            r = await self._stub.ListEntries(request, timeout=deadline_s or self.deadline_s)
+        except grpc.aio.AioRpcError as e:
+            raise _unavailable(self.address, e) from None
+        return ListResult(StatusCode(r.status), [(x.first, x.last) for x in r.ranges], r.next_entry, r.message)
+
     async def write_lac(self, ledger_id: int, last_add_confirmed: int, master_key: bytes,
                         deadline_s: float | None = None) -> tuple[StatusCode, str]:
         request = bookie_pb2.WriteLacRequest(ledger_id=ledger_id, last_add_confirmed=last_add_confirmed,
@@ -313,6 +332,9 @@ class SyncBookieClient:
 
     def read_lac(self, ledger_id: int) -> LacResult:
         return self._run(self._client.read_lac(ledger_id))
+
+    def list_entries(self, ledger_id: int, first_entry: int = 0) -> ListResult:
+        return self._run(self._client.list_entries(ledger_id, first_entry))
 
     def write_lac(self, ledger_id: int, last_add_confirmed: int, master_key: bytes) -> tuple[StatusCode, str]:
         return self._run(self._client.write_lac(ledger_id, last_add_confirmed, master_key))

@@ -22,6 +22,9 @@ unary gRPC call costs far more than reading an entry) follows bookie/requests.py
 bound (BAD_REQUEST), the fence once by the first id, a status per id, the `frame_bytes_max` budget
 (TOO_MANY_REQUESTS for the ids left unread). An engine failure mid-batch answers IO_ERROR for the rest.
 
+ListEntries answers one page of the engine's list_entries (bookie/requests.py "ListEntries": bounded by
+`list_entries_ids_max` ids and by `frame_bytes_max`; the client asks again from `next_entry`).
+
 Must not: block the event loop (no ZooKeeper calls here: read-only flips go to a callback), log keys.
 """
 from __future__ import annotations
@@ -45,6 +48,7 @@ SERVICE_NAME = bookie_pb2.DESCRIPTOR.services_by_name["Bookie"].full_name
 _IO_ERROR = StatusCode.IO_ERROR
 _AddResponse = bookie_pb2.AddResponse
 _ReadEntryResult = bookie_pb2.ReadEntryResult
+_EntryRange = bookie_pb2.EntryRange
 
 
 def server_options(config: BookieConfig) -> list[tuple[str, int]]:
@@ -84,6 +88,8 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         self.streams_opened = 0
         self.read_batches = 0
         self.read_batch_entries = 0
+        self.list_calls = 0  # ListEntries pages answered
+        self.list_ranges = 0
 
     # -- AddEntries --------------------------------------------------------------------------------------
 
@@ -198,6 +204,19 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         return bookie_pb2.ReadLacResponse(status=status, last_add_confirmed=lac, last_entry_id=last_entry_id,
                                           message=message)
 
+    async def ListEntries(self, request, context):
+        self.list_calls += 1
+        try:
+            status, ranges, next_entry, message = await self._engine.list_entries(request.ledger_id,
+                                                                                  request.first_entry)
+        except Exception as e:  # noqa: BLE001
+            return bookie_pb2.ListEntriesResponse(status=_IO_ERROR, next_entry=-1,
+                                                  message=self._internal(e, "list_entries"))
+        self.list_ranges += len(ranges)
+        return bookie_pb2.ListEntriesResponse(status=status, ranges=[_EntryRange(first=first, last=last)
+                                                                     for first, last in ranges],
+                                              next_entry=next_entry, message=message)
+
     async def WriteLac(self, request, context):
         try:
             status, message = await self._engine.write_lac(request.ledger_id, request.last_add_confirmed,
@@ -222,6 +241,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         return {"add_requests": a.requests, "add_entries": a.entries,
                 "add_rejected_entries": a.rejected_entries, "streams_opened": self.streams_opened,
                 "read_batches": self.read_batches, "read_batch_entries": self.read_batch_entries,
+                "list_calls": self.list_calls, "list_ranges": self.list_ranges,
                 "streams_open": len(self._streams), "add_inflight_total": a.inflight_total}
 
 

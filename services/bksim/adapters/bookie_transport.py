@@ -29,6 +29,9 @@ Invariants:
   would wait forever for a fencing read-forward call cancelled so.)
 - read_entries is one ReadEntries call, plus one more for the rest each time the bookie's answer was full
   (the entries it left unread come back TOO_MANY_REQUESTS), all within the one `timeout_ms`.
+- list_entries is one ListEntries call per page of the bookie's answer, each within `timeout_ms` (a ledger of
+  millions of entries takes several pages; each advances, so there are at most as many calls as the bookie
+  holds entries of the ledger).
 - After `close()` every call raises BookieUnreachable; close itself is bounded by `timeout_ms`.
 
 Cost: per add, one AddRequest (one AddEntry per entry; besides, per entry only a size sum for batches of
@@ -45,7 +48,7 @@ from typing import Awaitable, Callable, Mapping, Sequence
 import grpc
 
 from bksim.adapters.bookie_client import FRAME_BYTES_MAX, AddStream
-from bksim.bookie.requests import answered_count
+from bksim.bookie.requests import answered_count, list_all_entries
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.metadata.paths import bookie_path
 from bksim.model.errors import BookieUnreachable, MetadataError, NoNodeError
@@ -64,6 +67,7 @@ _AddEntry = bookie_pb2.AddEntry
 _ReadEntryRequest = bookie_pb2.ReadEntryRequest
 _ReadLacRequest = bookie_pb2.ReadLacRequest
 _ReadEntriesRequest = bookie_pb2.ReadEntriesRequest
+_ListEntriesRequest = bookie_pb2.ListEntriesRequest
 _ENTRY_OVERHEAD = 32  # protobuf bytes of one AddEntry besides its entry and master key (tags, lengths, flags)
 _REQUEST_OVERHEAD = 64  # protobuf bytes of an AddRequest besides its entries
 _OK = StatusCode.OK
@@ -225,7 +229,8 @@ class GrpcBookieTransport:
         self._background: set[asyncio.Task] = set()
         self._closed = False
         self.stats = {"adds": 0, "requests": 0, "entries": 0, "streams_opened": 0, "streams_broken": 0,
-                      "channels_opened": 0, "channels_retired": 0, "read_batches": 0, "read_batch_continuations": 0}
+                      "channels_opened": 0, "channels_retired": 0, "read_batches": 0, "read_batch_continuations": 0,
+                      "list_pages": 0}
 
     # -- the port ----------------------------------------------------------------------------------------
     async def add(self, bookie: str, entries: Sequence[tuple[bytes, bytes, int]]) -> list[StatusCode]:
@@ -365,6 +370,28 @@ class GrpcBookieTransport:
                 raise
             raise _cancelled_with_channel(bookie, f"ReadLac {ledger_id}", channel) from None
         return _status(r.status), r.last_add_confirmed
+
+    async def list_entries(self, bookie: str, ledger_id: int) -> tuple[StatusCode, list[tuple[int, int]]]:
+        """(status, the ranges of entry ids the bookie holds of the ledger): ListEntries calls, one per page,
+        each within `timeout_ms` (bookie/requests.py list_all_entries joins them)."""
+        async def page(first_entry: int):
+            deadline = asyncio.get_running_loop().time() + self._timeout_s
+            channel = await self._channel(bookie, deadline)
+            what = f"ListEntries {ledger_id} from {first_entry}"
+            try:
+                r = await channel.stub.ListEntries(_ListEntriesRequest(ledger_id=ledger_id, first_entry=first_entry),
+                                                   timeout=self._left(bookie, deadline))
+            except grpc.aio.AioRpcError as e:
+                code = e.code().name
+                self._failed(bookie, code, None, channel)
+                raise BookieUnreachable(bookie, f"{what}: {code}: {e.details()}") from None
+            except asyncio.CancelledError:
+                if _own_cancellation():
+                    raise
+                raise _cancelled_with_channel(bookie, what, channel) from None
+            self.stats["list_pages"] += 1
+            return _status(r.status), [(x.first, x.last) for x in r.ranges], r.next_entry
+        return await list_all_entries(bookie, ledger_id, page)
 
     def unanswered(self, bookie: str) -> int:
         """AddRequests sent on the bookie's current stream that have no answer yet (0 without a stream)."""

@@ -81,6 +81,15 @@ class WriteCache:
             entry = self._flushing.get(ledger_id, entry_id)
         return entry
 
+    def entry_ids(self, ledger_id: int, first_entry: int = 0) -> list[int]:
+        """The ledger's entry ids >= `first_entry` held in either half, ascending, each once."""
+        ids: set[int] = set()
+        for half in (self._active, self._flushing):
+            ledger = half.ledgers.get(ledger_id)
+            if ledger is not None:
+                ids.update(entry_id for entry_id in ledger.entries if entry_id >= first_entry)
+        return sorted(ids)
+
     def last_entry_id(self, ledger_id: int) -> int:
         """Highest entry id of the ledger held in either half, or -1."""
         active = self._active.ledgers.get(ledger_id)

@@ -9,11 +9,12 @@ Ordering contracts:
 - "Unknown is never no": NO_LEDGER / NO_ENTRY only when the bookie durably knows; a damaged or missing
   entry-log record behind an index entry is IO_ERROR; what a re-initialised bookie lacks of a ledger in limbo
   (id <= `limbo_ledger_id_max`, from the cookie `bksim bookie format` wrote: bookie/cookie.py) is UNKNOWN_STATE,
-  for reads, fencing reads and ReadLac alike, because an earlier incarnation may have held it.
+  for reads, fencing reads, ReadLac and ListEntries alike, because an earlier incarnation may have held it.
 """
 from __future__ import annotations
 
 import asyncio
+import heapq
 import hmac
 import os
 from typing import Callable, Sequence
@@ -24,6 +25,7 @@ from bksim.bookie.index import LedgerIndex, LocationIndex
 from bksim.bookie.journal import Journal, JournalMark, list_journal_ids
 from bksim.bookie.lastmark import LASTMARK_FILE, encode_lastmark, read_lastmark
 from bksim.bookie.replay import ReplayReport, replay
+from bksim.bookie.requests import list_ranges_max
 from bksim.formats import entry as entry_fmt
 from bksim.formats import journal as jfmt
 from bksim.formats.crc import crc32c
@@ -81,7 +83,7 @@ class BookieEngine:
         self._total_bytes = 1 << 62
         self._closing = False
         self.replay_report: ReplayReport | None = None
-        self.stats = {"adds": 0, "reads": 0, "fences": 0, "checkpoints": 0, "throttled": 0}
+        self.stats = {"adds": 0, "reads": 0, "fences": 0, "checkpoints": 0, "throttled": 0, "lists": 0}
         # fences journaled but not yet known durable: ledger -> the task that journals and waits for the sync
         # (later fencing reads share it); a ledger fenced in the index and absent here is durably fenced
         self._fence_syncs: dict[int, asyncio.Task] = {}
@@ -471,6 +473,66 @@ class BookieEngine:
             return OK, self._known_lac(ledger_id), last, ""
         except FormatError as e:
             return StatusCode.IO_ERROR, -1, -1, f"ledger {ledger_id} last entry unreadable: {e}"
+
+    async def list_entries(self, ledger_id: int, first_entry: int = 0, *, ids_max: int | None = None,
+                           ranges_max: int | None = None) -> tuple[StatusCode, list[tuple[int, int]], int, str]:
+        """Which entries of the ledger this bookie holds, from `first_entry` on (BookKeeper's
+        GET_LIST_OF_ENTRIES_OF_LEDGER): (status, ranges, next entry, message), the ranges sorted, disjoint,
+        non-adjacent and inclusive, over both write-cache halves and the location index (so what replay put back
+        counts).
+
+        One page (bookie/requests.py "ListEntries"): at most `ids_max` ids (default `list_entries_ids_max`) in
+        at most `ranges_max` ranges (default: what fits in frame_bytes_max); next entry is where the next page
+        starts, -1 when this one reaches the ledger's end. The index is read lazily from one seek and ranges
+        are built as it goes, so the work is bounded by `ids_max`; nothing is awaited, so a page is one
+        consistent view (a checkpoint moves entries from the cache to the index between pages, never during).
+
+        OK with [] for a ledger known here without entries; NO_LEDGER for one this bookie never held;
+        UNKNOWN_STATE for a ledger in limbo (an earlier incarnation may have held entries that are gone);
+        IO_ERROR for a malformed index key; BAD_REQUEST for a negative ledger or entry id."""
+        if self._closing:
+            return StatusCode.IO_ERROR, [], -1, "bookie is shutting down"
+        self.stats["lists"] += 1
+        if ledger_id < 0 or first_entry < 0:
+            return StatusCode.BAD_REQUEST, [], -1, f"ListEntries of ledger {ledger_id} from entry {first_entry}: " \
+                                                   f"ids are >= 0"
+        if ledger_id <= self.limbo_ledger_id_max:
+            return StatusCode.UNKNOWN_STATE, [], -1, (
+                f"ledger {ledger_id} is in limbo (id <= {self.limbo_ledger_id_max}, the bound this bookie's format "
+                f"recorded): an earlier incarnation may have held entries it no longer has")
+        ids_max = self.config.list_entries_ids_max if ids_max is None else ids_max
+        ranges_max = list_ranges_max(self.config) if ranges_max is None else ranges_max
+        firsts: list[int] = []
+        lasts: list[int] = []
+        next_entry = -1
+        last = -2  # the last id taken
+        taken = 0
+        indexed = self._locations.entry_ids(ledger_id, first_entry)
+        cached = self._write_cache.entry_ids(ledger_id, first_entry)
+        try:
+            for entry_id in heapq.merge(cached, indexed) if cached else indexed:
+                if entry_id == last:
+                    continue  # in the flushing half and already in the index
+                if taken == ids_max:
+                    next_entry = entry_id
+                    break
+                if entry_id == last + 1:
+                    lasts[-1] = entry_id
+                elif len(firsts) == ranges_max:
+                    next_entry = entry_id
+                    break
+                else:
+                    firsts.append(entry_id)
+                    lasts.append(entry_id)
+                last = entry_id
+                taken += 1
+        except FormatError as e:
+            return StatusCode.IO_ERROR, [], -1, f"ledger {ledger_id}: location index unreadable: {e}"
+        finally:
+            indexed.close()
+        if not firsts and ledger_id not in self._ledgers and self._last_entry_id(ledger_id) < 0:
+            return StatusCode.NO_LEDGER, [], -1, f"ledger {ledger_id} not on this bookie"
+        return OK, list(zip(firsts, lasts)), next_entry, ""
 
     def _limbo_message(self, ledger_id: int, entry_id: int) -> str:
         what = "no entry" if entry_id == -1 else f"entry {ledger_id}:{entry_id} not"

@@ -8,6 +8,7 @@ the journal (FENCE / MASTER_KEY records are replayed), not from this store.
 from __future__ import annotations
 
 import dataclasses
+from typing import Iterator
 
 from bksim.formats import index as fmt
 from bksim.ports.kv import KeyValueStore
@@ -28,6 +29,21 @@ class LocationIndex:
             return -1
         lid, eid = fmt.decode_location_key(found[0])
         return eid if lid == ledger_id else -1
+
+    def entry_ids(self, ledger_id: int, first_entry: int = 0) -> Iterator[int]:
+        """The ledger's indexed entry ids >= `first_entry`, ascending, read lazily from one seek (a ledger may
+        have millions: stop early, and close the iterator). Raises FormatError on a malformed key."""
+        items = self._store.items_from(fmt.location_key(ledger_id, first_entry))
+        try:
+            for key, _value in items:
+                lid, eid = fmt.decode_location_key(key)
+                if lid != ledger_id:
+                    return
+                yield eid
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # a generator over a RocksDB iterator: release it now
 
     async def put_batch(self, items: list[tuple[bytes, bytes]]) -> None:
         """Write encoded (location key, location value) pairs in one synced batch."""

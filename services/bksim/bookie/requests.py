@@ -12,6 +12,13 @@ ReadEntries (several entries of one ledger in one call), `read_entries`:
   answered TOO_MANY_REQUESTS (not sent: the client asks for them again). The first result always goes, so
   each call makes progress; `answered_count` is the client's side of that rule.
 
+ListEntries (which entries of a ledger a bookie holds, as sorted, disjoint, non-adjacent inclusive ranges), one
+page per call: a page covers the ids from the asked `first_entry` up to its `next_entry` (exclusive; -1: the
+ledger's end) with at most `list_entries_ids_max` ids (the bookie's work per call) in at most
+`list_ranges_max` ranges (what fits in `frame_bytes_max`). The engine's list_entries makes the pages;
+`list_all_entries` is the client's side: it asks from 0 until a page reaches the end and joins a range that a
+page boundary cut in two.
+
 Adds, `AddAdmission`: `add_inflight_per_stream_max` unacknowledged entries per add stream and
 `add_inflight_total_max` for the whole bookie. A request that would pass either bound is answered
 TOO_MANY_REQUESTS for every entry, without reaching the engine; an admitted request counts until its answer
@@ -21,9 +28,10 @@ Must not: import gRPC or read clocks; the callers own transport, ordering and wh
 """
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import Awaitable, Callable, Protocol, Sequence
 
 from bksim.model.config import BookieConfig
+from bksim.model.errors import BookieUnreachable
 from bksim.model.status import FENCE_CONFIRMED, StatusCode
 
 _TOO_MANY = StatusCode.TOO_MANY_REQUESTS
@@ -31,6 +39,8 @@ _BAD_REQUEST = StatusCode.BAD_REQUEST
 _IO_ERROR = StatusCode.IO_ERROR
 RESULT_OVERHEAD = 48  # protobuf bytes of one ReadEntryResult besides its entry and message (tags, lengths, LAC)
 RESPONSE_OVERHEAD = 64  # slack for the ReadEntriesResponse framing
+
+RANGE_BYTES_MAX = 22  # protobuf bytes of one EntryRange at most: tag and length, two int64 fields (tag + varint)
 
 # (status, entry bytes, known LAC, message): what the engine's read_entry returns, per id
 ReadResult = tuple[StatusCode, bytes, int, str]
@@ -105,6 +115,41 @@ def answered_count(statuses: Sequence[StatusCode]) -> int:
         if status is _TOO_MANY and i > 0:
             return i
     return len(statuses)
+
+
+def list_ranges_max(config: BookieConfig) -> int:
+    """Ranges one ListEntries answer holds at most: as many as fit in the bookie's frame_bytes_max."""
+    return max(1, (config.frame_bytes_max - RESPONSE_OVERHEAD) // RANGE_BYTES_MAX)
+
+
+# one ListEntries page as a client sees it: (status, ranges, next entry: where the next page starts, -1 at the end)
+ListPage = tuple[StatusCode, list[tuple[int, int]], int]
+
+
+async def list_all_entries(bookie: str, ledger_id: int,
+                           ask: Callable[[int], Awaitable[ListPage]]) -> tuple[StatusCode, list[tuple[int, int]]]:
+    """Every range of the ledger on `bookie`: `ask(first_entry)` makes one ListEntries call; pages are asked for
+    from 0 until one answers next entry -1, and a range a page boundary cut is joined again. A page answered
+    other than OK ends the listing with its status and no ranges (the bookie can no longer say). A page that
+    does not advance (next entry not past the one asked for) is a broken answer: BookieUnreachable."""
+    status, ranges, next_entry = await ask(0)
+    if status is not StatusCode.OK:
+        return status, []
+    ranges = list(ranges)
+    first_entry = 0
+    while next_entry != -1:
+        if next_entry <= first_entry:
+            raise BookieUnreachable(bookie, f"ListEntries {ledger_id} from {first_entry}: the answer does not "
+                                            f"advance (next entry {next_entry})")
+        first_entry = next_entry
+        status, more, next_entry = await ask(first_entry)
+        if status is not StatusCode.OK:
+            return status, []
+        if more and ranges and more[0][0] == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], more[0][1])
+            more = more[1:]
+        ranges += more
+    return StatusCode.OK, ranges
 
 
 class AddAdmission:

@@ -17,6 +17,11 @@ Contract:
   transport asks again for entries a bookie left unread because its answer was full (TOO_MANY_REQUESTS:
   bookie/requests.py), so a caller sees TOO_MANY_REQUESTS only when no progress was possible. No answer at
   all raises BookieUnreachable: nothing is known about any of the entries.
+- `list_entries` returns the whole list. A bookie answers it in pages (ListEntries: at most the bookie's
+  `list_entries_ids_max` ids, and as many ranges as fit in its frame_bytes_max, per answer: its work per call
+  and the answer's size stay bounded however large the ledger), and the transport asks for pages until the
+  ledger's end and joins them; each page is one call within the deadline. A page answered other than OK ends
+  the listing with that status and []; no answer to a page raises BookieUnreachable.
 - A request a bookie refuses as overload (an add batch past its in-flight bounds) is answered
   TOO_MANY_REQUESTS for every entry; nothing of it was stored.
 

@@ -17,11 +17,12 @@ Invariants:
 
 SimBookieTransport implements ports.bookie_transport.BookieTransport for one client node: a call travels
 client -> bookie through the network, the bookie's real BookieEngine handles it (start_adds / read_entry /
-read_lac), the answer travels back bookie -> client. The bookie side runs the gRPC server's rules from the
-same code (bookie/requests.py): a ReadEntries call is one message each way, answered by read_entries (batch
-bound, the fence once by the first id, a status per id, the frame_bytes_max budget), and the observer sees
-each id's answer as a "read_entry"; the client asks again for ids the bookie left unread (answered_count),
-as GrpcBookieTransport does. The add bounds are the bookie incarnation's AddAdmission (BookieHost
+read_lac / list_entries), the answer travels back bookie -> client. The bookie side runs the gRPC server's
+rules from the same code (bookie/requests.py): a ReadEntries call is one message each way, answered by
+read_entries (batch bound, the fence once by the first id, a status per id, the frame_bytes_max budget), and
+the observer sees each id's answer as a "read_entry"; the client asks again for ids the bookie left unread
+(answered_count), as GrpcBookieTransport does; list_entries is one call per page of the engine's answer,
+joined by list_all_entries, as there too. The add bounds are the bookie incarnation's AddAdmission (BookieHost
 .add_admission), one share per (client, bookie incarnation) add stream: a refused batch is answered
 TOO_MANY_REQUESTS without reaching the engine; an admitted one is started in the engine when it arrives.
 The answers of one client's add stream leave in request order, each once its batch is durable. A
@@ -42,7 +43,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Mapping, Protocol, Sequence
 
-from bksim.bookie.requests import AddAdmission, AddStreamAdmission, answered_count, read_entries
+from bksim.bookie.requests import AddAdmission, AddStreamAdmission, answered_count, list_all_entries, read_entries
 from bksim.model.errors import BookieUnreachable
 from bksim.model.status import StatusCode
 
@@ -219,7 +220,8 @@ class BookieHost(Protocol):
         """Run a request handler that dies with the current incarnation (cancelled by a crash)."""
 
 
-# (bookie id, incarnation, call kind "add" | "read_entry" | "read_lac", request, the engine's full answer)
+# (bookie id, incarnation, call kind "add" | "read_entry" | "read_lac" | "list_entries", request, the engine's full
+# answer)
 Observer = Callable[[str, int, str, tuple, Any], None]
 
 
@@ -275,6 +277,16 @@ class SimBookieTransport:
             return await engine.read_lac(ledger_id)
         return await self._call(bookie, f"read-lac {ledger_id}", None, lambda host, call_id: self._serve_unary(
             host, call_id, handle, "read_lac", (ledger_id,), lambda r: (r[0], r[1])))
+
+    async def list_entries(self, bookie: str, ledger_id: int) -> tuple[StatusCode, list[tuple[int, int]]]:
+        async def page(first_entry: int) -> tuple:
+            async def handle(engine) -> tuple:
+                return await engine.list_entries(ledger_id, first_entry)
+            return await self._call(bookie, f"list {ledger_id} from {first_entry}", None,
+                                    lambda host, call_id: self._serve_unary(
+                                        host, call_id, handle, "list_entries", (ledger_id, first_entry),
+                                        lambda r: (r[0], r[1], r[2])))
+        return await list_all_entries(bookie, ledger_id, page)
 
     async def close(self) -> None:
         """Later calls raise BookieUnreachable; calls waiting for an answer fail with it now."""

@@ -1,6 +1,7 @@
 """bookie/requests.py, the request rules the gRPC server and the simulator share, without a network:
 the add bounds (per stream, per bookie, released by answers and by a stream's end) and ReadEntries (the
-frame budget, an engine failure with and without an `internal_error` policy, what `answered_count` takes)."""
+frame budget, an engine failure with and without an `internal_error` policy, what `answered_count` takes) and
+the client's side of ListEntries pages (`list_all_entries`)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,8 +9,10 @@ import dataclasses
 
 import pytest
 
-from bksim.bookie.requests import RESPONSE_OVERHEAD, RESULT_OVERHEAD, AddAdmission, answered_count, read_entries
+from bksim.bookie.requests import (RESPONSE_OVERHEAD, RESULT_OVERHEAD, AddAdmission, answered_count, list_all_entries,
+                                   read_entries)
 from bksim.model.config import BookieConfig
+from bksim.model.errors import BookieUnreachable
 from bksim.model.status import StatusCode as S
 
 CONFIG = dataclasses.replace(BookieConfig(), add_inflight_per_stream_max=10, add_inflight_total_max=15)
@@ -72,3 +75,35 @@ def test_an_engine_failure_propagates_unless_the_caller_answers_it():
                                        internal_error=lambda e: f"internal: {e}"))
     assert [(r[0], r[3]) for r in results] == [(S.OK, ""), (S.IO_ERROR, "internal: disk on fire"),
                                                (S.IO_ERROR, "internal: disk on fire")]
+
+
+def pages_of(answers: dict):
+    asked = []
+
+    async def ask(first_entry: int):
+        asked.append(first_entry)
+        return answers[first_entry]
+    return ask, asked
+
+
+def test_list_pages_are_joined_where_a_boundary_cut_a_range():
+    ask, asked = pages_of({0: (S.OK, [(0, 2)], 3), 3: (S.OK, [(3, 4), (6, 6)], 8), 8: (S.OK, [(9, 9)], 10),
+                           10: (S.OK, [], -1)})
+    assert asyncio.run(list_all_entries("b1", 7, ask)) == (S.OK, [(0, 4), (6, 6), (9, 9)])
+    assert asked == [0, 3, 8, 10]
+
+
+def test_a_list_page_that_is_not_ok_ends_the_listing_without_ranges():
+    ask, _ = pages_of({0: (S.NO_LEDGER, [], -1)})
+    assert asyncio.run(list_all_entries("b1", 7, ask)) == (S.NO_LEDGER, [])
+    ask, asked = pages_of({0: (S.OK, [(0, 2)], 3), 3: (S.IO_ERROR, [], -1)})
+    assert asyncio.run(list_all_entries("b1", 7, ask)) == (S.IO_ERROR, [])
+    assert asked == [0, 3]
+
+
+def test_a_list_page_that_does_not_advance_is_a_broken_answer():
+    ask, asked = pages_of({0: (S.OK, [(0, 2)], 3), 3: (S.OK, [], 3)})
+    with pytest.raises(BookieUnreachable) as e:
+        asyncio.run(list_all_entries("b1", 7, ask))
+    assert e.value.bookie == "b1" and "does not advance" in str(e.value)
+    assert asked == [0, 3]
