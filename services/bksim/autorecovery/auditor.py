@@ -46,7 +46,7 @@ owner starts a new Auditor on a new session. Other operating errors are logged a
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, Iterable, Sequence
+from typing import Awaitable, Callable, Iterable, Sequence, TypeVar
 
 from bksim.autorecovery.marks import UnderReplicationMarks
 from bksim.ledger.quorum import write_set_indexes
@@ -71,6 +71,7 @@ CHECK_ALL_REQUESTED = 0  # the check-all ctime that asks the auditor to run the 
 _VOTE_NAME_PREFIX = AUDITOR_VOTE_PREFIX.rsplit("/", 1)[1]  # "V_"
 # answers of list_entries that say what the bookie holds: OK (its ranges), NO_LEDGER and UNKNOWN_STATE (nothing)
 _HOLDS_NOTHING = frozenset({StatusCode.NO_LEDGER, StatusCode.UNKNOWN_STATE})
+T = TypeVar("T")
 
 
 def required_entries(first: int, last: int, index: int, ensemble_size: int, write_quorum_size: int) -> int:
@@ -115,17 +116,22 @@ def segment_ranges(metadata: LedgerMetadata) -> list[tuple[int, int, tuple[str, 
     return out
 
 
-async def _for_each(items: Sequence[int], action: Callable[[int], Awaitable[None]], concurrency: int) -> None:
-    """Run `action` on every item, at most `concurrency` at once (a few workers pulling from one iterator)."""
+async def _for_each(items: Sequence[T], action: Callable[[T], Awaitable[None]], concurrency: int) -> None:
+    """Run `action` on every item, at most `concurrency` at once (a few workers pulling from one iterator).
+    The first failure stops the others and is raised as itself (a SessionExpiredError first), not as a group."""
     pending = iter(items)
 
     async def worker() -> None:
         for item in pending:
             await action(item)
 
-    async with asyncio.TaskGroup() as group:
-        for _ in range(min(concurrency, len(items))):
-            group.create_task(worker())
+    try:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(min(concurrency, len(items))):
+                group.create_task(worker())
+    except BaseExceptionGroup as failures:
+        expired = [e for e in failures.exceptions if isinstance(e, SessionExpiredError)]
+        raise (expired or failures.exceptions)[0] from None
 
 
 class Auditor:
@@ -325,9 +331,7 @@ class Auditor:
             else:
                 report["errors"].append(f"ledger {ledger_id}: bookie {bookie} answered {status.name}")
 
-        async with asyncio.TaskGroup() as group:
-            for bookie in asked:
-                group.create_task(ask(bookie))
+        await _for_each(asked, ask, len(asked))
         missing: dict[str, int] = {}
         for first, last, index, bookie in duties:
             if bookie in held:
