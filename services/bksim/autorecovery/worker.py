@@ -1,0 +1,414 @@
+"""The replication worker (PROTOCOL.md §6; BookKeeper's ReplicationWorker and LedgerFragmentReplicator): it
+claims an under-replication mark, copies the entries the missing bookies held to replacement bookies and
+replaces them in the ledger's metadata.
+
+One claim (`run_once`), under the mark's ephemeral lock, released on every path:
+
+1. Read the ledger's metadata (gone: the ledger was deleted, the mark is removed). Find the segments that
+   name a bookie of the mark, earliest first.
+2. Only closed ranges are copied: any segment of a CLOSED ledger, any segment but the last of an OPEN one.
+   When the last segment of an OPEN ledger names a missing bookie, or the ledger is IN_RECOVERY, the worker
+   leaves it alone for `open_ledger_rereplication_grace_ms` after the mark's ctime (its writer replaces the
+   bookie itself, or closes the ledger); past that it recovers the ledger through the broker's ledger client
+   (open with recovery: fence, close) and goes on with the CLOSED metadata.
+3. A replacement: a writable registered bookie outside the segment's ensemble and the mark, not quarantined
+   (LedgerService.choose_bookies).
+4. Copy: every entry of the segment whose write set holds the missing bookie's ensemble index, read from the
+   other replicas of its write set (ReadEntries in batches of `read_batch_entries`; the next replica after
+   an error, a negative or a digest mismatch) and added verbatim to the replacement with RECOVERY_ADD and
+   the ledger's master key (as recovery's write-back adds), at most `rereplication_bytes_per_s_max` bytes
+   a second (a token bucket that sleeps on the Clock).
+5. Then, and only then, a CAS of the metadata replaces the bookie in that segment (update_ledger_metadata's
+   read-modify-CAS loop; the change is re-decided on every conflict and never overwrites: if the segment
+   no longer starts there, no longer names the bookie, names the replacement, covers other entries, or the
+   ledger went IN_RECOVERY, nothing is written and the claim starts again from the metadata now stored).
+   The metadata names a replacement only once it holds every entry the replaced bookie held: a worker never
+   lowers a ledger's replica count. Entries copied for a step that is then abandoned are harmless extra
+   copies outside the metadata.
+6. When no segment names a bookie of the mark any more, the mark is removed (`replicated`, a CAS on the mark
+   read); a mark that changed meanwhile (another bookie went) stays for the next round.
+
+An entry of a segment that no surviving replica holds (each answered NO_ENTRY / NO_LEDGER, or is itself named
+by the mark and gave no copy) makes the ledger lost: the mark is kept with the count and a note
+(`set_lost`), nothing is replaced, and this worker tries the ledger again only after `lost_ledger_retry_ms`.
+Any other failure (a replica or the replacement unreachable, no replacement bookie, a metadata error) ends
+the claim; `run` waits `worker_backoff_ms` before the next.
+
+Pure over ports: the MetadataStore, the BookieTransport, the Clock, and the broker's LedgerService for
+recovery and placement.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Callable, Iterator, Protocol, Sequence
+
+from bksim.autorecovery.marks import Mark, UnderReplicationMarks
+from bksim.broker.ledgers import LedgerService
+from bksim.formats.entry import decode_entry, master_key
+from bksim.ledger.quorum import write_set_indexes
+from bksim.metadata.ledger_manager import read_ledger_metadata, update_ledger_metadata
+from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState, Segment
+from bksim.model.config import AutoRecoveryConfig
+from bksim.model.errors import (BadVersionError, BksimError, BookieError, BookieUnreachable, FormatError,
+                                LedgerError, NoNodeError)
+from bksim.model.status import EXPLICIT_NEGATIVES, FLAG_RECOVERY_ADD, LedgerStatus, StatusCode
+from bksim.ports.bookie_transport import READ_BATCH_ENTRIES_MAX, BookieTransport
+from bksim.ports.clock import Clock
+from bksim.ports.metadata import MetadataStore
+
+# what a claim ended with: the second word of run_once's answer ("ledger 7: replicated: ...")
+REPLICATED = "replicated"  # no segment names a bookie of the mark; the mark is removed
+REMARKED = "re-marked"  # replicated as marked, but the mark changed meanwhile: it stays for the next round
+DEFERRED = "deferred"  # the last segment of an OPEN (or IN_RECOVERY) ledger, within the grace period
+LOST = "lost"  # entries no surviving replica holds: the mark is kept, with the count
+DELETED = "deleted"  # the ledger is gone; so is its mark
+FAILED = "failed"  # an error; the worker backs off
+
+# copy-and-replace steps within one claim: one per (segment, missing bookie), plus a re-decision per conflict
+# and a recovery; a ledger needing more is taken up again in the next claim
+REPAIR_STEPS_MAX = 64
+LOST_IDS_SHOWN_MAX = 8  # lost entry ids named in a mark's note
+
+
+class Rng(Protocol):
+    def sample(self, population: Sequence, k: int) -> list: ...
+
+
+class _Redecide(Exception):
+    """The metadata changed under a step in a way that needs a new decision (not an error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One bookie of one segment to restore: entries first_entry_id..last_entry_id (last < first: none)."""
+    first_entry_id: int
+    last_entry_id: int | None  # None: the open end of an OPEN ledger's last segment
+    index: int
+    bookie: str
+
+
+class TokenBucket:
+    """At most `rate_per_s` units a second on average, bursts of up to `burst`: `take(n)` returns at once while
+    tokens last and otherwise sleeps (on the Clock) until the debt it leaves is paid; one sleep per take."""
+
+    def __init__(self, clock: Clock, rate_per_s: float, burst: float) -> None:
+        assert rate_per_s > 0 and burst > 0
+        self._clock = clock
+        self._rate_per_ms = rate_per_s / 1000.0
+        self._burst = burst
+        self._tokens = burst
+        self._at_ms = clock.monotonic_ms()
+        self.slept_ms = 0.0  # total time spent waiting (statistics, tests)
+
+    async def take(self, amount: float) -> None:
+        now = self._clock.monotonic_ms()
+        self._tokens = min(self._burst, self._tokens + (now - self._at_ms) * self._rate_per_ms)
+        self._at_ms = now
+        self._tokens -= amount
+        if self._tokens < 0:
+            wait_ms = -self._tokens / self._rate_per_ms
+            self.slept_ms += wait_ms
+            await self._clock.sleep_ms(wait_ms)
+
+
+def segment_last_entry_id(metadata: LedgerMetadata, position: int) -> int | None:
+    """The last entry id of segment `position`: the next segment's first - 1, a CLOSED ledger's last_entry_id
+    for its last segment, None for the last segment of a ledger that is not CLOSED (its end is open)."""
+    segments = metadata.segments
+    if position + 1 < len(segments):
+        return segments[position + 1].first_entry_id - 1
+    return metadata.last_entry_id if metadata.is_closed else None
+
+
+def steps_of(metadata: LedgerMetadata, missing: Sequence[str]) -> list[_Step]:
+    """Every (segment, bookie of `missing` it names), earliest segment first."""
+    steps = []
+    for position, segment in enumerate(metadata.segments):
+        for index, bookie in enumerate(segment.ensemble):
+            if bookie in missing:
+                steps.append(_Step(segment.first_entry_id, segment_last_entry_id(metadata, position), index, bookie))
+    return steps
+
+
+class ReplicationWorker:
+    def __init__(self, *, store: MetadataStore, transport: BookieTransport, ledgers: LedgerService,
+                 marks: UnderReplicationMarks, clock: Clock, rng: Rng, config: AutoRecoveryConfig,
+                 owner_id: str, log: Callable[[str], None] = lambda line: None) -> None:
+        assert owner_id, "a worker names itself in the locks it takes"
+        self._store = store
+        self._transport = transport
+        self._ledgers = ledgers
+        self._marks = marks
+        self._clock = clock
+        self._rng = rng
+        self.config = config
+        self.owner_id = owner_id
+        self._log = log
+        self._batch = min(config.read_batch_entries, READ_BATCH_ENTRIES_MAX)
+        self._bucket = TokenBucket(clock, config.rereplication_bytes_per_s_max, config.rereplication_bytes_per_s_max)
+        # ledger id -> the monotonic time before which this worker leaves it (lost, or within its grace)
+        self._not_before: dict[int, float] = {}
+        # ledger id -> the monotonic time of this worker's last failed claim of it (tried after the others)
+        self._failed_at: dict[int, float] = {}
+        self._stats = {name: 0 for name in ("claims", "replicated", "remarked", "deferred", "lost", "deleted",
+                                            "failed", "recovered", "segments_replaced", "entries_copied",
+                                            "bytes_copied")}
+
+    def statistics(self) -> dict[str, float]:
+        return {**self._stats, "throttled_ms": self._bucket.slept_ms}
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Claim and repair marks until `stop` is set: the next claim at once after a repair, after
+        `worker_backoff_ms` when a claim failed or none was claimable (marks are polled: the port has no
+        watches). Every wait is a Clock sleep that `stop` cuts short."""
+        while not stop.is_set():
+            try:
+                outcome = await self.run_once()
+            except BksimError as e:  # listing or claiming marks failed (the metadata store)
+                self._log(f"autorecovery worker {self.owner_id}: {e}")
+                outcome = None
+            if outcome is None or outcome.split(": ", 2)[1] == FAILED:
+                await self._sleep_unless_stopped(self.config.worker_backoff_ms, stop)
+
+    async def _sleep_unless_stopped(self, ms: float, stop: asyncio.Event) -> None:
+        sleeper = asyncio.ensure_future(self._clock.sleep_ms(ms))
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({sleeper, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sleeper, stopper):
+                task.cancel()
+            await asyncio.gather(sleeper, stopper, return_exceptions=True)
+
+    async def run_once(self) -> str | None:
+        """Claim one mark and repair its ledger; "ledger <id>: <outcome>: <detail>" (outcome: REPLICATED,
+        REMARKED, DEFERRED, LOST, DELETED or FAILED), or None when replication is disabled or no mark was
+        claimable. Raises the metadata store's errors from listing and claiming."""
+        if await self._marks.is_disabled():
+            return None
+        now = self._clock.monotonic_ms()
+        listed = await self._marks.list()
+        marked = {m.ledger_id for m in listed}
+        for table in (self._not_before, self._failed_at):  # forget ledgers whose marks are gone
+            for ledger_id in [i for i in table if i not in marked]:
+                del table[ledger_id]
+        marks = [m for m in listed if m.missing and self._not_before.get(m.ledger_id, now) <= now]
+        # a random order spreads the workers over the marks; ledgers whose claim failed here come last
+        marks = self._rng.sample(marks, len(marks))
+        marks.sort(key=lambda m: self._failed_at.get(m.ledger_id, float("-inf")))
+        for mark in marks:
+            if not await self._marks.claim(mark.ledger_id, self.owner_id):
+                continue  # another worker has it
+            self._stats["claims"] += 1
+            try:
+                outcome, detail = await self._repair(mark)
+            except BksimError as e:
+                outcome, detail = FAILED, str(e)
+            finally:
+                await self._marks.release(mark.ledger_id)
+            if outcome == FAILED:
+                self._failed_at[mark.ledger_id] = self._clock.monotonic_ms()
+            else:
+                self._failed_at.pop(mark.ledger_id, None)
+            self._stats[{REMARKED: "remarked"}.get(outcome, outcome)] += 1
+            line = f"ledger {mark.ledger_id}: {outcome}: {detail}"
+            self._log(f"autorecovery worker {self.owner_id}: {line}")
+            return line
+        return None
+
+    # -- one claim ------------------------------------------------------------------------------------------
+    async def _repair(self, mark: Mark) -> tuple[str, str]:
+        ledger_id = mark.ledger_id
+        recovered = False
+        for _ in range(REPAIR_STEPS_MAX):
+            try:
+                metadata, _ = await read_ledger_metadata(self._store, ledger_id)
+            except NoNodeError:
+                return await self._deleted(mark)
+            steps = steps_of(metadata, mark.missing)
+            if not steps:
+                if await self._marks.replicated(mark):
+                    return REPLICATED, f"no segment names {list(mark.missing)}"
+                return REMARKED, "its mark changed during the copy; left for the next round"
+            step = steps[0]
+            last_segment = metadata.last_segment.first_entry_id
+            if metadata.state is LedgerState.IN_RECOVERY or (
+                    metadata.state is LedgerState.OPEN and step.first_entry_id == last_segment):
+                if recovered:
+                    return FAILED, f"still {metadata.state.name} after its recovery"
+                age_ms = self._clock.wall_ms() - mark.ctime_ms
+                grace_ms = self.config.open_ledger_rereplication_grace_ms
+                if age_ms <= grace_ms:
+                    self._not_before[ledger_id] = self._clock.monotonic_ms() + grace_ms - age_ms + 1
+                    return DEFERRED, (f"{metadata.state.name}, its last segment names {step.bookie}: left to its "
+                                      f"writer for {grace_ms - age_ms} ms more")
+                try:
+                    await self._ledgers.recover_ledger(ledger_id, password=metadata.password)
+                except LedgerError as e:
+                    if e.status is LedgerStatus.NO_SUCH_LEDGER:
+                        return await self._deleted(mark)
+                    raise
+                recovered = True
+                self._stats["recovered"] += 1
+                self._log(f"autorecovery worker {self.owner_id}: ledger {ledger_id}: {metadata.state.name} "
+                          f"{age_ms} ms after its mark: recovered (fenced and closed) before the copy")
+                continue
+            try:
+                lost = await self._restore(ledger_id, metadata, step, mark.missing)
+            except NoNodeError:
+                return await self._deleted(mark)
+            if lost:
+                return await self._lost(mark, step, lost)
+        return FAILED, f"not done after {REPAIR_STEPS_MAX} steps (the metadata kept changing)"
+
+    async def _restore(self, ledger_id: int, metadata: LedgerMetadata, step: _Step,
+                       missing: Sequence[str]) -> list[int]:
+        """Copy `step`'s entries to a replacement and CAS it into the segment. Returns the entry ids no
+        surviving replica holds (then nothing was replaced); [] when done or when the metadata changed
+        under the step (the caller re-reads and re-decides either way)."""
+        segment = metadata.segment_for(step.first_entry_id)
+        [replacement] = await self._ledgers.choose_bookies(1, exclude=(*segment.ensemble, *missing))
+        lost = await self._copy(ledger_id, metadata, segment, step, replacement, missing)
+        if lost:
+            return lost
+
+        def change(current: LedgerMetadata) -> LedgerMetadata:
+            positions = [p for p, s in enumerate(current.segments) if s.first_entry_id == step.first_entry_id]
+            if (not positions or current.state is LedgerState.IN_RECOVERY
+                    or current.segments[positions[0]].ensemble[step.index] != step.bookie
+                    or replacement in current.segments[positions[0]].ensemble
+                    or segment_last_entry_id(current, positions[0]) != step.last_entry_id):
+                raise _Redecide()
+            return current.with_replaced_bookie(step.first_entry_id, step.bookie, replacement)
+
+        where = f"autorecovery worker {self.owner_id}: ledger {ledger_id}: segment at entry {step.first_entry_id}"
+        try:
+            await update_ledger_metadata(self._store, ledger_id, change,
+                                         attempts_max=self._ledgers.config.metadata_cas_attempts_max)
+        except _Redecide:
+            self._log(f"{where} changed while {step.bookie}'s entries were copied to {replacement}: re-deciding "
+                      f"from the metadata now stored")
+            return []
+        self._stats["segments_replaced"] += 1
+        self._log(f"{where}: {step.bookie} (#{step.index}) replaced by {replacement}")
+        return []
+
+    # -- copying ----------------------------------------------------------------------------------------------
+    async def _copy(self, ledger_id: int, metadata: LedgerMetadata, segment: Segment, step: _Step,
+                    replacement: str, missing: Sequence[str]) -> list[int]:
+        """Add every entry of `step` to `replacement`, batch by batch; the ids no surviving replica holds."""
+        assert step.last_entry_id is not None, "only closed ranges are copied"
+        key = master_key(metadata.password)
+        lost: list[int] = []
+        for batch in _batches(self._entries_of(metadata, step), self._batch):
+            found = await self._read(ledger_id, metadata, segment, step, batch, missing, lost)
+            if not found:
+                continue
+            entries = [found[entry_id] for entry_id in sorted(found)]
+            size = sum(len(entry) for entry in entries)
+            await self._bucket.take(size)
+            try:
+                statuses = await self._transport.add(replacement, [(entry, key, FLAG_RECOVERY_ADD)
+                                                                   for entry in entries])
+            except BookieUnreachable:
+                self._ledgers.note_bookie_failure(replacement)
+                raise
+            refused = [s for s in statuses if s is not StatusCode.OK]
+            if refused or len(statuses) != len(entries):
+                raise BookieError(refused[0] if refused else StatusCode.BAD_REQUEST,
+                                  f"replacement {replacement} refused {len(refused)} of {len(entries)} entries "
+                                  f"of ledger {ledger_id}")
+            self._stats["entries_copied"] += len(entries)
+            self._stats["bytes_copied"] += size
+        return lost
+
+    @staticmethod
+    def _entries_of(metadata: LedgerMetadata, step: _Step) -> Iterator[int]:
+        """The entries of the step's segment whose write set holds its ensemble index."""
+        for entry_id in range(step.first_entry_id, step.last_entry_id + 1):
+            if step.index in write_set_indexes(entry_id, metadata.ensemble_size, metadata.write_quorum_size):
+                yield entry_id
+
+    async def _read(self, ledger_id: int, metadata: LedgerMetadata, segment: Segment, step: _Step,
+                    entry_ids: list[int], missing: Sequence[str], lost: list[int]) -> dict[int, bytes]:
+        """The verified bytes of `entry_ids`, each from a replica of its write set other than the step's
+        bookie: bookies the mark does not name first, one ReadEntries call per replica and round. Ids no
+        replica holds go to `lost`; an id some replica could not answer for raises LedgerError(READ_FAILED)."""
+        named = set(missing)
+        sources: dict[int, list[str]] = {}
+        for entry_id in entry_ids:
+            replicas = [segment.ensemble[i] for i in write_set_indexes(entry_id, metadata.ensemble_size,
+                                                                       metadata.write_quorum_size)
+                        if i != step.index]
+            sources[entry_id] = [b for b in replicas if b not in named] + [b for b in replicas if b in named]
+        answers: dict[int, list[str]] = {entry_id: [] for entry_id in entry_ids}
+        unsure: dict[int, list[str]] = {}  # entry id -> answers of replicas that said neither yes nor no
+        found: dict[int, bytes] = {}
+        while sources:
+            by_bookie: dict[str, list[int]] = {}
+            for entry_id, left in sources.items():
+                by_bookie.setdefault(left.pop(0), []).append(entry_id)
+            for bookie, ids in by_bookie.items():
+                for entry_id, status, entry in await self._read_from(bookie, ledger_id, ids):
+                    if status is StatusCode.OK:
+                        try:
+                            decode_entry(entry, metadata.digest_type, ledger_id=ledger_id, entry_id=entry_id)
+                            found[entry_id] = entry
+                            continue
+                        except FormatError as e:
+                            answer = f"{bookie}: {e}"
+                    else:
+                        answer = f"{bookie}: {status.name if status is not None else 'no answer'}"
+                    answers[entry_id].append(answer)
+                    if status not in EXPLICIT_NEGATIVES and bookie not in named:
+                        unsure.setdefault(entry_id, []).append(answer)
+            sources = {e: left for e, left in sources.items() if e not in found and left}
+        missing = [e for e in entry_ids if e not in found]
+        unreadable = [e for e in missing if e in unsure]
+        if unreadable:
+            e = unreadable[0]
+            raise LedgerError(LedgerStatus.READ_FAILED, f"ledger {ledger_id} entry {e} (and {len(unreadable) - 1} "
+                                                        f"more) unreadable: {'; '.join(answers[e])}")
+        lost.extend(missing)
+        return found
+
+    async def _read_from(self, bookie: str, ledger_id: int, ids: list[int]):
+        try:
+            results = await self._transport.read_entries(bookie, ledger_id, ids)
+            if len(results) != len(ids):
+                raise BookieUnreachable(bookie, f"answered {len(results)} results for {len(ids)} entry ids")
+        except BookieUnreachable:
+            self._ledgers.note_bookie_failure(bookie)
+            results = [(None, b"")] * len(ids)
+        return [(entry_id, status, entry) for entry_id, (status, entry) in zip(ids, results)]
+
+    # -- endings ------------------------------------------------------------------------------------------------
+    async def _deleted(self, mark: Mark) -> tuple[str, str]:
+        if await self._marks.replicated(mark):
+            return DELETED, "the ledger no longer exists; its mark is removed"
+        return REMARKED, "the ledger no longer exists; its mark changed meanwhile and is left for the next round"
+
+    async def _lost(self, mark: Mark, step: _Step, lost: list[int]) -> tuple[str, str]:
+        shown = ", ".join(str(e) for e in lost[:LOST_IDS_SHOWN_MAX]) + (" ..." if len(lost) > LOST_IDS_SHOWN_MAX
+                                                                         else "")
+        note = (f"{len(lost)} entries of the segment at entry {step.first_entry_id} have no copy on any surviving "
+                f"replica ({step.bookie} was one): {shown}")
+        self._not_before[mark.ledger_id] = self._clock.monotonic_ms() + self.config.lost_ledger_retry_ms
+        try:
+            await self._marks.set_lost(mark, len(lost), note)
+        except BadVersionError:
+            return REMARKED, f"{note}; its mark changed meanwhile and is left for the next round"
+        return LOST, f"{note}; tried again in {self.config.lost_ledger_retry_ms} ms"
+
+
+def _batches(ids: Iterator[int], size: int) -> Iterator[list[int]]:
+    batch: list[int] = []
+    for entry_id in ids:
+        batch.append(entry_id)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,489 @@
+"""The replication worker (autorecovery/worker.py) over the in-memory metadata store, FakeBookies (an in-memory
+fake of the bookie transport) and a ManualClock on which sleeps just let time pass. Each test writes ledgers
+through the broker's ledger client, loses a bookie (down and unregistered), marks the ledger, and checks what
+one claim (`run_once`) leaves behind: the bytes on every replica, the metadata, the mark and its lock."""
+from __future__ import annotations
+
+import asyncio
+import random
+
+from bksim.autorecovery.marks import UnderReplicationMarks
+from bksim.autorecovery.worker import (DEFERRED, DELETED, FAILED, LOST, REMARKED, REPLICATED, ReplicationWorker,
+                                       TokenBucket)
+from bksim.broker.ledgers import LedgerService
+from bksim.formats.entry import master_key
+from bksim.ledger.quorum import write_set_indexes
+from bksim.metadata.ledger_manager import read_ledger_metadata, update_ledger_metadata
+from bksim.metadata.ledger_metadata import LedgerState
+from bksim.metadata.memory import InMemoryMetadataStore
+from bksim.metadata.paths import bookie_path, ledger_path
+from bksim.model.config import AutoRecoveryConfig, BrokerConfig
+from fakes.bookies import FakeBookies
+from fakes.clock import ManualClock
+from helpers import wait_until_async
+
+PW = b"secret"
+BOOKIES = [f"b{i}" for i in range(6)]
+CONFIG = AutoRecoveryConfig(open_ledger_rereplication_grace_ms=30_000, worker_backoff_ms=5_000,
+                            lost_ledger_retry_ms=60_000, read_batch_entries=8,
+                            rereplication_bytes_per_s_max=1 << 30)
+
+
+class HookedBookies(FakeBookies):
+    """FakeBookies that run `after_add(bookie)` once, after the next add call to a bookie in `hook_bookies`."""
+
+    def __init__(self, ids) -> None:
+        super().__init__(ids)
+        self.after_add = None
+        self.hook_bookies: set[str] = set()
+
+    async def add(self, bookie, entries):
+        out = await super().add(bookie, entries)
+        hook = self.after_add
+        if hook is not None and bookie in self.hook_bookies:
+            self.after_add = None
+            await hook(bookie)
+        return out
+
+
+class World:
+    async def start(self, bookies=BOOKIES, config=CONFIG) -> "World":
+        self.store = InMemoryMetadataStore()
+        self.registrations = self.store.session("bookies")
+        for b in bookies:
+            await self.registrations.create(bookie_path(b), b"{}", ephemeral=True, make_parents=True)
+        self.fake = HookedBookies(bookies)
+        self.clock = ManualClock(sleeps_advance=True)
+        self.writer = LedgerService(store=self.store.session("broker"), transport=self.fake, rng=random.Random(1),
+                                    clock=self.clock, config=BrokerConfig(speculative_read_ms=50))
+        session = self.store.session("worker")
+        self.lines: list[str] = []
+        self.worker_ledgers = LedgerService(store=session, transport=self.fake, rng=random.Random(2),
+                                            clock=self.clock, config=BrokerConfig(speculative_read_ms=50),
+                                            log=self.lines.append)
+        self.marks = UnderReplicationMarks(session, self.clock)
+        self.worker = ReplicationWorker(store=session, transport=self.fake, ledgers=self.worker_ledgers,
+                                        marks=self.marks, clock=self.clock, rng=random.Random(3), config=config,
+                                        owner_id="worker-1", log=self.lines.append)
+        return self
+
+    async def ledger(self, e, qw, qa, entries, *, close=True):
+        handle = await self.writer.create_ledger(e, qw, qa, password=PW)
+        await asyncio.gather(*[handle.append(b"p%03d" % i) for i in range(entries)])
+        if close:
+            await self.writer.close_ledger(handle.ledger_id, PW)
+        return handle
+
+    async def lose(self, bookie):
+        """The bookie dies for good: down, its registration gone."""
+        self.fake[bookie].down = True
+        await self.registrations.delete(bookie_path(bookie))
+
+    def copies(self, ledger_id):
+        """entry id -> the bytes every bookie holds of it (one value when all copies agree)."""
+        out: dict[int, set[bytes]] = {}
+        for b in self.fake.bookies.values():
+            for entry_id, data in b.entries.get(ledger_id, {}).items():
+                out.setdefault(entry_id, set()).add(data)
+        return out
+
+    async def metadata(self, ledger_id):
+        return (await read_ledger_metadata(self.store, ledger_id))[0]
+
+    async def assert_fully_replicated(self, ledger_id, entries, lost_bookie):
+        """Every entry is on all Qw bookies of its write set in the metadata now stored, byte-identical, and
+        no segment names the lost bookie."""
+        md = await self.metadata(ledger_id)
+        assert all(lost_bookie not in s.ensemble for s in md.segments), md.segments
+        copies = self.copies(ledger_id)
+        for entry_id in range(entries):
+            [data] = copies[entry_id]  # identical bytes wherever the entry lies
+            for b in md.write_set(entry_id):
+                assert self.fake[b].entries[ledger_id][entry_id] == data, (entry_id, b)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def outcome(line):
+    return line.split(": ", 2)[1]
+
+
+def test_a_closed_ledger_with_a_lost_bookie_is_copied_back_to_qw_replicas_and_its_mark_removed():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 30)
+        lid = h.ledger_id
+        victim = h.metadata.ensemble[1]
+        before = w.copies(lid)
+        for b in BOOKIES:  # every bookie knows the ledger fenced and its key: only RECOVERY_ADD with the key copies
+            w.fake[b].fenced.add(lid)
+            w.fake[b].keys[lid] = master_key(PW)
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim])
+        line = await w.worker.run_once()
+        assert outcome(line) == REPLICATED, line
+        await w.assert_fully_replicated(lid, 30, victim)
+        md = await w.metadata(lid)
+        assert md.state is LedgerState.CLOSED and (md.last_entry_id, md.length) == (29, h.metadata.length)
+        [replacement] = set(md.ensemble) - set(h.metadata.ensemble)
+        assert w.copies(lid) == before  # one value per entry, the bytes written
+        assert sorted(w.fake[replacement].entries[lid]) == sorted(w.fake[victim].entries[lid])
+        assert await w.marks.get(lid) is None and await w.marks.lock_owner(lid) is None
+        assert await w.worker.run_once() is None  # nothing left to claim
+        assert w.worker.statistics()["entries_copied"] == 20  # E=3 Qw=2: 2 of every 3 entries had the victim
+    run(main())
+
+
+def test_striping_copies_only_the_entries_whose_write_set_held_the_lost_bookie_in_batches():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(5, 2, 2, 50)
+        lid = h.ledger_id
+        index = 3
+        victim = h.metadata.ensemble[index]
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim])
+        assert outcome(await w.worker.run_once()) == REPLICATED
+        md = await w.metadata(lid)
+        replacement = md.ensemble[index]
+        expected = [e for e in range(50) if index in write_set_indexes(e, 5, 2)]
+        assert len(expected) == 20 and sorted(w.fake[replacement].entries[lid]) == expected
+        assert w.fake[replacement].adds == 20
+        reads = [ids for b in md.ensemble for (ledger, ids, _) in w.fake[b].read_calls if ledger == lid]
+        assert reads and max(len(ids) for ids in reads) <= CONFIG.read_batch_entries
+        assert sum(len(ids) for ids in reads) == 20  # each entry read once, from one surviving replica
+        await w.assert_fully_replicated(lid, 50, victim)
+    run(main())
+
+
+def test_only_the_segments_that_name_the_lost_bookie_are_copied():
+    async def main():
+        w = await World().start()
+        h = await w.writer.create_ledger(3, 3, 2, password=PW)
+        lid = h.ledger_id
+        await asyncio.gather(*[h.append(b"a%d" % i) for i in range(10)])
+        first = h.metadata.ensemble
+        w.fake[first[0]].down = True  # the writer replaces it itself: a second segment without it
+        await asyncio.gather(*[h.append(b"b%d" % i) for i in range(10)])
+        await w.writer.close_ledger(lid, PW)
+        md = await w.metadata(lid)
+        assert len(md.segments) == 2 and first[0] not in md.segments[1].ensemble
+        await w.lose(first[0])
+        await w.marks.mark(lid, [first[0]])
+        assert outcome(await w.worker.run_once()) == REPLICATED
+        after = await w.metadata(lid)
+        assert after.segments[1] == md.segments[1]
+        replacement = after.segments[0].ensemble[0]
+        end = md.segments[1].first_entry_id
+        assert set(range(end)) <= set(w.fake[replacement].entries[lid])
+        assert w.worker.statistics()["entries_copied"] == end  # Qw = E: every entry of the first segment only
+        await w.assert_fully_replicated(lid, 20, first[0])
+    run(main())
+
+
+def test_an_open_ledger_is_left_to_its_writer_within_the_grace_then_recovered_and_copied():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 20, close=False)
+        lid = h.ledger_id
+        victim = h.metadata.ensemble[2]
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim])
+        line = await w.worker.run_once()
+        assert outcome(line) == DEFERRED, line
+        assert (await w.metadata(lid)).state is LedgerState.OPEN
+        assert await w.marks.get(lid) is not None and await w.marks.lock_owner(lid) is None
+        w.clock.advance(10_000)
+        assert await w.worker.run_once() is None  # still within the grace: not claimed again
+        w.clock.advance(CONFIG.open_ledger_rereplication_grace_ms)
+        line = await w.worker.run_once()
+        assert outcome(line) == REPLICATED, line
+        md = await w.metadata(lid)
+        assert md.state is LedgerState.CLOSED and md.last_entry_id == 19
+        await w.assert_fully_replicated(lid, 20, victim)
+        assert w.worker.statistics()["recovered"] == 1
+        assert await w.marks.get(lid) is None and await w.marks.lock_owner(lid) is None
+    run(main())
+
+
+def test_an_open_ledger_s_earlier_segment_is_copied_while_its_writer_goes_on():
+    async def main():
+        w = await World().start()
+        h = await w.writer.create_ledger(3, 2, 2, password=PW)
+        lid = h.ledger_id
+        await asyncio.gather(*[h.append(b"a%d" % i) for i in range(10)])
+        victim = h.metadata.ensemble[0]
+        w.fake[victim].down = True
+        await asyncio.gather(*[h.append(b"b%d" % i) for i in range(10)])  # ensemble change: segment 2 without it
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim])
+        assert outcome(await w.worker.run_once()) == REPLICATED
+        md = await w.metadata(lid)
+        assert md.state is LedgerState.OPEN and all(victim not in s.ensemble for s in md.segments)
+        await asyncio.gather(*[h.append(b"c%d" % i) for i in range(10)])  # the writer is not disturbed
+        await w.writer.close_ledger(lid, PW)
+        await w.assert_fully_replicated(lid, 30, victim)
+    run(main())
+
+
+def test_a_cas_conflict_is_re_decided_on_the_new_metadata_and_never_overwrites_it():
+    async def main():
+        w = await World().start()
+        # 1. an unrelated write lands between the copy and the CAS: applied on top of it
+        h = await w.ledger(3, 2, 2, 12)
+        lid = h.ledger_id
+        victim = h.metadata.ensemble[0]
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim])
+        md0 = await w.metadata(lid)
+
+        async def touch(_bookie):
+            data, version = await w.store.get(ledger_path(lid))
+            await w.store.set(ledger_path(lid), data, version)
+
+        w.fake.hook_bookies = set(BOOKIES) - set(md0.ensemble)
+        w.fake.after_add = touch
+        assert outcome(await w.worker.run_once()) == REPLICATED
+        assert w.fake.after_add is None  # the conflict happened
+        await w.assert_fully_replicated(lid, 12, victim)
+        # 2. another worker replaces the same bookie meanwhile: this one re-decides and keeps that replacement
+        h2 = await w.ledger(3, 2, 2, 12)
+        lid2 = h2.ledger_id
+        md = await w.metadata(lid2)
+        victim2 = md.ensemble[0]
+        spares = [b for b in BOOKIES if b not in md.ensemble and b != victim]
+        await w.lose(victim2)
+        await w.marks.mark(lid2, [victim2])
+        chosen = []
+
+        async def other_worker(bookie):  # another worker copied to another spare and replaced the bookie first
+            [other] = [b for b in spares if b != bookie]
+            chosen.append(other)
+            for e in range(12):
+                if victim2 in md.write_set(e):
+                    w.fake[other].entries.setdefault(lid2, {})[e] = w.fake[victim2].entries[lid2][e]
+            await update_ledger_metadata(w.store, lid2, lambda m: m.with_replaced_bookie(0, victim2, other),
+                                         attempts_max=3)
+
+        w.fake.hook_bookies = set(spares)
+        w.fake.after_add = other_worker
+        line = await w.worker.run_once()
+        assert outcome(line) == REPLICATED, line
+        after = await w.metadata(lid2)
+        assert chosen and after.ensemble[0] == chosen[0]  # never overwritten
+        assert any("re-deciding" in line for line in w.lines)
+        await w.assert_fully_replicated(lid2, 12, victim2)
+    run(main())
+
+
+def test_the_writer_s_own_ensemble_change_during_the_copy_is_kept():
+    async def main():
+        w = await World().start()
+        h = await w.writer.create_ledger(3, 2, 2, password=PW)
+        lid = h.ledger_id
+        await asyncio.gather(*[h.append(b"a%d" % i) for i in range(10)])
+        victim = h.metadata.ensemble[1]
+        w.fake[victim].down = True
+        await asyncio.gather(*[h.append(b"b%d" % i) for i in range(10)])
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim])
+        second = h.metadata.ensemble
+        w.fake.hook_bookies = set(BOOKIES) - set(h.metadata.segments[0].ensemble) - {victim}
+
+        async def writer_changes_ensemble(_bookie):  # the writer loses another bookie of its last segment
+            w.fake[second[0]].down = True
+            await asyncio.gather(*[h.append(b"c%d" % i) for i in range(5)])
+
+        w.fake.after_add = writer_changes_ensemble
+        assert outcome(await w.worker.run_once()) == REPLICATED
+        md = await w.metadata(lid)
+        assert len(md.segments) == 3 and all(victim not in s.ensemble for s in md.segments)
+        assert md.segments[2].ensemble == h.metadata.ensemble
+        w.fake[second[0]].down = False
+        await w.writer.close_ledger(lid, PW)
+        got = [e.payload async for e in w.writer.read_entries(lid, 0, 24, password=PW)]
+        assert got == [b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(10)] + [b"c%d" % i
+                                                                                             for i in range(5)]
+    run(main())
+
+
+def test_an_entry_no_surviving_replica_holds_marks_the_ledger_lost_and_it_is_not_retried_at_once():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 12)
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        victim = md.ensemble[0]
+        gone = [e for e in range(12) if victim in md.write_set(e)][:2]
+        for e in gone:  # the other replica lost these two too
+            [other] = [b for b in md.write_set(e) if b != victim]
+            del w.fake[other].entries[lid][e]
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim])
+        line = await w.worker.run_once()
+        assert outcome(line) == LOST, line
+        mark = await w.marks.get(lid)
+        assert mark is not None and mark.lost_entries == 2 and str(gone[0]) in mark.note
+        assert await w.metadata(lid) == md  # the lost bookie stays named: no replica dropped
+        assert await w.marks.lock_owner(lid) is None
+        assert await w.worker.run_once() is None
+        w.clock.advance(CONFIG.lost_ledger_retry_ms)
+        assert outcome(await w.worker.run_once()) == LOST
+    run(main())
+
+
+def test_an_entry_whose_replica_does_not_answer_is_a_failure_with_backoff_not_a_loss():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 12)
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        victim, silent = md.ensemble[0], md.ensemble[1]
+        await w.lose(victim)
+        w.fake[silent].down = True  # registered, not marked, but not answering
+        await w.marks.mark(lid, [victim])
+        line = await w.worker.run_once()
+        assert outcome(line) == FAILED and "READ_FAILED" in line, line
+        mark = await w.marks.get(lid)
+        assert mark.lost_entries == 0 and await w.marks.lock_owner(lid) is None
+        assert await w.metadata(lid) == md
+        w.fake[silent].down = False
+        assert outcome(await w.worker.run_once()) == REPLICATED
+        await w.assert_fully_replicated(lid, 12, victim)
+    run(main())
+
+
+def test_no_replacement_bookie_fails_and_releases_the_lock():
+    async def main():
+        w = await World().start(bookies=BOOKIES[:3])
+        h = await w.ledger(3, 2, 2, 6)
+        lid = h.ledger_id
+        await w.lose(h.metadata.ensemble[0])
+        await w.marks.mark(lid, [h.metadata.ensemble[0]])
+        line = await w.worker.run_once()
+        assert outcome(line) == FAILED and "NOT_ENOUGH_BOOKIES" in line, line
+        assert await w.marks.lock_owner(lid) is None and await w.marks.get(lid) is not None
+    run(main())
+
+
+def test_a_mark_another_worker_holds_is_not_claimed_and_a_deleted_ledger_loses_its_mark():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 6)
+        lid = h.ledger_id
+        await w.lose(h.metadata.ensemble[0])
+        await w.marks.mark(lid, [h.metadata.ensemble[0]])
+        other = UnderReplicationMarks(w.store.session("worker-2"), w.clock)
+        assert await other.claim(lid, "worker-2")
+        assert await w.worker.run_once() is None
+        assert await w.marks.lock_owner(lid) == "worker-2"
+        await other.release(lid)
+        await w.writer.delete_ledger(lid, password=PW)
+        line = await w.worker.run_once()
+        assert outcome(line) == DELETED, line
+        assert await w.marks.get(lid) is None and await w.marks.lock_owner(lid) is None
+    run(main())
+
+
+def test_a_mark_that_changes_during_the_copy_stays_for_the_next_round():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 12)
+        lid = h.ledger_id
+        first, second = h.metadata.ensemble[0], h.metadata.ensemble[1]
+        await w.lose(first)
+        await w.marks.mark(lid, [first])
+        w.fake.hook_bookies = set(BOOKIES) - set(h.metadata.ensemble)
+
+        async def second_loss(_bookie):
+            await w.marks.mark(lid, [second])
+
+        w.fake.after_add = second_loss
+        assert outcome(await w.worker.run_once()) == REMARKED
+        mark = await w.marks.get(lid)
+        assert mark.missing == tuple(sorted([first, second]))
+        assert outcome(await w.worker.run_once()) == REPLICATED  # second is live: copied away from it as well
+        md = await w.metadata(lid)
+        assert first not in md.ensemble and second not in md.ensemble
+        await w.assert_fully_replicated(lid, 12, first)
+    run(main())
+
+
+def test_disabled_replication_claims_nothing():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 6)
+        lid = h.ledger_id
+        await w.lose(h.metadata.ensemble[0])
+        await w.marks.mark(lid, [h.metadata.ensemble[0]])
+        await w.marks.disable()
+        md = await w.metadata(lid)
+        assert await w.worker.run_once() is None
+        assert await w.metadata(lid) == md and await w.marks.get(lid) is not None
+        assert w.worker.statistics()["claims"] == 0
+        await w.marks.enable()
+        assert outcome(await w.worker.run_once()) == REPLICATED
+    run(main())
+
+
+def test_the_copy_rate_is_limited_by_sleeping_on_the_clock():
+    async def main():
+        entry_bytes = 36 + 64  # header + payload
+        config = AutoRecoveryConfig(rereplication_bytes_per_s_max=10 * entry_bytes, read_batch_entries=5)
+        w = await World().start(config=config)
+        h = await w.writer.create_ledger(3, 3, 2, password=PW)
+        lid = h.ledger_id
+        await asyncio.gather(*[h.append(bytes(64)) for _ in range(30)])
+        await w.writer.close_ledger(lid, PW)
+        victim = h.metadata.ensemble[0]
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim])
+        start = w.clock.now
+        assert outcome(await w.worker.run_once()) == REPLICATED
+        # 30 entries of 100 bytes at 1000 bytes/s after a burst of 1000 bytes: 2 s of sleeps, nothing else
+        assert w.clock.now - start == 2_000
+        assert w.worker.statistics()["throttled_ms"] == 2_000
+        assert w.worker.statistics()["bytes_copied"] == 30 * entry_bytes
+    run(main())
+
+
+def test_the_token_bucket_sleeps_only_for_its_debt():
+    async def main():
+        clock = ManualClock(sleeps_advance=True)
+        bucket = TokenBucket(clock, rate_per_s=1_000, burst=500)
+        await bucket.take(500)
+        assert clock.now == 0
+        await bucket.take(250)
+        assert clock.now == 250
+        clock.advance(10_000)  # idle time refills up to the burst only
+        await bucket.take(500)
+        assert clock.now == 10_250
+        await bucket.take(100)
+        assert clock.now == 10_350
+    run(main())
+
+
+def test_run_repairs_every_mark_and_stops_when_asked():
+    async def main():
+        w = await World().start()
+        ledgers = [await w.ledger(3, 2, 2, 8) for _ in range(3)]
+        victim = ledgers[0].metadata.ensemble[0]
+        await w.lose(victim)
+        marked = [h.ledger_id for h in ledgers if victim in h.metadata.ensemble]
+        for lid in marked:
+            await w.marks.mark(lid, [victim])
+        stop = asyncio.Event()
+        task = asyncio.create_task(w.worker.run(stop))
+        await wait_until_async(lambda: _no_marks(w), 5.0, message="every mark repaired")
+        stop.set()
+        await asyncio.wait_for(task, 5.0)
+        for lid in marked:
+            await w.assert_fully_replicated(lid, 8, victim)
+        assert w.worker.statistics()["replicated"] == len(marked)
+    run(main())
+
+
+async def _no_marks(w):
+    return await w.marks.list() == []
