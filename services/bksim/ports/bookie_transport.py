@@ -21,7 +21,8 @@ Contract:
   `list_entries_ids_max` ids, and as many ranges as fit in its frame_bytes_max, per answer: its work per call
   and the answer's size stay bounded however large the ledger), and the transport asks for pages until the
   ledger's end and joins them; each page is one call within the deadline. A page answered other than OK ends
-  the listing with that status and []; no answer to a page raises BookieUnreachable.
+  the listing with that status and []; no answer to a page raises BookieUnreachable. A negative ledger id is
+  BAD_REQUEST.
 - A request a bookie refuses as overload (an add batch past its in-flight bounds) is answered
   TOO_MANY_REQUESTS for every entry; nothing of it was stored.
 
