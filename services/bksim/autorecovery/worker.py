@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence
 
 from bksim.autorecovery.marks import Mark, UnderReplicationMarks
+from bksim.broker.driver import cancelled_underneath
 from bksim.broker.ledgers import LedgerService
 from bksim.formats.entry import decode_entry, master_key
 from bksim.ledger.quorum import write_set_indexes
@@ -298,31 +299,43 @@ class ReplicationWorker:
     # -- copying ----------------------------------------------------------------------------------------------
     async def _copy(self, ledger_id: int, metadata: LedgerMetadata, segment: Segment, step: _Step,
                     replacement: str, missing: Sequence[str]) -> list[int]:
-        """Add every entry of `step` to `replacement`, batch by batch; the ids no surviving replica holds."""
+        """Add every entry of `step` to `replacement`, batch by batch (a batch's add overlaps the next batch's
+        reads: one add in flight); the ids no surviving replica holds."""
         assert step.last_entry_id is not None, "only closed ranges are copied"
         key = master_key(metadata.password)
         lost: list[int] = []
-        for batch in _batches(self._entries_of(metadata, step), self._batch):
-            found = await self._read(ledger_id, metadata, segment, step, batch, missing, lost)
-            if not found:
-                continue
-            entries = [found[entry_id] for entry_id in sorted(found)]
-            size = sum(len(entry) for entry in entries)
-            await self._bucket.take(size)
-            try:
-                statuses = await self._transport.add(replacement, [(entry, key, FLAG_RECOVERY_ADD)
-                                                                   for entry in entries])
-            except BookieUnreachable:
-                self._ledgers.note_bookie_failure(replacement)
-                raise
-            refused = [s for s in statuses if s is not StatusCode.OK]
-            if refused or len(statuses) != len(entries):
-                raise BookieError(refused[0] if refused else StatusCode.BAD_REQUEST,
-                                  f"replacement {replacement} refused {len(refused)} of {len(entries)} entries "
-                                  f"of ledger {ledger_id}")
-            self._stats["entries_copied"] += len(entries)
-            self._stats["bytes_copied"] += size
+        adding: asyncio.Future | None = None
+        try:
+            for batch in _batches(self._entries_of(metadata, step), self._batch):
+                found = await self._read(ledger_id, metadata, segment, step, batch, missing, lost)
+                if not found:
+                    continue
+                entries = [found[entry_id] for entry_id in sorted(found)]
+                await self._bucket.take(sum(len(entry) for entry in entries))
+                if adding is not None:
+                    await adding
+                adding = asyncio.ensure_future(self._add(ledger_id, replacement, entries, key))
+            if adding is not None:
+                await adding
+        finally:
+            if adding is not None:  # an error elsewhere: stop it, and take its own error (if any) out of it
+                adding.cancel()
+                await asyncio.gather(adding, return_exceptions=True)
         return lost
+
+    async def _add(self, ledger_id: int, replacement: str, entries: list[bytes], key: bytes) -> None:
+        try:
+            statuses = await self._transport.add(replacement, [(entry, key, FLAG_RECOVERY_ADD) for entry in entries])
+        except BookieUnreachable:
+            self._ledgers.note_bookie_failure(replacement)
+            raise
+        refused = [s for s in statuses if s is not StatusCode.OK]
+        if refused or len(statuses) != len(entries):
+            raise BookieError(refused[0] if refused else StatusCode.BAD_REQUEST,
+                              f"replacement {replacement} refused {len(refused)} of {len(entries)} entries of "
+                              f"ledger {ledger_id}")
+        self._stats["entries_copied"] += len(entries)
+        self._stats["bytes_copied"] += sum(len(entry) for entry in entries)
 
     @staticmethod
     def _entries_of(metadata: LedgerMetadata, step: _Step) -> Iterator[int]:
@@ -344,14 +357,16 @@ class ReplicationWorker:
                         if i != step.index]
             sources[entry_id] = [b for b in replicas if b not in named] + [b for b in replicas if b in named]
         answers: dict[int, list[str]] = {entry_id: [] for entry_id in entry_ids}
-        unsure: dict[int, list[str]] = {}  # entry id -> answers of replicas that said neither yes nor no
+        unsure: set[int] = set()  # ids a replica not named by the mark answered neither yes nor no for
         found: dict[int, bytes] = {}
         while sources:
             by_bookie: dict[str, list[int]] = {}
             for entry_id, left in sources.items():
                 by_bookie.setdefault(left.pop(0), []).append(entry_id)
-            for bookie, ids in by_bookie.items():
-                for entry_id, status, entry in await self._read_from(bookie, ledger_id, ids):
+            rounds = await asyncio.gather(*[self._read_from(bookie, ledger_id, ids)
+                                            for bookie, ids in by_bookie.items()])
+            for bookie, results in zip(by_bookie, rounds):
+                for entry_id, status, entry in results:
                     if status is StatusCode.OK:
                         try:
                             decode_entry(entry, metadata.digest_type, ledger_id=ledger_id, entry_id=entry_id)
@@ -363,15 +378,15 @@ class ReplicationWorker:
                         answer = f"{bookie}: {status.name if status is not None else 'no answer'}"
                     answers[entry_id].append(answer)
                     if status not in EXPLICIT_NEGATIVES and bookie not in named:
-                        unsure.setdefault(entry_id, []).append(answer)
+                        unsure.add(entry_id)
             sources = {e: left for e, left in sources.items() if e not in found and left}
-        missing = [e for e in entry_ids if e not in found]
-        unreadable = [e for e in missing if e in unsure]
+        absent = [e for e in entry_ids if e not in found]
+        unreadable = [e for e in absent if e in unsure]
         if unreadable:
             e = unreadable[0]
             raise LedgerError(LedgerStatus.READ_FAILED, f"ledger {ledger_id} entry {e} (and {len(unreadable) - 1} "
                                                         f"more) unreadable: {'; '.join(answers[e])}")
-        lost.extend(missing)
+        lost.extend(absent)
         return found
 
     async def _read_from(self, bookie: str, ledger_id: int, ids: list[int]):
@@ -382,6 +397,10 @@ class ReplicationWorker:
         except BookieUnreachable:
             self._ledgers.note_bookie_failure(bookie)
             results = [(None, b"")] * len(ids)
+        except asyncio.CancelledError:
+            if not cancelled_underneath():
+                raise
+            results = [(None, b"")] * len(ids)  # the call was cancelled underneath us: no answer
         return [(entry_id, status, entry) for entry_id, (status, entry) in zip(ids, results)]
 
     # -- endings ------------------------------------------------------------------------------------------------

@@ -47,13 +47,13 @@ class HookedBookies(FakeBookies):
 
 
 class World:
-    async def start(self, bookies=BOOKIES, config=CONFIG) -> "World":
+    async def start(self, bookies=BOOKIES, config=CONFIG, clock=None) -> "World":
         self.store = InMemoryMetadataStore()
         self.registrations = self.store.session("bookies")
         for b in bookies:
             await self.registrations.create(bookie_path(b), b"{}", ephemeral=True, make_parents=True)
         self.fake = HookedBookies(bookies)
-        self.clock = ManualClock(sleeps_advance=True)
+        self.clock = clock or ManualClock(sleeps_advance=True)
         self.writer = LedgerService(store=self.store.session("broker"), transport=self.fake, rng=random.Random(1),
                                     clock=self.clock, config=BrokerConfig(speculative_read_ms=50))
         session = self.store.session("worker")
@@ -482,6 +482,32 @@ def test_run_repairs_every_mark_and_stops_when_asked():
         for lid in marked:
             await w.assert_fully_replicated(lid, 8, victim)
         assert w.worker.statistics()["replicated"] == len(marked)
+    run(main())
+
+
+def test_run_backs_off_after_a_failed_claim_on_the_clock():
+    async def main():
+        w = await World().start(clock=ManualClock())  # sleeps wait for advance()
+        h = await w.ledger(3, 2, 2, 6)
+        lid = h.ledger_id
+        victim, silent = h.metadata.ensemble[0], h.metadata.ensemble[1]
+        await w.lose(victim)
+        w.fake[silent].down = True
+        await w.marks.mark(lid, [victim])
+        stop = asyncio.Event()
+        task = asyncio.create_task(w.worker.run(stop))
+        await wait_until_async(lambda: w.clock.sleepers == 1, 5.0, message="the worker backing off")
+        assert w.worker.statistics()["failed"] == 1 and await w.marks.lock_owner(lid) is None
+        w.fake[silent].down = False
+        w.clock.advance(CONFIG.worker_backoff_ms - 1)
+        assert w.clock.sleepers == 1 and w.worker.statistics()["claims"] == 1  # still backing off
+        w.clock.advance(1)
+        await wait_until_async(lambda: _no_marks(w), 5.0, message="the mark repaired after the backoff")
+        await wait_until_async(lambda: w.clock.sleepers == 1, 5.0, message="the worker idle again")
+        assert w.worker.statistics()["claims"] == 2
+        stop.set()
+        await asyncio.wait_for(task, 5.0)
+        await w.assert_fully_replicated(lid, 6, victim)
     run(main())
 
 
