@@ -243,8 +243,8 @@ class ReplicationWorker:
                 grace_ms = self.config.open_ledger_rereplication_grace_ms
                 if age_ms <= grace_ms:
                     self._not_before[ledger_id] = self._clock.monotonic_ms() + grace_ms - age_ms + 1
-                    return DEFERRED, (f"{metadata.state.name}, its last segment names {step.bookie}: left to its "
-                                      f"writer for {grace_ms - age_ms} ms more")
+                    return DEFERRED, (f"{metadata.state.name} and naming {step.bookie} in a segment it may still "
+                                      f"write: left to its writer (or recovery) for {grace_ms - age_ms} ms more")
                 try:
                     await self._ledgers.recover_ledger(ledger_id, password=metadata.password)
                 except LedgerError as e:
