@@ -34,9 +34,13 @@ KEY = master_key(PASSWORD)
 
 def launcher(zookeeper, run_dir: str) -> LocalCluster:
     """The local-cluster launcher for test processes under `run_dir` on the session's ZooKeeper: children get
-    none of this process's BKSIM_ variables, run in `run_dir`, and have a session timeout of SESSION_TIMEOUT_MS."""
+    none of this process's BKSIM_ variables, run in `run_dir`, and have a session timeout of SESSION_TIMEOUT_MS.
+    Their bookies run without autorecovery: the session's ZooKeeper keeps the cookies of every module's stopped
+    bookies, which an auditor counts as lost (tests/integration/test_autorecovery.py runs it on its own
+    ZooKeeper)."""
     cluster = LocalCluster(run_dir, inherit_bksim_env=False, cwd=run_dir,
-                           child_env={"BKSIM_ZOOKEEPER_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS)})
+                           child_env={"BKSIM_ZOOKEEPER_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
+                                      "BKSIM_AUTORECOVERY_ENABLED": "false"})
     cluster.attach_zookeeper(zookeeper)
     return cluster
 

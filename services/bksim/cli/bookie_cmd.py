@@ -62,6 +62,19 @@ def register(subparsers) -> None:
     fmt.add_argument("--json", action="store_true", help="print what was done as one JSON object")
     fmt.set_defaults(func=cmd_format)
 
+    dec = family.add_parser(
+        "decommission", help="remove a stopped bookie for good: re-replicate its ledgers, then delete its cookie",
+        description="Decommission a stopped bookie (BookKeeper's `decommissionbookie`): refuses while it is "
+                    "registered or when it has no cookie (exit 2, nothing changed); otherwise marks every ledger "
+                    "that names it under-replicated, waits (printing progress) until the replication workers "
+                    "have replaced it in every ledger and no mark lists it, and deletes its cookie.")
+    dec.add_argument("bookie_id", metavar="ID", help="the bookie id (host:port)")
+    dec.add_argument("--config", default=argparse.SUPPRESS, help="TOML configuration file")
+    dec.add_argument("--timeout-s", type=float, default=600.0, metavar="S",
+                     help="give up (exit 2, cookie kept) after this long (default 600)")
+    dec.add_argument("--json", action="store_true", help="print what was done as one JSON object at the end")
+    dec.set_defaults(func=_cmd_decommission)
+
     lst = family.add_parser("list", help="writable and read-only bookies registered in ZooKeeper")
     lst.add_argument("--config", default=argparse.SUPPRESS, help="TOML configuration file")
     lst.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -121,7 +134,8 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    client = engine = server = reg = None
+    client = engine = server = reg = autorecovery = None
+    autorecovery_stop = asyncio.Event()
     try:
         connected = await _until_stopped(stop, asyncio.to_thread(
             registration.connect, zk_hosts(config), config.zookeeper.session_timeout_ms, ZK_CONNECT_TIMEOUT_S))
@@ -152,11 +166,16 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
         if await _until_stopped(stop, asyncio.to_thread(reg.register, engine.read_only)) is _STOPPED:
             return 0
         log(f"serving ({engine.info()['state']})")
+        if config.autorecovery.enabled:
+            from bksim.cli.autorecovery_cmd import run_daemon
+
+            autorecovery = asyncio.create_task(run_daemon(config, b.bookie_id, autorecovery_stop, log))
         await stop.wait()
         log("shutdown requested: draining")
         return 0
     finally:
-        await _shutdown(config, log, client, engine, server, reg)
+        autorecovery_stop.set()  # stops alongside the bookie's own steps; awaited (bounded) at their end
+        await _shutdown(config, log, client, engine, server, reg, autorecovery)
 
 
 _STOPPED = object()
@@ -178,10 +197,13 @@ async def _until_stopped(stop: asyncio.Event, awaitable):
     return _STOPPED
 
 
-async def _shutdown(config: Config, log, client, engine, server, reg) -> None:
+async def _shutdown(config: Config, log, client, engine, server, reg, autorecovery=None) -> None:
     """Stop in order: no new work, drain, checkpoint, deregister, close ZooKeeper. Each step bounded (the
-    ZooKeeper steps by the session timeout: a ZooKeeper that is gone must not keep the process alive)."""
+    ZooKeeper steps by the session timeout: a ZooKeeper that is gone must not keep the process alive). The
+    autorecovery daemon (told to stop before this) closes its own session meanwhile; it is awaited before the
+    bookie's session is closed, as long as its own bounded steps take, then cancelled."""
     from bksim.adapters import registration
+    from bksim.cli.autorecovery_cmd import DAEMON_TASK_STOP_S
 
     b = config.bookie
     if server is not None:
@@ -203,6 +225,12 @@ async def _shutdown(config: Config, log, client, engine, server, reg) -> None:
         except Exception as e:  # noqa: BLE001 - the session close below removes the ephemeral node anyway
             log(f"deregister failed: {type(e).__name__}: {e}")
         reg.close()
+    if autorecovery is not None:
+        _, pending = await asyncio.wait({autorecovery}, timeout=DAEMON_TASK_STOP_S + zk_bound_s)
+        if pending:
+            autorecovery.cancel()
+            log("autorecovery did not stop within its bounds: cancelled")
+        await asyncio.gather(autorecovery, return_exceptions=True)
     if client is not None:
         try:
             await registration.call_bounded(lambda: _close_zk(client), zk_bound_s)
@@ -235,6 +263,14 @@ def cmd_format(args) -> int:
     else:
         print("\n".join(done["lines"]))
     return 0
+
+
+# -- bookie decommission --------------------------------------------------------------------------------
+
+def _cmd_decommission(args) -> int:
+    from bksim.cli.autorecovery_cmd import cmd_decommission
+
+    return cmd_decommission(args)
 
 
 # -- bookie list ----------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""`bksim ledger create|write|read|close|recover|delete|list|metadata`: ledgers through a broker's gRPC API.
+"""`bksim ledger create|write|read|close|recover|delete|list|metadata`: ledgers through a broker's gRPC API
+(and `bksim ledger replicas`, which asks the bookies directly: cli/autorecovery_cmd.py).
 
 Every command talks to one broker (adapters/broker_client.py):
 
@@ -106,6 +107,15 @@ def register(subparsers) -> None:
     p = family.add_parser("list", parents=[common], help="every ledger, with its state and size")
     p.set_defaults(func=cmd_list)
 
+    p = family.add_parser("replicas", help="per segment and bookie: the entries each replica holds and should hold",
+                          description="Ask every bookie of the ledger's ensembles which of its entries it holds "
+                                      "(ListEntries, as the autorecovery auditor does), directly, not through a "
+                                      "broker; print them per segment next to the count its write sets require.")
+    p.add_argument("ledger_id", type=_ledger_id, metavar="ID")
+    p.add_argument("--config", default=argparse.SUPPRESS, help="TOML configuration file")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_replicas)
+
 
 def _ledger_id(text: str) -> int:
     value = int(text)
@@ -126,6 +136,12 @@ def _non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+def _cmd_replicas(args) -> int:
+    from bksim.cli.autorecovery_cmd import cmd_replicas
+
+    return cmd_replicas(args)
 
 
 # -- shared pieces -------------------------------------------------------------------------------------------
