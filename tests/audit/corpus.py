@@ -180,6 +180,8 @@ class Corpus:
         for journal_id, path in files:
             with open(path, "rb") as f:
                 data = f.read()
+            if len(data) < jfmt.FILE_HEADER_BYTES:  # maybe: created by the bookie killed -9 before its header landed
+                continue
             records = jfmt.scan_journal(data, jfmt.FILE_HEADER_BYTES, newest=True, skip_corruption=True).records
             for i, r in enumerate(records):
                 ledger = entry = lac = None

@@ -222,15 +222,22 @@ def _scan(task: FileTask, data: bytes, found: list[Finding]) -> list[jfmt.Journa
     """Every valid record of the file, damage reported into `found` (see the module docstring).
 
     Version 2 journals: replay's own group rule (`scan_journal`) says where the torn last group of the newest
-    journal starts; the records before it are searched record by record for damage, as in version 1 files."""
+    journal starts; the records before it are searched record by record for damage, as in version 1 files.
+    When that scan skipped nothing, every byte before its end is complete groups of valid records: they are
+    its records, and the record-level search (which would find no damage there) starts at its end."""
     if jfmt.file_version(data) == 1:
         return _scan_records(task, data, found, task.newest, None)
     group = jfmt.RecordType.GROUP
     would_tear = jfmt.scan_journal(data, jfmt.FILE_HEADER_BYTES, True, skip_corruption=True, name=task.path)
     tear_at = would_tear.end if would_tear.torn is not None else None  # if this file were the newest
     cut = tear_at is not None and (task.newest or task.below_mark)  # replay truncates it, or moved past it
-    records = [r for r in _scan_records(task, data[:tear_at] if cut else data, found, False, tear_at)
-               if r.type is not group]
+    if not would_tear.skipped:
+        records = would_tear.records
+        if tear_at is not None and not cut:  # the torn-looking tail of an older journal: searched as damage
+            records += [r for r in _scan_records(task, data, found, False, tear_at, tear_at) if r.type is not group]
+    else:
+        records = [r for r in _scan_records(task, data[:tear_at] if cut else data, found, False, tear_at)
+                   if r.type is not group]
     if cut:
         found.append(_torn_tail(task, tear_at, len(data), would_tear.torn) if task.newest else
                      _torn_below_mark(task, tear_at, len(data)))
@@ -238,12 +245,12 @@ def _scan(task: FileTask, data: bytes, found: list[Finding]) -> list[jfmt.Journa
 
 
 def _scan_records(task: FileTask, data: bytes, found: list[Finding], newest: bool,
-                  tear_at: int | None) -> list[jfmt.JournalRecord]:
-    """The record-level search: `newest` applies version 1's torn-tail rule; `tear_at` (version 2) is where
-    the group rule would start a torn tail if the file were the newest journal."""
+                  tear_at: int | None, start: int = jfmt.FILE_HEADER_BYTES) -> list[jfmt.JournalRecord]:
+    """The record-level search from `start` (a record boundary): `newest` applies version 1's torn-tail rule;
+    `tear_at` (version 2) is where the group rule would start a torn tail if the file were the newest journal."""
     out: list[jfmt.JournalRecord] = []
     size = len(data)
-    pos = jfmt.FILE_HEADER_BYTES
+    pos = start
     while pos < size:
         scan = jfmt.scan_records(data, pos, newest, skip_corruption=True, name=task.path)
         out.extend(scan.records)

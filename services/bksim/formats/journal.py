@@ -51,6 +51,8 @@ LEDGER_LAC = struct.Struct(">qq")
 GROUP_BODY = struct.Struct(">II")  # length of the group's records, their crc32c
 GROUP_RECORD_BYTES = RECORD_PREFIX_BYTES + GROUP_BODY.size
 _GROUP_LENGTH_FIELD = struct.pack(">I", GROUP_RECORD_BYTES - 4)  # how every GROUP record starts
+_GROUP_RECORD = struct.Struct(">IIBBII")  # a GROUP record whole: its prefix, then its body
+_CRC_FROM = 8  # a record's CRC covers its bytes from the type on (type ‖ flags ‖ body)
 
 
 class RecordType(enum.IntEnum):
@@ -60,6 +62,11 @@ class RecordType(enum.IntEnum):
     EXPLICIT_LAC = 4
     PADDING = 5
     GROUP = 6
+
+
+_TYPES = {t.value: t for t in RecordType}  # a dict lookup costs far less than calling the enum
+# crc32c(type ‖ flags) for every known type and any flags: where a record's CRC over its body starts
+_SEEDS = {t << 8 | f: crc32c(bytes((t, f))) for t in _TYPES for f in range(256)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,12 +185,12 @@ def _parse_at(data: bytes, pos: int, group: int | None = None) -> tuple[JournalR
     if end > size:
         return None, f"record at offset {pos} runs past end of file ({length} bytes, {size - pos - 4} left)"
     body = data[pos + RECORD_PREFIX_BYTES:end]
-    actual = crc32c(body, crc32c(bytes((rtype, flags))))
+    seed = _SEEDS.get(rtype << 8 | flags)
+    actual = crc32c(body, crc32c(bytes((rtype, flags))) if seed is None else seed)
     if actual != crc:
         return None, f"CRC mismatch at offset {pos} (stored {crc:#010x}, computed {actual:#010x})"
-    try:
-        rt = RecordType(rtype)
-    except ValueError:
+    rt = _TYPES.get(rtype)
+    if rt is None:
         return None, f"unknown record type {rtype} at offset {pos}"
     return JournalRecord(pos, end, rt, flags, bytes(body), pos if group is None else group), None
 
@@ -244,6 +251,9 @@ def scan_journal(data: bytes, start: int, newest: bool, skip_corruption: bool = 
     skipped: list[str] = []
     pos, size = start, len(data)
     while pos < size:
+        pos = _complete_groups(data, pos, records)
+        if pos >= size:
+            break
         frame, why = _parse_group(data, pos)
         if frame is not None:
             body, end, crc = frame
@@ -281,8 +291,52 @@ def scan_journal(data: bytes, start: int, newest: bool, skip_corruption: bool = 
     return ScanResult(records, min(pos, size), None, skipped)
 
 
+def _complete_groups(data: bytes, pos: int, records: list[JournalRecord]) -> int:
+    """Take the complete groups of valid records from pos on into `records`; return where the first group that is
+    not one begins (`scan_journal` judges it). The common case, read inline: each group's frame, its CRC, then
+    each record's prefix and CRC (over type, flags and body in one call), exactly the checks of `_parse_group`,
+    `_records_of_group` and `_parse_at`, which say why when one fails."""
+    if type(data) is not bytes:
+        return pos
+    size = len(data)
+    unpack_group, unpack_record = _GROUP_RECORD.unpack_from, RECORD_PREFIX.unpack_from
+    types, group_type = _TYPES, RecordType.GROUP
+    with memoryview(data) as view:
+        while size - pos >= GROUP_RECORD_BYTES:
+            length, crc, rtype, _flags, group_length, group_crc = unpack_group(data, pos)
+            at = pos + GROUP_RECORD_BYTES
+            end = at + group_length
+            if (length != GROUP_RECORD_BYTES - 4 or rtype != group_type or end > size
+                    or crc32c(view[pos + _CRC_FROM:at]) != crc or crc32c(view[at:end]) != group_crc):
+                break
+            taken = len(records)
+            while at < end:
+                if end - at < RECORD_PREFIX_BYTES:
+                    break
+                length, crc, rtype, flags = unpack_record(data, at)
+                nxt = at + 4 + length
+                rt = types.get(rtype)
+                if (length < LENGTH_MIN or nxt > end or rt is None or rt is group_type
+                        or crc32c(view[at + _CRC_FROM:nxt]) != crc):
+                    break
+                records.append(JournalRecord(at, nxt, rt, flags, data[at + RECORD_PREFIX_BYTES:nxt], pos))
+                at = nxt
+            else:
+                pos = end
+                continue
+            del records[taken:]
+            break
+    return pos
+
+
 def _parse_group(data: bytes, pos: int) -> tuple[tuple[int, int, int] | None, str]:
     """((first record offset, group end, crc), "") for a valid GROUP record at pos, else (None, why)."""
+    if len(data) - pos >= GROUP_RECORD_BYTES:  # the common case read in one go, without a JournalRecord
+        length, crc, rtype, _flags, group_length, group_crc = _GROUP_RECORD.unpack_from(data, pos)
+        if (length == GROUP_RECORD_BYTES - 4 and rtype == RecordType.GROUP
+                and crc32c(data[pos + _CRC_FROM:pos + GROUP_RECORD_BYTES]) == crc):
+            body = pos + GROUP_RECORD_BYTES
+            return (body, body + group_length, group_crc), ""
     record, why = _parse_at(data, pos)
     if record is None:
         return None, why

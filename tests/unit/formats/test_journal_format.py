@@ -4,6 +4,7 @@ files, and the audit's record search), and the group frames and torn-last-group 
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -278,3 +279,88 @@ def test_skip_corruption_keeps_the_records_of_a_damaged_group_that_pass_their_ow
     assert [r.type for r in result.records] == [r.type for r in fmt.scan_records(journal(*recs), H, False).records
                                                 if r.offset != offsets(recs)[1]] + [fmt.RecordType.MASTER_KEY]
     assert len(result.skipped) == 1 and "kept 5 records" in result.skipped[0] and result.torn is None
+
+
+
+@pytest.mark.parametrize("damage, why", [
+    ("fence of ledger 0", "no group frame at offset {at} (a FENCE record of 8 bytes)"),  # its body reads (0, crc 0)
+    ("length one more", "CRC mismatch at offset {at}"),
+    ("stored CRC flipped", "CRC mismatch at offset {at}"),
+])
+def test_only_a_valid_group_record_frames_a_group(damage, why):
+    recs = records()
+    good = fmt.encode_file(INSTANCE, [recs])
+    frame = bytearray(fmt.group_record([recs[3]]))
+    if damage == "fence of ledger 0":
+        frame = fmt.fence_record(0)
+    elif damage == "length one more":
+        frame[3] += 1
+    else:
+        frame[4] ^= 0x10
+    later = len(good) + len(frame) + len(recs[3])
+    data = good + bytes(frame) + recs[3] + fmt.group_record([recs[3]]) + recs[3]
+    with pytest.raises(JournalCorruptError, match=re.escape(why.format(at=len(good))) +
+                       f".*, followed by more of the journal at offset {later}$"):
+        fmt.scan_journal(data, H, newest=True)
+
+
+def damaged_journals(seed: int, count: int):
+    """Version 2 files of a few groups with damage of every kind: flipped bits, zeroed runs, cuts, inserted bytes,
+    trailing zeros, a later valid group, records that pass for a frame but are none, and groups whose frame is
+    valid but whose records are not."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        recs = records()
+        groups = [[recs[rng.randrange(len(recs))] for _ in range(rng.randrange(1, 4))]
+                  for _ in range(rng.randrange(1, 6))]
+        data = bytearray(fmt.encode_file(INSTANCE, groups))
+        for _ in range(rng.randrange(0, 3)):
+            at, op = rng.randrange(H, len(data)), rng.randrange(9)
+            if op == 0:
+                data[at] ^= 1 << rng.randrange(8)
+            elif op == 1:
+                data[at:at + 64] = bytes(len(data[at:at + 64]))
+            elif op == 2:
+                del data[max(at, H + 1):]
+            elif op == 3:
+                data[at:at] = rng.randbytes(rng.randrange(1, 20))
+            elif op == 4:
+                data += bytes(rng.randrange(1, 100))
+            elif op == 5:
+                data += fmt.group_record([recs[3]]) + recs[3]
+            elif op == 6:  # a record of a frame's size where a frame should start (as a frame: an empty group)
+                data += fmt.fence_record(0)
+            elif op == 7:  # a frame whose length field claims a byte more than its CRC covers
+                frame = bytearray(fmt.group_record([recs[3]]))
+                frame[3] += 1
+                data += frame + recs[3]
+            else:  # a group whose frame is valid, after a good record: one that fails its own CRC, a GROUP record,
+                # a record cut short or crossing the group's end, or records valid alone that fail the group's CRC
+                good, cut = recs[rng.randrange(len(recs))], recs[rng.randrange(len(recs))]
+                bad = bytearray(recs[1])
+                bad[-1] ^= 1
+                framed, written = rng.choice([([good, bytes(bad)], None), ([good, fmt.group_record([good])], None),
+                                              ([good, cut[:5]], None), ([good, cut[:-3]], [good, cut]),
+                                              ([recs[3]], [fmt.fence_record(6)])])
+                data += fmt.group_record(framed) + b"".join(written or framed)
+        yield bytes(data), rng.randrange(2) == 1, rng.randrange(2) == 1
+
+
+def scan_outcome(data, newest: bool, skip: bool):
+    try:
+        result = fmt.scan_journal(data, H, newest, skip)
+    except JournalCorruptError as e:
+        return str(e)
+    return result.records, result.end, result.torn, result.skipped
+
+
+def test_complete_groups_read_inline_scan_exactly_as_judged_group_by_group():
+    """scan_journal reads runs of complete groups of a bytes object inline; any other buffer (a bytearray) is
+    judged group by group with the reasons spelled out. Both must see every damaged file alike."""
+    outcomes = set()
+    for data, newest, skip in damaged_journals(11, 600):
+        inline = scan_outcome(data, newest, skip)
+        assert inline == scan_outcome(bytearray(data), newest, skip)
+        outcomes.add("raised" if isinstance(inline, str) else "torn" if inline[2] else
+                     "skipped" if inline[3] else "whole")
+    assert outcomes == {"raised", "torn", "skipped", "whole"}
