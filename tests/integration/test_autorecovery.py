@@ -10,6 +10,8 @@ BKSIM_AUTORECOVERY_* variables) and one `bksim broker run`, all from the local-c
   bookies of its segment's write set with identical bytes, asked directly; then a second bookie that shared
   write sets with the first is killed for good: every acknowledged entry still reads back through the broker
   (without the repair, the entries whose write set was those two bookies would have had no copy left).
+- The auditor killed -9: another candidate becomes the auditor and marks the dead one's ledger.
+- `bksim autorecovery run` alone votes, and on SIGTERM stops within its bounds and closes its session.
 
 A private ZooKeeper: the session's holds the cookies of every other module's stopped bookies, which an auditor
 rightly counts as lost, and their ledgers would keep the workers busy. Every wait is bounded; nothing sleeps to
@@ -51,6 +53,7 @@ REPAIR_TIMEOUT_S = 90.0
 GONE_TIMEOUT_S = 3 * SESSION_TIMEOUT_MS / 1000 + 5  # a killed bookie's registration expires with its session
 READ_BATCH = 256
 CLI_TIMEOUT_S = 60.0
+DAEMON_EXIT_S = 2.0 + 2 * SESSION_TIMEOUT_MS / 1000 + 5  # its loops' stop, its session's close, with room
 
 
 @pytest.fixture(scope="module")
@@ -258,3 +261,42 @@ def test_a_bookie_lost_for_good_is_replaced_everywhere_and_a_second_loss_loses_n
         for lid, acked in ledgers.items():
             last = metadata(cluster, lid).last_entry_id
             assert check_ledger_contents(lid, conn.read(lid, PASSWORD, 0, last), last, acked) == []
+
+
+
+def test_the_auditor_killed_is_followed_by_another_that_marks_its_ledgers(cluster):
+    def auditor():
+        done = cli(cluster, "autorecovery", "status", "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["auditor"]
+    settle(cluster)
+    (lid,) = write_ledgers(cluster, 1, 100)  # E=3 on the three live bookies: the auditor's among them
+    old = auditor()
+    assert old in metadata(cluster, lid).segments[0].ensemble
+    cluster.kill9(next(b for b in live_bookies(cluster) if b.node_id == old))
+    live = {b.node_id for b in live_bookies(cluster)}
+    wait_until(lambda: auditor() in live, GONE_TIMEOUT_S + 10, interval_s=0.2,
+               message=f"a live bookie of {sorted(live)} to become the auditor after {old} was killed")
+    # two live bookies, both in the ledger's ensemble: no replacement, so the new auditor's mark stays
+    wait_until(lambda: any(m.ledger_id == lid and old in m.missing for m in marks(cluster)), 30, interval_s=0.2,
+               message=f"the new auditor to mark ledger {lid}, which names {old}")
+
+
+def test_autorecovery_run_alone_votes_and_stops_cleanly_on_sigterm(cluster):
+    daemon = subprocess.Popen([sys.executable, "-m", "bksim.cli.main", "autorecovery", "run", "--id", "standalone"],
+                              env=cluster.base_env(), cwd=cluster.cwd, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        def owners():
+            return [cluster.zk.get(f"{AUDITOR_ELECTION}/{name}")[0].decode()
+                    for name in cluster.zk.get_children(AUDITOR_ELECTION)]
+        wait_until(lambda: "standalone" in owners(), 30, interval_s=0.1, message="the standalone daemon's vote")
+        daemon.terminate()
+        _, err = daemon.communicate(timeout=DAEMON_EXIT_S)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait(10)
+    assert daemon.returncode == 0, err
+    assert "autorecovery: stopped; its ZooKeeper session is closed" in err and err.rstrip().endswith("bye"), err
+    assert "standalone" not in owners()
