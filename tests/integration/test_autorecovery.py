@@ -220,6 +220,10 @@ def test_disable_keeps_marks_unrepaired_enable_resumes_and_decommission_deletes_
     assert cluster.zk.exists(cookie_path(gone.node_id)) is not None
     listed = json.loads(cli(cluster, "autorecovery", "list-underreplicated", "--json").stdout)
     assert [r["ledger_id"] for r in listed] == naming and all(r["claimed_by"] is None for r in listed), listed
+    table = cli(cluster, "autorecovery", "list-underreplicated").stdout
+    assert all(f"{lid:>8}  {gone.node_id}" in table for lid in naming), table
+    text = cli(cluster, "autorecovery", "status").stdout
+    assert "autorecovery: DISABLED" in text and f"missing: {gone.node_id}" in text, text
 
     assert cli(cluster, "autorecovery", "enable").returncode == 0
     wait_repaired(cluster, ledgers, gone.node_id)
@@ -255,6 +259,8 @@ def test_a_bookie_lost_for_good_is_replaced_everywhere_and_a_second_loss_loses_n
     rows = [r for s in json.loads(replicas.stdout)["segments"] for r in s["replicas"]]
     assert rows and all(r["status"] == "OK" and r["missing"] == 0 and r["holds_count"] >= r["should_hold"] > 0
                         for r in rows), rows
+    text = cli(cluster, "ledger", "replicas", str(min(ledgers))).stdout
+    assert f"ledger {min(ledgers)}: CLOSED E=3 Qw=2 Qa=2" in text and first not in text, text
 
     cluster.kill9(cluster.node(next(b.name for b in cluster.bookies if b.node_id == second)))
     with BrokerConn(cluster.brokers[0].node_id) as conn:
