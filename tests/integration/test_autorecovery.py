@@ -3,6 +3,7 @@
 BKSIM_AUTORECOVERY_* variables) and one `bksim broker run`, all from the local-cluster launcher.
 
 - Decommission refuses a registered bookie and an unknown id: exit 2, a clear error, nothing changed.
+- `bksim autorecovery check-all` is run by the elected auditor.
 - With autorecovery disabled a mark stays and nothing is copied (a decommission bounded to a few seconds gives
   up and keeps the cookie); once enabled the workers replace the stopped bookie in every ledger, and the
   decommission then deletes its cookie.
@@ -23,6 +24,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -32,7 +34,8 @@ from bksim.adapters.local_cluster import LocalCluster
 from bksim.adapters.zk_metadata import ZkMetadataStore
 from bksim.autorecovery.marks import UnderReplicationMarks
 from bksim.metadata import ledger_metadata
-from bksim.metadata.paths import AUDITOR_ELECTION, AVAILABLE, READONLY_CHILD, cookie_path, ledger_path
+from bksim.metadata.paths import (AUDITOR_ELECTION, AVAILABLE, CHECK_ALL_LEDGERS_CTIME, READONLY_CHILD, cookie_path,
+                                  ledger_path)
 from bksim.model.status import StatusCode
 from helpers import wait_until
 from integration.broker_harness import BrokerConn, check_ledger_contents, stream_appends
@@ -200,6 +203,17 @@ def test_decommission_refuses_a_registered_and_an_unknown_bookie(cluster):
     bookie_ids = {b.node_id for b in cluster.bookies}
     assert doc["auditor"] in bookie_ids and set(doc["candidates"]) == bookie_ids, doc
     assert doc["disabled"] is False and doc["marks"] == [] and doc["bookies"]["missing"] == [], doc
+
+
+def test_check_all_from_the_command_line_is_run_by_the_elected_auditor(cluster):
+    requested_ms = int(time.time() * 1000)
+    done = cli(cluster, "autorecovery", "check-all")
+    assert done.returncode == 0, done.stderr
+    assert "check of all ledgers requested: the auditor 127.0.0.1:" in done.stdout, done.stdout
+
+    def ran_since() -> bool:  # the auditor records when the check it ran started (0 = asked for, not yet run)
+        return int(cluster.zk.get(CHECK_ALL_LEDGERS_CTIME)[0]) >= requested_ms
+    wait_until(ran_since, 30, interval_s=0.1, message="the auditor to run the requested check of all ledgers")
 
 
 def test_disable_keeps_marks_unrepaired_enable_resumes_and_decommission_deletes_the_cookie(cluster):
