@@ -291,7 +291,9 @@ def test_the_auditor_killed_is_followed_by_another_that_marks_its_ledgers(cluste
         return json.loads(done.stdout)["auditor"]
     settle(cluster)
     (lid,) = write_ledgers(cluster, 1, 100)  # E=3 on the three live bookies: the auditor's among them
-    old = auditor()
+    before = {b.node_id for b in live_bookies(cluster)}  # a killed bookie's vote lives as long as its session
+    old = wait_until(lambda: (current := auditor()) in before and current, GONE_TIMEOUT_S, interval_s=0.2,
+                     message=f"one of the live bookies {sorted(before)} to be the auditor")
     assert old in metadata(cluster, lid).segments[0].ensemble
     cluster.kill9(next(b for b in live_bookies(cluster) if b.node_id == old))
     live = {b.node_id for b in live_bookies(cluster)}
