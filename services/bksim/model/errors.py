@@ -54,7 +54,9 @@ name their module; a module raises only the errors of its own layer or below).
                                     LedgerCommandError (cli/ledger_cmd.py), TopicCommandError
                                     (cli/topic_cmd.py), ComposeError (deploy/compose.py),
                                     BookieFormatError (`bksim bookie format` refused, nothing changed:
-                                    adapters/bookie_cookies.py)
+                                    adapters/bookie_cookies.py), DecommissionError (`bksim bookie
+                                    decommission` refused, nothing changed, or not done in time:
+                                    autorecovery/admin.py)
 
 Servers map LedgerError and TopicError to gRPC codes with one table each (adapters/broker_client.py
 GRPC_CODE_NAME, adapters/topic_server.py TOPIC_GRPC_CODE_NAME); the status name travels in the
