@@ -12,6 +12,7 @@ BKSIM_AUTORECOVERY_* variables) and one `bksim broker run`, all from the local-c
   write sets with the first is killed for good: every acknowledged entry still reads back through the broker
   (without the repair, the entries whose write set was those two bookies would have had no copy left).
 - The auditor killed -9: another candidate becomes the auditor and marks the dead one's ledger.
+- A bookie stopped (SIGSTOP) until its sessions expire votes again on a new session once it runs again.
 - `bksim autorecovery run` alone votes, and on SIGTERM stops within its bounds and closes its session.
 
 A private ZooKeeper: the session's holds the cookies of every other module's stopped bookies, which an auditor
@@ -27,6 +28,7 @@ import sys
 import time
 
 import pytest
+from kazoo.exceptions import NoNodeError
 
 from bksim.adapters.bookie_client import BookieClient
 from bksim.adapters.clock import SystemClock
@@ -304,15 +306,36 @@ def test_the_auditor_killed_is_followed_by_another_that_marks_its_ledgers(cluste
                message=f"the new auditor to mark ledger {lid}, which names {old}")
 
 
+def vote_owners(cluster) -> list[str]:
+    owners = []
+    for name in cluster.zk.get_children(AUDITOR_ELECTION):
+        try:
+            owners.append(cluster.zk.get(f"{AUDITOR_ELECTION}/{name}")[0].decode())
+        except NoNodeError:
+            continue  # its session ended since the listing
+    return owners
+
+
+def test_a_bookie_whose_session_expired_votes_again_on_a_new_session(cluster):
+    frozen = live_bookies(cluster)[0]
+    assert frozen.node_id in vote_owners(cluster)
+    cluster.pause(frozen)  # SIGSTOP: its ZooKeeper sessions expire, its vote with them
+    try:
+        wait_until(lambda: frozen.node_id not in vote_owners(cluster), GONE_TIMEOUT_S + 10, interval_s=0.1,
+                   message=f"the vote of the stopped bookie {frozen.node_id} to expire with its session")
+    finally:
+        cluster.resume(frozen)
+    wait_until(lambda: frozen.node_id in vote_owners(cluster), 30, interval_s=0.1,
+               message=f"{frozen.node_id} to vote again on a new session")
+    assert frozen.alive() and "voting again on a new session" in frozen.log_tail(400), frozen.log_tail(40)
+
+
 def test_autorecovery_run_alone_votes_and_stops_cleanly_on_sigterm(cluster):
     daemon = subprocess.Popen([sys.executable, "-m", "bksim.cli.main", "autorecovery", "run", "--id", "standalone"],
                               env=cluster.base_env(), cwd=cluster.cwd, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
     try:
-        def owners():
-            return [cluster.zk.get(f"{AUDITOR_ELECTION}/{name}")[0].decode()
-                    for name in cluster.zk.get_children(AUDITOR_ELECTION)]
-        wait_until(lambda: "standalone" in owners(), 30, interval_s=0.1, message="the standalone daemon's vote")
+        wait_until(lambda: "standalone" in vote_owners(cluster), 30, interval_s=0.1, message="the standalone daemon's vote")
         daemon.terminate()
         _, err = daemon.communicate(timeout=DAEMON_EXIT_S)
     finally:
@@ -321,4 +344,4 @@ def test_autorecovery_run_alone_votes_and_stops_cleanly_on_sigterm(cluster):
             daemon.wait(10)
     assert daemon.returncode == 0, err
     assert "autorecovery: stopped; its ZooKeeper session is closed" in err and err.rstrip().endswith("bye"), err
-    assert "standalone" not in owners()
+    assert "standalone" not in vote_owners(cluster)
