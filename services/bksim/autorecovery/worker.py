@@ -10,9 +10,11 @@ One claim (`run_once`), under the mark's ephemeral lock, released on every path:
    When the last segment of an OPEN ledger names a missing bookie, or the ledger is IN_RECOVERY, the worker
    leaves it alone for `open_ledger_rereplication_grace_ms` after the mark's ctime (its writer replaces the
    bookie itself, or closes the ledger); past that it recovers the ledger through the broker's ledger client
-   (open with recovery: fence, close) and goes on with the CLOSED metadata.
-3. A replacement: a writable registered bookie outside the segment's ensemble and the mark, not quarantined
-   (LedgerService.choose_bookies).
+   (open with recovery: fence, close) and goes on with the CLOSED metadata. A closed range whose bookie
+   answers (list_entries) that it holds every entry it must is kept as it is (a bookie back after it was
+   marked: BookKeeper checks a fragment before it replicates it).
+3. A replacement: a writable registered bookie outside the segment's ensemble, not quarantined
+   (LedgerService.choose_bookies); a bookie the mark names qualifies once it is registered again.
 4. Copy: every entry of the segment whose write set holds the missing bookie's ensemble index, read from the
    other replicas of its write set (ReadEntries in batches of `read_batch_entries`; the next replica after
    an error, a negative or a digest mismatch) and added verbatim to the replacement with RECOVERY_ADD and
@@ -43,6 +45,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence
 
+from bksim.autorecovery.auditor import missing_entries
 from bksim.autorecovery.marks import Mark, UnderReplicationMarks
 from bksim.broker.driver import cancelled_underneath
 from bksim.broker.ledgers import LedgerService
@@ -223,12 +226,13 @@ class ReplicationWorker:
     async def _repair(self, mark: Mark) -> tuple[str, str]:
         ledger_id = mark.ledger_id
         recovered = False
+        intact: set[_Step] = set()  # closed steps whose bookie was found holding every entry it must hold
         for _ in range(REPAIR_STEPS_MAX):
             try:
                 metadata, _ = await read_ledger_metadata(self._store, ledger_id)
             except NoNodeError:
                 return await self._deleted(mark)
-            steps = steps_of(metadata, mark.missing)
+            steps = [s for s in steps_of(metadata, mark.missing) if s not in intact]
             if not steps:
                 if await self._marks.replicated(mark):
                     return REPLICATED, f"no segment names {list(mark.missing)}"
@@ -256,6 +260,11 @@ class ReplicationWorker:
                 self._log(f"autorecovery worker {self.owner_id}: ledger {ledger_id}: {metadata.state.name} "
                           f"{age_ms} ms after its mark: recovered (fenced and closed) before the copy")
                 continue
+            if await self._holds_all(ledger_id, metadata, step):
+                intact.add(step)
+                self._log(f"autorecovery worker {self.owner_id}: ledger {ledger_id}: segment at entry "
+                          f"{step.first_entry_id}: {step.bookie} holds every entry it must: kept")
+                continue
             try:
                 lost = await self._restore(ledger_id, metadata, step, mark.missing)
             except NoNodeError:
@@ -264,13 +273,27 @@ class ReplicationWorker:
                 return await self._lost(mark, step, lost)
         return FAILED, f"not done after {REPAIR_STEPS_MAX} steps (the metadata kept changing)"
 
+    async def _holds_all(self, ledger_id: int, metadata: LedgerMetadata, step: _Step) -> bool:
+        """Whether the step's bookie answers that it holds every entry of the step's closed range its ensemble
+        index must hold (a bookie back after it was marked, or a replacement placed by an earlier step):
+        BookKeeper's check of a fragment before it is replicated. No answer: False."""
+        try:
+            status, ranges = await self._transport.list_entries(step.bookie, ledger_id)
+        except BookieUnreachable:
+            return False
+        return status is StatusCode.OK and missing_entries(
+            step.first_entry_id, step.last_entry_id, ranges, step.index, metadata.ensemble_size,
+            metadata.write_quorum_size) == 0
+
     async def _restore(self, ledger_id: int, metadata: LedgerMetadata, step: _Step,
                        missing: Sequence[str]) -> list[int]:
         """Copy `step`'s entries to a replacement and CAS it into the segment. Returns the entry ids no
         surviving replica holds (then nothing was replaced); [] when done or when the metadata changed
         under the step (the caller re-reads and re-decides either way)."""
         segment = metadata.segment_for(step.first_entry_id)
-        [replacement] = await self._ledgers.choose_bookies(1, exclude=(*segment.ensemble, *missing))
+        # choose_bookies offers only writable registered bookies: one the mark names that came back (a restart
+        # within the auditor's delay) may hold this segment's copies, and may be the only spare left
+        [replacement] = await self._ledgers.choose_bookies(1, exclude=segment.ensemble)
         lost = await self._copy(ledger_id, metadata, segment, step, replacement, missing)
         if lost:
             return lost
@@ -352,9 +375,10 @@ class ReplicationWorker:
         named = set(missing)
         sources: dict[int, list[str]] = {}
         for entry_id in entry_ids:
+            # the step's own bookie last of all: a bookie that came back after it was marked still holds its copy
             replicas = [segment.ensemble[i] for i in write_set_indexes(entry_id, metadata.ensemble_size,
                                                                        metadata.write_quorum_size)
-                        if i != step.index]
+                        if i != step.index] + [step.bookie]
             sources[entry_id] = [b for b in replicas if b not in named] + [b for b in replicas if b in named]
         answers: dict[int, list[str]] = {entry_id: [] for entry_id in entry_ids}
         unsure: set[int] = set()  # ids a replica not named by the mark answered neither yes nor no for

@@ -1,12 +1,14 @@
 """The deterministic world (ARCHITECTURE.md "sim/"): the production code runs here unchanged, driven by one seed.
 
-Three scenarios run on it:
+Four scenarios run on it:
 - the ledger world (`bksim sim`, the default): brokers running the real broker/ ledger client write, read and
   recover ledgers on bookies running the real BookieEngine, over a simulated network and metadata store, with
   partitions, crashes, session expiries and takeovers; the invariants of PROTOCOL.md §7 checked as it runs
   and by a final audit;
 - the bookie world (`bksim sim --world bookie`): one BookieEngine under crashes and disk faults;
-- the format scenario: a bookie wiped and formatted under an open ledger, then the ledger recovered (limbo).
+- the format scenario: a bookie wiped and formatted under an open ledger, then the ledger recovered (limbo);
+- the autorecovery world: the ledger world plus the auditor and replication workers (autorecovery/), with
+  bookies lost for good; replicas restored, never lowered, lost ledgers reported.
 
 Modules:
 - the world: loop (SimLoop, a virtual-time asyncio event loop: no threads, no I/O, deterministic order;
@@ -23,6 +25,7 @@ Modules:
 - bookie_scenario (run_bookie_sim) and bookie_checks (what the clients know, the invariants of PROTOCOL.md
   §2.1/§7 checked on every answer).
 - format_scenario (run_format_scenario).
+- autorecovery_scenario (run_autorecovery_sim; its knobs: plan.AutorecoveryPlan).
 - known_issues: engine issues the simulator found that are not fixed yet (with their seeds).
 Never imports adapters/ (the dependency rule).
 """

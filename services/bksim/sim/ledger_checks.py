@@ -21,8 +21,13 @@ Invariants (each raised as InvariantViolation(name, detail)):
   highest LAC any writer of the ledger had (LacNeverInvented).
 - MetadataVersionsIncrease: every write of existing ledger metadata is a CAS on the version the writer read
   (never version -1), and the version grows by exactly one; a ledger's znode is created once.
-- ClosedLedgerIsImmutable: once CLOSED, the metadata keeps state, last_entry_id, length and segments; no
-  state goes back to OPEN.
+- ClosedLedgerIsImmutable: once CLOSED, the metadata keeps state, last_entry_id, length, every other field
+  and its segments' first entry ids (PROTOCOL.md §6: only the bookies of a segment may be replaced, by
+  autorecovery); no state goes back to OPEN.
+- ReplacementHoldsItsEntries / ReplicatorOnlyReplacesBookies: a replication worker's metadata write (a
+  CheckedStore with `replicator`) only replaces bookies in closed ranges of segments, and a replacement has
+  already acknowledged an add of every entry of the segment its ensemble index must hold: a worker never
+  lowers a replica count.
 - NoOutOfOrderEntries: an entry a reader gets at id i carries the payload appended at id i.
 - NoDirtyReads: a reader never gets an entry (or a LAC) above what was confirmed: the highest entry a
   writer had acknowledged, or the last_entry_id of the CLOSED ledger.
@@ -35,11 +40,12 @@ use `final_*` helpers here and the engines' answers gathered by the scenario.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from bksim.formats.entry import parse_ids
-from bksim.ledger.quorum import covered
+from bksim.ledger.quorum import covered, write_set_indexes
 from bksim.metadata import ledger_metadata
 from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
 from bksim.metadata.paths import ledger_id_from_path
@@ -94,7 +100,7 @@ class LedgerChecks:
         self._bookie_lac: dict[tuple[str, int, int], int] = {}  # (bookie, incarnation, ledger) -> known LAC
         self._writers = 0
         self.stats = {"acked": 0, "appended": 0, "metadata_writes": 0, "entries_read": 0, "fence_coverages": 0,
-                      "cas_conflicts": 0}
+                      "cas_conflicts": 0, "replacements": 0}
 
     def violate(self, invariant: str, detail: str) -> None:
         """Record (the first) and raise. Code that runs inside the system under test (the store wrapper, the
@@ -183,7 +189,8 @@ class LedgerChecks:
         self.metadata[ledger_id] = (metadata, 0)
         self.stats["metadata_writes"] += 1
 
-    def metadata_set(self, ledger_id: int, data: bytes, expected_version: int, new_version: int, who: str) -> None:
+    def metadata_set(self, ledger_id: int, data: bytes, expected_version: int, new_version: int, who: str,
+                     replicator: bool = False) -> None:
         self.stats["metadata_writes"] += 1
         if expected_version == ANY_VERSION:
             self.violate("MetadataVersionsIncrease", f"{who}: wrote ledger {ledger_id}'s metadata without a "
@@ -197,14 +204,41 @@ class LedgerChecks:
         if old.state is not LedgerState.OPEN and new.state is LedgerState.OPEN:
             self.violate("ClosedLedgerIsImmutable", f"{who}: ledger {ledger_id} went from {old.state.name} back "
                          f"to OPEN")
-        if old.state is LedgerState.CLOSED and (
-                new.state, new.last_entry_id, new.length, new.segments) != (
-                old.state, old.last_entry_id, old.length, old.segments):
+        if old.state is LedgerState.CLOSED and not _same_but_bookies(old, new):
             self.violate("ClosedLedgerIsImmutable", f"{who}: CLOSED ledger {ledger_id} (last_entry_id "
-                         f"{old.last_entry_id}, length {old.length}) rewritten as {new.state.name} last_entry_id "
-                         f"{new.last_entry_id} length {new.length}")
+                         f"{old.last_entry_id}, length {old.length}, segments at "
+                         f"{[s.first_entry_id for s in old.segments]}) rewritten as {new.state.name} last_entry_id "
+                         f"{new.last_entry_id} length {new.length} segments at "
+                         f"{[s.first_entry_id for s in new.segments]} (only a segment's bookies may change)")
+        if replicator:
+            self._replaced(ledger_id, old, new, who)
         if new.state is LedgerState.CLOSED and old.state is not LedgerState.CLOSED:
             self._closed(ledger_id, new, who)
+
+    def _replaced(self, ledger_id: int, old: LedgerMetadata, new: LedgerMetadata, who: str) -> None:
+        """A replication worker's write: it only replaces bookies in closed ranges of segments, and each
+        replacement already acknowledged every entry of the segment its ensemble index must hold."""
+        if not _same_but_bookies(old, new):
+            self.violate("ReplicatorOnlyReplacesBookies", f"{who}: ledger {ledger_id} rewritten beyond its "
+                         f"segments' bookies ({old.state.name} -> {new.state.name}, last_entry_id "
+                         f"{old.last_entry_id} -> {new.last_entry_id})")
+        record = self.ledgers.get(ledger_id)
+        held = record.held if record is not None else {}
+        for position, (before, after) in enumerate(zip(old.segments, new.segments)):
+            for index, (was, now) in enumerate(zip(before.ensemble, after.ensemble)):
+                if was == now:
+                    continue
+                self.stats["replacements"] += 1
+                last = _segment_last(new, position)
+                if last is None:
+                    self.violate("ReplicatorOnlyReplacesBookies", f"{who}: ledger {ledger_id}: replaced {was} by "
+                                 f"{now} in the open last segment (at entry {before.first_entry_id})")
+                for entry_id in range(before.first_entry_id, last + 1):
+                    if index in write_set_indexes(entry_id, new.ensemble_size, new.write_quorum_size) and \
+                            now not in held.get(entry_id, ()):
+                        self.violate("ReplacementHoldsItsEntries", f"{who}: ledger {ledger_id}: {was} replaced by "
+                                     f"{now} in the segment at entry {before.first_entry_id}, but {now} never "
+                                     f"acknowledged entry {entry_id} it must hold (the write drops a replica)")
 
     def _closed(self, ledger_id: int, metadata: LedgerMetadata, who: str) -> None:
         record = self.ledgers.get(ledger_id)
@@ -300,8 +334,9 @@ class CheckedStore:
     """A MetadataStore (one broker's session) whose ledger-metadata writes are reported to LedgerChecks. A
     violation found there is recorded in the checks, never raised into the broker's code."""
 
-    def __init__(self, inner: MetadataStore, checks: LedgerChecks, who: str) -> None:
+    def __init__(self, inner: MetadataStore, checks: LedgerChecks, who: str, *, replicator: bool = False) -> None:
         self._inner, self._checks, self.who = inner, checks, who
+        self.replicator = replicator  # a replication worker's store: its writes only replace bookies
 
     async def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequential: bool = False,
                      make_parents: bool = False) -> str:
@@ -327,7 +362,7 @@ class CheckedStore:
         ledger_id = _ledger_id(path)
         if ledger_id is not None:
             try:
-                self._checks.metadata_set(ledger_id, data, version, new_version, self.who)
+                self._checks.metadata_set(ledger_id, data, version, new_version, self.who, self.replicator)
             except (InvariantViolation, MetadataFormatError):
                 pass  # recorded
         return new_version
@@ -340,6 +375,22 @@ class CheckedStore:
 
     async def exists(self, path: str) -> int | None:
         return await self._inner.exists(path)
+
+
+def _segment_last(metadata: LedgerMetadata, position: int) -> int | None:
+    """The last entry id of segment `position`; None for the open end of a ledger that is not CLOSED."""
+    if position + 1 < len(metadata.segments):
+        return metadata.segments[position + 1].first_entry_id - 1
+    return metadata.last_entry_id if metadata.state is LedgerState.CLOSED else None
+
+
+def _same_but_bookies(old: LedgerMetadata, new: LedgerMetadata) -> bool:
+    """`new` is `old` with at most some bookies of its segments replaced (PROTOCOL.md §6: state, last_entry_id,
+    length, every other field and the segments' first entry ids and sizes stay)."""
+    if [(s.first_entry_id, len(s.ensemble)) for s in old.segments] != \
+            [(s.first_entry_id, len(s.ensemble)) for s in new.segments]:
+        return False
+    return dataclasses.replace(new, segments=old.segments) == old
 
 
 def _ledger_id(path: str) -> int | None:

@@ -29,6 +29,7 @@ import asyncio
 import gc
 import traceback
 from dataclasses import dataclass, field
+from typing import Callable
 
 from bksim.broker.handle import LedgerHandle
 from bksim.broker.ledgers import LedgerService
@@ -79,13 +80,15 @@ def run_ledger_sim(seed: int, *, plan: LedgerPlan | None = None) -> LedgerSimRes
     """Run one seed on a fresh SimLoop; never raises for an invariant violation (it is in the result)."""
     plan = plan or LedgerPlan.from_seed(seed)
     try:
-        return sim_loop.run(_run(plan), seed=seed)
+        return sim_loop.run(run_world(lambda: LedgerWorld(plan)), seed=seed)
     finally:
         gc.collect()  # a run leaves cycles (loop, tasks, engines): freed now, not in a long pause seeds later
 
 
-async def _run(plan: LedgerPlan) -> LedgerSimResult:
-    world = LedgerWorld(plan)
+async def run_world(make_world: "Callable[[], LedgerWorld]") -> LedgerSimResult:
+    """Build the world on the running loop, run it, and gather its result (a violation is in the result)."""
+    world = make_world()
+    plan = world.plan
     try:
         await world.run()
     except InvariantViolation as v:
@@ -326,10 +329,7 @@ class LedgerWorld:
             self._slots.discard(task)
 
     async def _create(self, broker: _Broker) -> LedgerHandle | None:
-        r = self.workload
-        e = r.randint(1, min(5, self.plan.bookies))
-        qw = r.randint(1, e)
-        qa = r.randint(1, qw)
+        e, qw, qa = self._ledger_shape(self.workload)
         self._ledgers_created += 1
         password = f"pw-{self._ledgers_created}".encode()
         for attempt in range(CREATE_ATTEMPTS_MAX):
@@ -347,6 +347,12 @@ class LedgerWorld:
             self._log(f"{broker.label}: writes ledger {lid} E={e} Qw={qw} Qa={qa} on {list(metadata.ensemble)}")
             return handle
         return None
+
+    def _ledger_shape(self, r) -> tuple[int, int, int]:
+        """(E, Qw, Qa) of the next ledger, drawn from the workload rng."""
+        e = r.randint(1, min(5, self.plan.bookies))
+        qw = r.randint(1, e)
+        return e, qw, r.randint(1, qw)
 
     async def _fill(self, broker: _Broker, handle: LedgerHandle) -> None:
         r = self.workload
@@ -529,9 +535,13 @@ class LedgerWorld:
 
     def _restart_bookie(self, name: str) -> None:
         bookie = self.cluster.bookies[name]
-        if not bookie.alive and not self._liveness:
+        if not bookie.alive and not self._liveness and self._restartable(name):
             self._spawn(self._fault_tasks, bookie.start(self.faults, self.plan.start_crash_probability),
                         f"restart {name}")
+
+    def _restartable(self, bookie: str) -> bool:
+        """Whether a crashed bookie comes back (every one does here; a world with permanent losses says no)."""
+        return True
 
     def _restart_broker(self, name: str, incarnation: int | None = None) -> None:
         """Restart `name` (if `incarnation` is given, only if that incarnation is still the current one)."""
@@ -574,7 +584,7 @@ class LedgerWorld:
         if self._fault_tasks:
             await asyncio.wait(list(self._fault_tasks), timeout=LIVENESS_MS / 1000.0)
         for name, bookie in self.cluster.bookies.items():
-            if not bookie.alive:
+            if not bookie.alive and self._restartable(name):
                 await bookie.start()
         for name in sorted(self.brokers):
             broker = self.brokers[name]
@@ -597,9 +607,14 @@ class LedgerWorld:
         for lid in sorted(self.checks.ledgers):
             await self._close_by_recovery(lid)
             self._check()
+        await self._before_audit()
+        self._check()
         for lid in sorted(self.checks.ledgers):
             await self._audit(lid)
             self._check()
+
+    async def _before_audit(self) -> None:
+        """Every ledger is CLOSED and every fault healed: what else must happen before the final audit."""
 
     async def _close_by_recovery(self, lid: int) -> None:
         brokers = [b for _, b in sorted(self.brokers.items())]
@@ -643,6 +658,8 @@ class LedgerWorld:
         for entry_id in range(last + 1):
             copies: dict[str, bytes] = {}
             for name, bookie in self.cluster.bookies.items():
+                if not bookie.alive:
+                    continue  # lost for good (a world with permanent losses): nothing can be read there
                 status, data, _, _ = await bookie.engine.read_entry(lid, entry_id)
                 if status is S.OK:
                     copies[name] = data

@@ -167,6 +167,10 @@ class FaultEvent:
                                        + (f"; {n[1]} crashes {self.then_ms:.2f} ms later (its recovery dies "
                                           f"mid-way)" if self.then_ms else ""),
             "expire_broker_session": lambda: f"{n[0]} (it restarts half a session timeout later)",
+            "crash_autorecovery": lambda: f"{n[0]} at its next RECOVERY_ADD (mid-copy), restart after "
+                                          f"{self.duration_ms:.2f} ms",
+            "expire_auditor_session": lambda: "the node whose vote leads (a new auditor is elected)",
+            "lose_lock": lambda: "the next worker to copy loses its lock (mid-copy)",
         }[k]()
         return f"at {self.at_ms:8.2f} ms {k} {what}"
 
@@ -325,3 +329,63 @@ class LedgerPlan:
             else:
                 lines.append(f"{f.name} = {value}")
         return lines
+
+
+# -- the autorecovery world (sim.autorecovery_scenario) -----------------------------------------------------------
+AUTORECOVERY_EVENT_WEIGHTS = (("crash_autorecovery", 10), ("expire_auditor_session", 8), ("lose_lock", 6))
+
+
+def autorecovery_name(i: int) -> str:
+    return f"autorecovery-{i}"
+
+
+@dataclass(frozen=True, slots=True)
+class AutorecoveryPlan:
+    """The autorecovery knobs over a LedgerPlan, drawn from a stream of their own (`rng_for(seed,
+    "autorecovery-plan")`), so the ledger world's plan of the same seed is unchanged: the auditor and worker
+    nodes, their intervals, and their faults (FaultEvents of kinds `lose_bookie`, `crash_autorecovery`: a
+    node dies at its next RECOVERY_ADD, mid-copy; `expire_auditor_session`: the node whose vote leads loses its
+    session; `lose_lock`: the next worker to send a RECOVERY_ADD loses its lock: another may claim the ledger)."""
+    nodes: int  # autorecovery processes (each: one Auditor candidate and its workers, one metadata session)
+    workers_per_node: int
+    bookie_check_interval_ms: int
+    lost_bookie_recovery_delay_ms: int
+    open_ledger_rereplication_grace_ms: int
+    read_batch_entries: int
+    lost_bookie: str  # "": no bookie is lost for good
+    lose_bookie_at_ms: float
+    second_lost_bookie: str  # "": none; else lost for good once every ledger is CLOSED, before autorecovery settles
+    events: tuple[FaultEvent, ...]
+
+    @classmethod
+    def from_seed(cls, seed: int, ledger: LedgerPlan) -> "AutorecoveryPlan":
+        r = rng_for(seed, "autorecovery-plan")
+        names = [bookie_name(i) for i in range(1, ledger.bookies + 1)]
+        lost = r.choice(names) if r.random() < 0.8 else ""
+        # a second loss needs 5 bookies: 3 stay, E = 2 leaves a spare
+        second = r.choice([n for n in names if n != lost]) if lost and ledger.bookies >= 5 and r.random() < 0.3 else ""
+        nodes = r.randint(1, 3)
+        events = []
+        for _ in range(r.choice([0, 1, 2, 4])):
+            total = sum(w for _, w in AUTORECOVERY_EVENT_WEIGHTS)
+            pick = r.uniform(0.0, total)
+            for kind, weight in AUTORECOVERY_EVENT_WEIGHTS:
+                pick -= weight
+                if pick <= 0:
+                    break
+            node = autorecovery_name(r.randint(1, nodes))
+            events.append(FaultEvent(r.uniform(0.0, ledger.run_ms * 0.9), kind,
+                                     r.uniform(ledger.run_ms * 0.05, ledger.run_ms * 0.5), (node,)))
+        events.sort(key=lambda e: e.at_ms)
+        return cls(nodes=nodes, workers_per_node=r.randint(1, 2), bookie_check_interval_ms=r.choice([50, 100]),
+                   lost_bookie_recovery_delay_ms=r.choice([0, 0, 200, 1000]),
+                   open_ledger_rereplication_grace_ms=r.choice([200, 1000]),
+                   read_batch_entries=r.choice([1, 4, 64]),
+                   lost_bookie=lost, lose_bookie_at_ms=r.uniform(0.0, ledger.run_ms * 0.9),
+                   second_lost_bookie=second, events=tuple(events))
+
+    def describe(self) -> list[str]:
+        lines = [f"autorecovery.{f.name} = {getattr(self, f.name)}" for f in dataclasses.fields(self)
+                 if f.name != "events"]
+        lines.append(f"autorecovery.events = {len(self.events)}")
+        return lines + [f"  {event.describe()}" for event in self.events]
