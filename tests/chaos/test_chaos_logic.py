@@ -173,3 +173,34 @@ def test_a_full_report_keeps_its_field_order_and_judges_itself():
         "throughput", "recovery", "problems", "violations", "verdict", "elapsed_s"]
     assert rep.verdict == "FAIL" and rep.violations == [
         "liveness: no ledger acknowledgement in the tail after the last fault was healed"]
+
+
+def test_the_autorecovery_scenarios_have_room_for_a_replacement_and_wait_after_each_loss():
+    widest = max(e for e, _, _ in runner.LEDGER_SHAPES)
+    lost = plan("bookie-lost", 3, 8.0)
+    assert [s.action for s in lost] == [StepAction.KILL9_LOST, StepAction.AWAIT_REREPLICATION] * 2
+    assert SCENARIOS["bookie-lost"].bookies - 2 >= widest  # two losses for good still leave a full ensemble
+    damaged = plan("disk-damage-repair", 3, 8.0)
+    assert [s.action for s in damaged] == [StepAction.KILL9_WIPE, StepAction.REFORMAT_RESTART,
+                                           StepAction.CHECK_ALL_REPAIR]
+    assert SCENARIOS["disk-damage-repair"].bookies > widest  # a replacement outside the damaged bookie's ensemble
+    assert dict(SCENARIOS["disk-damage-repair"].env)["BKSIM_AUTORECOVERY_LOST_BOOKIE_RECOVERY_DELAY_MS"] == "600000"
+    assert all(s.bookies == 3 and not s.env for n, s in SCENARIOS.items()
+               if n not in ("bookie-lost", "disk-damage-repair"))
+
+
+def test_the_rereplication_times_are_a_field_of_their_own_and_a_line_of_text():
+    rep = report.Report("bookie-lost", 1, 8.0, "/runs/z", audit={"verdict": "clean"},
+                        rereplication=[{"bookie": "bookie-2", "bookie_id": "h:2", "cause": "loss", "t": 1.5,
+                                        "rereplication_s": 2.25},
+                                       {"bookie": "bookie-4", "bookie_id": "h:4", "cause": "loss", "t": 4.0,
+                                        "rereplication_s": None}],
+                        recovery={"tail_acks": {"ledger": 3, "topic": 3}})
+    rep.judge()
+    out = rep.to_dict()
+    assert list(out) == ["scenario", "seed", "duration_s", "run_dir", "audit", "rereplication", "recovery",
+                         "violations", "verdict"]
+    text = report.render_text(out)
+    assert "rereplication: loss of bookie-2 at 1.50s -> every closed ledger fully replicated in 2.25 s" in text
+    assert "rereplication: loss of bookie-4 at 4.00s -> every closed ledger fully replicated NOT within the bound" in text
+    assert "rereplication" not in report.Report("bookie-kill", 1, 8.0, "/r").to_dict()

@@ -45,6 +45,8 @@ def run_chaos(tmp_path, repo_root, scenario: str, seed: int) -> tuple[int, dict,
     ("broker-zk-partition", 7, ["cut broker"]),
     ("bookie-link-blackhole", 7, ["blackhole"]),
     ("entrylog-flip", 7, ["stop bookie", "flipped byte"]),
+    ("bookie-lost", 7, ["kill -9 bookie", "lost for good"]),
+    ("disk-damage-repair", 7, ["kill -9 bookie", "wiped"]),
 ])
 def test_a_short_scenario_passes_every_check(tmp_path, repo_root, scenario, seed, fault_words):
     status, report, stderr = run_chaos(tmp_path, repo_root, scenario, seed)
@@ -63,6 +65,13 @@ def test_a_short_scenario_passes_every_check(tmp_path, repo_root, scenario, seed
     if scenario == "entrylog-flip":  # the damaged copy was served and every broker read the acknowledged bytes
         assert [f["problems"] for f in report["entrylog_flips"]] == [[]]
         assert any("failed over" in e["what"] for e in report["timeline"] if e["kind"] == "check")
+    if scenario in ("bookie-lost", "disk-damage-repair"):  # autorecovery restored every copy, and said when
+        rereplication = report["rereplication"]
+        assert [r["cause"] for r in rereplication] == (["loss", "loss"] if scenario == "bookie-lost" else ["damage"])
+        assert all(r["rereplication_s"] is not None and r["rereplication_s"] >= 0 for r in rereplication)
+        text = open(os.path.join(report["run_dir"], "report.txt")).read()
+        assert text.count("rereplication: ") == len(rereplication), text
+        assert any("every entry on its Qw bookies with identical bytes" in e["what"] for e in report["timeline"])
     assert all(n > 0 for n in report["recovery"]["tail_acks"].values())
     run_dir = report["run_dir"]
     assert os.path.exists(os.path.join(run_dir, "report.txt")) and os.path.exists(os.path.join(run_dir, "report.json"))

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from bksim.adapters import processes
-from bksim.chaos import check, disk, wipe
+from bksim.chaos import check, disk, replicas, wipe
 from bksim.chaos.cluster import ChaosCluster, Node
 from bksim.chaos.proxy import TcpProxy
 from bksim.chaos.scenarios import Step, StepAction, StepTarget
@@ -42,6 +42,7 @@ STOP_TIMEOUT_S = 15.0  # SIGTERM of a bookie before its entry log is damaged
 READ_ONLY_TIMEOUT_S = 20.0  # a bookie whose disk filled (or drained) re-registers within this
 DISK_FULL_FRACTION = 0.98  # the balloon fills the ledger disk this far (disk_usage_threshold is 0.95)
 FORMAT_TIMEOUT_S = 60.0
+REREPLICATION_TIMEOUT_S = 60.0  # autorecovery restores every closed ledger after a loss or damage within this
 HEAL_TIMEOUT_S = 60.0
 
 
@@ -67,6 +68,9 @@ class RunState:
     lost_copies: dict[str, set[tuple[int, int]]] = field(default_factory=dict)  # bookie id -> copies truncated away
     wiped: set[str] = field(default_factory=set)  # ids of bookies whose directories were wiped (and re-initialised)
     flips: list[tuple[Node, disk.Flip]] = field(default_factory=list)  # entry log bytes flipped, checked at the end
+    lost: dict[str, float] = field(default_factory=dict)  # ids of bookies lost for good -> when (recorder time)
+    repair: bool = False  # autorecovery repairs what the faults destroyed: the end must find Qw identical copies
+    rereplication: list[dict] = field(default_factory=list)  # {"bookie", "cause", "t", "rereplication_s", ...}
 
 
 Action = Callable[[RunState, Step, list[Node]], None]
@@ -169,6 +173,54 @@ def kill9_truncate(state: RunState, step: Step, victims: list[Node]) -> None:
         if what.startswith("truncated "):
             _expect_torn(state, v)
             state.lost_copies.setdefault(v.node_id, set()).update(removed)
+
+
+def kill9_lost(state: RunState, step: Step, victims: list[Node]) -> None:
+    """kill -9 and never restart: the bookie is lost for good (its disk with it); autorecovery must replace it."""
+    for v in victims:
+        _kill(state, v)
+        state.lost[v.node_id] = state.recorder.now()
+        state.repair = True
+        state.recorder.event("fault", f"{v.name} lost for good ({v.node_id}): never restarted")
+
+
+def await_rereplication(state: RunState, step: Step, victims: list[Node]) -> None:
+    """Wait (bounded) until no closed ledger names a lost bookie and no closed ledger is marked."""
+    for v in victims:
+        _wait_replicated(state, v, "loss", state.lost.get(v.node_id, state.recorder.now()))
+
+
+def _wait_replicated(state: RunState, v: Node, cause: str, since_t: float) -> None:
+    rec = state.recorder
+    since = time.monotonic() - (rec.now() - since_t)
+    with replicas.ReplicaWatch(state.cluster) as watch:
+        seconds, left = watch.wait_replicated(set(state.lost), since, REREPLICATION_TIMEOUT_S)
+    entry = {"bookie": v.name, "bookie_id": v.node_id, "cause": cause, "t": round(since_t, 3),
+             "rereplication_s": None if seconds is None else round(seconds, 3)}
+    state.rereplication.append(entry)
+    if seconds is None:
+        state.failed_checks.append(f"autorecovery did not restore every closed ledger within "
+                                   f"{REREPLICATION_TIMEOUT_S:.0f} s of the {cause} of {v.name}: {left}")
+    else:
+        rec.event("recovered", f"every closed ledger fully replicated after the {cause} of {v.name}",
+                  seconds=round(seconds, 3))
+
+
+def check_all_repair(state: RunState, step: Step, victims: list[Node]) -> None:
+    """The operator asks for the check of all ledgers; autorecovery must replace the damaged copies."""
+    state.repair = True
+    for v in victims:
+        damaged_t = next((f["t"] for f in reversed(state.faults) if v.name in f["victims"]), state.recorder.now())
+        requested_ms, said = replicas.request_check_all(v, state.cluster.run_dir)
+        state.recorder.event("heal", f"operator: bksim autorecovery check-all: {said}")
+        with replicas.ReplicaWatch(state.cluster) as watch:
+            ran = watch.wait_check_all_ran(requested_ms, REREPLICATION_TIMEOUT_S)
+        if ran is None:
+            state.failed_checks.append(f"the auditor did not run the requested check of all ledgers within "
+                                       f"{REREPLICATION_TIMEOUT_S:.0f} s")
+            continue
+        state.recorder.event("recovered", "the auditor ran the check of all ledgers", seconds=round(ran, 3))
+        _wait_replicated(state, v, "damage", damaged_t)
 
 
 def kill9_wipe(state: RunState, step: Step, victims: list[Node]) -> None:
@@ -420,6 +472,9 @@ ACTIONS: dict[StepAction, Action] = {
     StepAction.STOP_FLIP: stop_flip,
     StepAction.DISK_FILL: disk_fill,
     StepAction.DISK_DRAIN: disk_drain,
+    StepAction.KILL9_LOST: kill9_lost,
+    StepAction.AWAIT_REREPLICATION: await_rereplication,
+    StepAction.CHECK_ALL_REPAIR: check_all_repair,
 }
 assert set(ACTIONS) == set(StepAction), set(StepAction) - set(ACTIONS)
 assert set(TARGETS) == set(StepTarget), set(StepTarget) - set(TARGETS)
@@ -427,7 +482,8 @@ assert set(TARGETS) == set(StepTarget), set(StepTarget) - set(TARGETS)
 
 # ------------------------------------------------------------------------------------------------ healing
 def heal_all(state: RunState) -> list[str]:
-    """Whatever a step left broken (it should be none): resume, reconnect, restart; returns what was done."""
+    """Whatever a step left broken (it should be none): resume, reconnect, restart (not a bookie lost for good);
+    returns what was done."""
     done = []
     cluster = state.cluster
     if cluster.zookeeper.pid is None or not cluster.zookeeper.is_running():
@@ -442,14 +498,15 @@ def heal_all(state: RunState) -> list[str]:
         if proxy.state() != "ok":
             done.append(f"healed the link {broker}<->{bookie} ({proxy.state()})")
             proxy.heal()
-    for node in cluster.bookies + cluster.brokers:
+    kept = [n for n in cluster.bookies + cluster.brokers if n.node_id not in state.lost]
+    for node in kept:
         if node.paused:
             cluster.resume(node)
             done.append(f"resumed {node.name}")
         if not node.alive():
             cluster.spawn(node)
             done.append(f"restarted {node.name}")
-    for node in cluster.bookies + cluster.brokers:
+    for node in kept:
         cluster.wait_registered(node, HEAL_TIMEOUT_S)
     for what in done:
         state.recorder.event("heal", f"final heal: {what}")

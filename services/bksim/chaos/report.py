@@ -4,8 +4,11 @@ renderings: report.json (`Report.to_dict()`, the same plain dict `bksim chaos ru
 report.txt (`render_text`). A campaign's summary row and table come from the same dicts.
 
 The JSON fields, in this order: scenario, seed, duration_s, run_dir, plan, cluster_start_s, tail, entrylog_flips,
-check_s, ledgers, ledger_writers, ledger_ends, topic, audit, failed_checks, timeline, faults, throughput,
-recovery, problems, violations, verdict, elapsed_s. A run that could not be carried out has only scenario, seed,
+check_s, ledgers, ledger_writers, ledger_ends, topic, audit, rereplication, failed_checks, timeline, faults,
+throughput, recovery, problems, violations, verdict, elapsed_s. `rereplication` (only where autorecovery had to
+repair: a bookie lost for good, copies destroyed) lists per loss or damage {"bookie", "bookie_id", "cause",
+"t", "rereplication_s"}: the seconds from it to every closed ledger fully replicated (None: not within the
+bound, which is a violation of its own). A run that could not be carried out has only scenario, seed,
 duration_s, run_dir, timeline, problems, violations (naming why it was aborted) and verdict FAIL.
 
 Every function here reads and returns plain data (dicts and lists): no processes, no clock.
@@ -41,6 +44,7 @@ class Report:
     ledger_ends: list[dict] | None = None
     topic: dict | None = None
     audit: dict | None = None
+    rereplication: list[dict] | None = None
     failed_checks: list[str] | None = None
     timeline: list[dict] | None = None
     faults: list[dict] | None = None
@@ -181,6 +185,10 @@ def render_text(report: dict) -> str:
     lines.append(f"topic: {top.get('acknowledged')}/{top.get('sent')} messages receipted; lost {top.get('lost')}, "
                  f"duplicates {top.get('duplicates')}, reordered {top.get('reordered')}, divergent "
                  f"{top.get('divergent')}, failed sends {top.get('failed_sends')}")
+    for r in report.get("rereplication", []):
+        took = "NOT within the bound" if r["rereplication_s"] is None else f"in {r['rereplication_s']:.2f} s"
+        lines.append(f"rereplication: {r['cause']} of {r['bookie']} at {r['t']:.2f}s -> every closed ledger fully "
+                     f"replicated {took}")
     audit = report.get("audit", {})
     lines.append(f"audit: {audit.get('verdict')} ({audit.get('seconds', '?')} s)")
     for p in report.get("problems", []):

@@ -2,17 +2,21 @@
 the report (report.py).
 
 `run(scenario, seed, duration_s, base_dir)`:
-1. a fresh ChaosCluster under <base_dir>/<scenario>-s<seed>-<time> (ZooKeeper, 3 bookies, 2 brokers, each
-   broker reaching ZooKeeper through its own proxy);
+1. a fresh ChaosCluster under <base_dir>/<scenario>-s<seed>-<time> (ZooKeeper, 3 bookies or the scenario's
+   count, 2 brokers, each broker reaching ZooKeeper through its own proxy; the scenario's BKSIM_ overrides);
 2. the workload (workload.py): two ledger writers (shapes 2/2/2 and 3/3/2) and one topic producer;
 3. the scenario's steps at their times (scenarios.py; what each does: actions.py), each one an event on the
    timeline; a restarted or resumed process counts as healed once it is registered again (its recovery time
    is on the timeline);
 4. after the last step, `TAIL_S` more seconds of workload (it must acknowledge again: liveness);
-5. heal anything still broken (and say so), stop the workload (flush the producer, writers close their
-   ledgers), then check.py: ledgers (recover what is OPEN, two readers) and topic (two subscriptions);
-6. stop the brokers and bookies (SIGTERM) and run `bksim audit --local` over the bookies' journals with the
-   metadata from ZooKeeper: the verdict must be clean;
+5. heal anything still broken (and say so; a bookie lost for good stays lost), stop the workload (flush the
+   producer, writers close their ledgers), then check.py: ledgers (recover what is OPEN, two readers) and topic
+   (two subscriptions); where autorecovery had to repair (a bookie lost, copies destroyed), the check of all
+   ledgers is asked for again, every closed ledger must become fully replicated within the bound, and every
+   entry of the writers' ledgers must be on the Qw bookies of its write set with identical bytes;
+6. stop the brokers and bookies (SIGTERM) and run `bksim audit --local` over the bookies' journals (not those
+   of the bookies lost for good: their disks are gone) with the metadata from ZooKeeper: the verdict must be
+   clean;
 7. report.json and report.txt in the run directory (report.py: timeline, throughput per second and its dips,
    recovery times, counts, audit verdict, violations, verdict). A passing run's data directories are removed
    unless `keep`; a failing run keeps everything.
@@ -42,7 +46,7 @@ import threading
 import time
 
 from bksim.adapters import processes
-from bksim.chaos import actions, check, wipe
+from bksim.chaos import actions, check, replicas, wipe
 from bksim.chaos.actions import ChaosError, RunState
 from bksim.chaos.cluster import ChaosCluster, ClusterSpec, Node
 from bksim.chaos.disk import Flip
@@ -95,8 +99,9 @@ class _Run:
         small = {}
         if any(s.target == StepTarget.SMALL_DISK_BOOKIE for s in self.steps):
             small = {f"bookie-{self.rng.randint(1, 3)}": SMALL_DISK_MB}
-        spec = ClusterSpec(child_env=dict(CHILD_ENV), bookie_links=SCENARIOS[self.scenario].links,
-                           small_ledger_disk=small)
+        scenario = SCENARIOS[self.scenario]
+        spec = ClusterSpec(bookies=scenario.bookies, child_env=dict(CHILD_ENV) | dict(scenario.env),
+                           bookie_links=scenario.links, small_ledger_disk=small)
         started = time.monotonic()
         report = Report(self.scenario, self.seed, self.duration_s, self.run_dir,
                         plan=[s.to_dict() for s in self.steps])
@@ -118,6 +123,8 @@ class _Run:
                 if died:
                     actions.heal_all(state)
                 self._check(state, addresses, report)
+                if state.repair:
+                    self._check_repair(state)
             finally:
                 topic.close()
             report.ledger_writers = [{"name": w.name, "ledgers": len(w.ledgers), "create_failures": w.create_failures,
@@ -125,6 +132,8 @@ class _Run:
             report.ledger_ends = [{"ledger_id": r.ledger_id, "writer": r.writer, "end": r.end, "detail": r.end_detail}
                                   for w in writers for r in w.ledgers if r.end != "closed"]
             self._audit(state, report)
+        if state.rereplication:
+            report.rereplication = state.rereplication
         report.failed_checks = self.failed_checks
         report.timeline = rec.events
         report.faults = state.faults
@@ -184,6 +193,31 @@ class _Run:
         report.ledgers = ledgers
         report.topic = topic_counts
 
+    def _check_repair(self, state: RunState) -> None:
+        """Every ledger is closed now: the check of all ledgers once more (damage found only now), full
+        replication within the bound, then every entry on Qw bookies with identical bytes."""
+        cluster, rec = state.cluster, state.recorder
+        t = time.monotonic()
+        with replicas.ReplicaWatch(cluster) as watch:
+            if state.wiped:
+                live = next(b for b in cluster.bookies if b.alive())
+                requested_ms, said = replicas.request_check_all(live, cluster.run_dir)
+                rec.event("check", f"operator: bksim autorecovery check-all: {said}")
+                if watch.wait_check_all_ran(requested_ms, actions.REREPLICATION_TIMEOUT_S) is None:
+                    self.failed_checks.append(f"the auditor did not run the requested check of all ledgers "
+                                              f"within {actions.REREPLICATION_TIMEOUT_S:.0f} s")
+            seconds, left = watch.wait_replicated(set(state.lost), t, actions.REREPLICATION_TIMEOUT_S)
+            if seconds is None:
+                self.failed_checks.append(f"autorecovery did not restore every closed ledger within "
+                                          f"{actions.REREPLICATION_TIMEOUT_S:.0f} s after the workload: {left}")
+            else:
+                rec.event("check", "every closed ledger fully replicated after the workload", seconds=round(seconds, 3))
+            ledger_ids = sorted({r.ledger_id for w in state.writers for r in w.ledgers})
+            problems = watch.replica_problems(ledger_ids)
+        self.failed_checks.extend(f"replicas: {p}" for p in problems)
+        if not problems:
+            rec.event("check", f"{len(ledger_ids)} ledgers: every entry on its Qw bookies with identical bytes")
+
     def _check_flip(self, state: RunState, v: Node, flip: Flip, brokers: list[str]) -> dict:
         """The damaged copy is still served (not "no entry") and fails its digest; a broker read returns the
         acknowledged bytes, so the reader failed over."""
@@ -203,8 +237,9 @@ class _Run:
             processes.stop(node.pid, AUDIT_STOP_TIMEOUT_S)
             node.pid = None
         out_dir = os.path.join(self.run_dir, "audit")
-        report.audit = run_audit(cluster, out_dir)
-        if state.wiped or state.lost_copies:
+        journals = [b.journal_dir for b in cluster.bookies if b.node_id not in state.lost]
+        report.audit = run_audit(cluster, out_dir, journals)
+        if (state.wiped or state.lost_copies) and not state.repair:
             report.audit["judged"] = _judge_audit(state, out_dir)
 
 
@@ -225,10 +260,11 @@ def _judge_audit(state: RunState, out_dir: str) -> dict:
     return {"problems": problems, "figures": figures, "expected": expected}
 
 
-def run_audit(cluster: ChaosCluster, out_dir: str) -> dict:
-    """`bksim audit --local` over the bookies' journals and entry logs, metadata from the live ZooKeeper."""
+def run_audit(cluster: ChaosCluster, out_dir: str, journals: list[str] | None = None) -> dict:
+    """`bksim audit --local` over the bookies' journals and entry logs (`journals`, default every bookie's),
+    metadata from the live ZooKeeper."""
     argv = [sys.executable, "-m", "bksim.cli.main", "audit", "--local", "--no-parquet", "--quiet", "--json",
-            "--journals", *cluster.journal_dirs(), "--zookeeper", cluster.zookeeper.connect, "--out", out_dir]
+            "--journals", *(journals if journals is not None else cluster.journal_dirs()), "--zookeeper", cluster.zookeeper.connect, "--out", out_dir]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
     t = time.monotonic()
     try:

@@ -42,6 +42,14 @@ Scenarios:
 - bookie-wipe: kill -9 a bookie and wipe its journal and ledger directories: it must refuse to start; an
   operator re-initialises it (`bksim bookie format --delete-cookie`) and it starts as a new bookie with the same
   id; reads fail over to the other replicas and the audit reports the entries that lost their replica there.
+- bookie-lost (5 bookies): kill -9 a bookie and never restart it; autorecovery (in every bookie, no lost-bookie
+  delay) must replace it in every closed ledger (bounded wait: no mark left on a closed ledger, no closed
+  ledger's metadata names it); then a second bookie lost for good after that repair: nothing acknowledged may be
+  lost, and the report gives the time from each loss to full replication.
+- disk-damage-repair (4 bookies): kill -9 a bookie, wipe its directories, re-initialise it (as bookie-wipe; a
+  lost-bookie delay longer than the run, so it is not counted lost), then ask for the check of all ledgers
+  (`bksim autorecovery check-all`): the workers must replace its damaged copies; the verdict needs every entry
+  of every closed ledger on its Qw bookies with identical bytes.
 """
 from __future__ import annotations
 
@@ -69,6 +77,9 @@ class StepAction(enum.StrEnum):
     STOP_FLIP = "stop-flip"
     DISK_FILL = "disk-fill"
     DISK_DRAIN = "disk-drain"
+    KILL9_LOST = "kill9-lost"
+    AWAIT_REREPLICATION = "await-rereplication"
+    CHECK_ALL_REPAIR = "check-all-repair"
 
 
 class StepTarget(enum.StrEnum):
@@ -109,6 +120,8 @@ class Scenario:
     summary: str
     plan: object  # (random.Random, duration_s) -> list[Step]
     links: bool = False  # the cluster routes every broker->bookie link through a proxy
+    bookies: int = 3  # bookies in the cluster (a replacement for a lost one needs more than the widest E)
+    env: tuple[tuple[str, str], ...] = ()  # BKSIM_ overrides of this scenario's bookies and brokers
 
 
 def _two_outages(rng: random.Random, d: float, length: tuple[float, float]) -> tuple[float, float, float, float]:
@@ -205,6 +218,24 @@ def _bookie_wipe(rng: random.Random, d: float) -> list[Step]:
             Step(t1 + rng.uniform(1.0, 2.0), "reformat-restart", "same", False)]
 
 
+def _bookie_lost(rng: random.Random, d: float) -> list[Step]:
+    t1 = d * rng.uniform(0.15, 0.25)
+    t3 = d * rng.uniform(0.5, 0.6)
+    return [Step(t1, "kill9-lost", "random-bookie", True), Step(t1 + 0.5, "await-rereplication", "same", False),
+            Step(t3, "kill9-lost", "random-bookie", True), Step(t3 + 0.5, "await-rereplication", "same", False)]
+
+
+def _disk_damage_repair(rng: random.Random, d: float) -> list[Step]:
+    t1 = d * rng.uniform(0.2, 0.3)
+    t2 = t1 + rng.uniform(1.0, 2.0)
+    return [Step(t1, "kill9-wipe", "random-bookie", True), Step(t2, "reformat-restart", "same", False),
+            Step(max(t2 + 1.0, d * rng.uniform(0.5, 0.6)), "check-all-repair", "same", False)]
+
+
+# autorecovery's bookie poll and worker back-off short enough for a run of a few seconds
+_AUTORECOVERY_ENV = (("BKSIM_AUTORECOVERY_BOOKIE_CHECK_INTERVAL_MS", "200"),
+                     ("BKSIM_AUTORECOVERY_WORKER_BACKOFF_MS", "300"))
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("bookie-kill", "kill -9 a bookie and restart it; then Qw-Qa+1 = 2 bookies at once, restart both",
              _bookie_kill),
@@ -234,6 +265,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "drain it: writable again", _disk_full),
     Scenario("bookie-wipe", "kill -9 a bookie and wipe its directories: it must refuse to start; re-initialise it "
              "(bksim bookie format): a new bookie; the audit reports the entries that lost a replica", _bookie_wipe),
+    Scenario("bookie-lost", "kill -9 a bookie for good: autorecovery replaces it in every closed ledger (bounded "
+             "wait); then a second one for good: nothing acknowledged lost; time from each loss to full "
+             "replication", _bookie_lost, bookies=5,
+             env=_AUTORECOVERY_ENV + (("BKSIM_AUTORECOVERY_LOST_BOOKIE_RECOVERY_DELAY_MS", "0"),)),
+    Scenario("disk-damage-repair", "kill -9 a bookie, wipe and re-initialise it, ask for the check of all ledgers: "
+             "its damaged copies are replaced; every entry again on Qw bookies with identical bytes",
+             _disk_damage_repair, bookies=4,
+             env=_AUTORECOVERY_ENV + (("BKSIM_AUTORECOVERY_LOST_BOOKIE_RECOVERY_DELAY_MS", "600000"),)),
 )}
 
 
