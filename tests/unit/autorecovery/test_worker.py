@@ -514,3 +514,49 @@ def test_run_backs_off_after_a_failed_claim_on_the_clock():
 
 async def _no_marks(w):
     return await w.marks.list() == []
+
+
+def test_a_write_set_of_one_bookie_whose_bookie_is_gone_is_reported_lost():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(2, 1, 1, 6)
+        lid = h.ledger_id
+        victim = h.metadata.ensemble[0]
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim])
+        line = await w.worker.run_once()  # Qw = 1: no other replica to ask, and the only one is gone
+        assert outcome(line) == LOST, line
+        assert (await w.marks.get(lid)).lost_entries == 3
+    run(main())
+
+
+def test_a_marked_bookie_back_with_its_copies_is_kept_and_its_mark_removed():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 12)
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        back = md.ensemble[0]
+        await w.marks.mark(lid, [back])  # marked while it was away; it runs again with every copy it had
+        line = await w.worker.run_once()
+        assert outcome(line) == REPLICATED, line
+        assert await w.metadata(lid) == md and w.worker.statistics()["entries_copied"] == 0
+        assert await w.marks.get(lid) is None
+    run(main())
+
+
+def test_a_marked_bookie_back_may_be_the_replacement_of_another_one():
+    async def main():
+        w = await World().start(bookies=BOOKIES[:4])
+        h = await w.ledger(3, 2, 2, 12)
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        [spare] = set(BOOKIES[:4]) - set(md.ensemble)
+        victim = md.ensemble[0]
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim, spare])  # the spare was marked too while it was briefly away
+        line = await w.worker.run_once()
+        assert outcome(line) == REPLICATED, line
+        await w.assert_fully_replicated(lid, 12, victim)
+        assert spare in (await w.metadata(lid)).ensemble
+    run(main())
