@@ -89,6 +89,15 @@ perf: deps  ## every benchmark with its same-run ratio (prints figures; not a pa
 	$(BKSIM) perf consume --repeat $(PERF_REPEAT)
 	$(BKSIM) perf failover --session-timeout-ms 4000
 	$(BKSIM) perf audit --size $(AUDIT_SIZE)
+	$(BKSIM) perf rereplication --size $(PERF_REREPLICATION_SIZE) --seconds $(PERF_SECONDS)
+
+# `make perf-rereplication` (REREPLICATION_SIZE=1GB): a bookie lost for good and autorecovery's copy alone; `make perf`
+# runs it at PERF_REREPLICATION_SIZE (256MB, under 2 minutes).
+REREPLICATION_SIZE ?= 1GB
+PERF_REREPLICATION_SIZE ?= 256MB
+.PHONY: perf-rereplication
+perf-rereplication: deps
+	$(BKSIM) perf rereplication --size $(REREPLICATION_SIZE) --seconds $(PERF_SECONDS)
 
 # `make perf-audit` (AUDIT_SIZE=1GB): the journal audit alone: Spark local[2] and --local against a bare parse.
 AUDIT_SIZE ?= 1GB

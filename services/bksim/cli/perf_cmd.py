@@ -127,6 +127,25 @@ def register(subparsers) -> None:
     _run_options(p)
     p.set_defaults(func=cmd_audit, seconds=0.0, records=0, group=1)
 
+    from bksim.perf import rereplication
+
+    p = sub.add_parser("rereplication", help="autorecovery after a bookie is lost for good (5 bookies): time from "
+                       "the mark to full replication, copy rate vs ledger-write, a concurrent writer's p99")
+    p.add_argument("--size", default="1GB", help="bytes of closed ledgers to write before the loss (default 1GB; "
+                   "units KB MB GB KiB MiB GiB)")
+    p.add_argument("--entry-size", "--record-bytes", dest="record_bytes", type=int, default=1024,
+                   help="payload bytes per entry (default 1024)")
+    p.add_argument("--seconds", type=float, default=SECONDS_DEFAULT,
+                   help=f"ledger-write's and the concurrent writer's baseline duration (default {SECONDS_DEFAULT:g})")
+    p.add_argument("--writer-rate", type=float, default=rereplication.WRITER_RATE_DEFAULT,
+                   help=f"entries/s of the concurrent E=3 Qw=3 Qa=2 writer (open loop; default "
+                        f"{rereplication.WRITER_RATE_DEFAULT:,.0f})")
+    p.add_argument("--ensemble", type=int, default=3, help="the data ledgers' E (default 3)")
+    p.add_argument("--write-quorum", type=int, default=2, help="the data ledgers' Qw (default 2)")
+    p.add_argument("--ack-quorum", type=int, default=2, help="the data ledgers' Qa (default 2)")
+    _run_options(p)
+    p.set_defaults(func=cmd_rereplication, records=0, group=1)
+
     from bksim.perf import consume as perf_consume, produce as perf_produce
 
     for name, text in (("produce", "publish MESSAGE_SIZE-byte messages through bksim.client (batching on) to a topic "
@@ -364,6 +383,25 @@ def cmd_consume(args) -> int:
 def _topic_perf(args, name: str) -> int:
     from bksim.cli import config as cfgload
     from bksim.model.errors import ConfigError
+    from bksim.perf import rereplication
+
+    p = sub.add_parser("rereplication", help="autorecovery after a bookie is lost for good (5 bookies): time from "
+                       "the mark to full replication, copy rate vs ledger-write, a concurrent writer's p99")
+    p.add_argument("--size", default="1GB", help="bytes of closed ledgers to write before the loss (default 1GB; "
+                   "units KB MB GB KiB MiB GiB)")
+    p.add_argument("--entry-size", "--record-bytes", dest="record_bytes", type=int, default=1024,
+                   help="payload bytes per entry (default 1024)")
+    p.add_argument("--seconds", type=float, default=SECONDS_DEFAULT,
+                   help=f"ledger-write's and the concurrent writer's baseline duration (default {SECONDS_DEFAULT:g})")
+    p.add_argument("--writer-rate", type=float, default=rereplication.WRITER_RATE_DEFAULT,
+                   help=f"entries/s of the concurrent E=3 Qw=3 Qa=2 writer (open loop; default "
+                        f"{rereplication.WRITER_RATE_DEFAULT:,.0f})")
+    p.add_argument("--ensemble", type=int, default=3, help="the data ledgers' E (default 3)")
+    p.add_argument("--write-quorum", type=int, default=2, help="the data ledgers' Qw (default 2)")
+    p.add_argument("--ack-quorum", type=int, default=2, help="the data ledgers' Qa (default 2)")
+    _run_options(p)
+    p.set_defaults(func=cmd_rereplication, records=0, group=1)
+
     from bksim.perf import consume as perf_consume, produce as perf_produce
     from bksim.perf.ledger_write import Shape
 
@@ -421,6 +459,36 @@ def cmd_audit(args) -> int:
                       f"vs bksim audit --local (job time) vs --master {args.master} (after the session is up)")
 
 
+def cmd_rereplication(args) -> int:
+    from bksim.cli import config as cfgload
+    from bksim.model.errors import ConfigError
+    from bksim.perf import audit as perf_audit, rereplication
+
+    try:
+        size = perf_audit.parse_size(args.size)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    _check_shape(args)
+    if args.ensemble > rereplication.BOOKIES - 1:
+        raise ConfigError(f"--ensemble must be <= {rereplication.BOOKIES - 1}: a replacement outside it is needed")
+    if args.seconds <= 0 or args.writer_rate <= 0:
+        raise ConfigError("--seconds and --writer-rate must be > 0")
+    config = cfgload.load(args.config)
+    data_shape = rereplication.Shape(args.ensemble, args.write_quorum, args.ack_quorum)
+
+    def measure(workdir: str, idle: Callable[[str], float]):
+        log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
+        results, targets = rereplication.measure(workdir, size, args.record_bytes, args.seconds, args.writer_rate,
+                                                 data_shape, idle, config, config_path=args.config, keep=args.keep,
+                                                 log=log)
+        return results, [], targets
+
+    return _run("rereplication", args, measure,
+                shape=f"{args.size} of closed {data_shape} ledgers ({args.record_bytes} B entries) on 5 bookies, one "
+                      f"lost for good (kill -9); ledger-write E=3 Qw=3 Qa=2 closed loop and a concurrent writer at "
+                      f"{args.writer_rate:,.0f} entries/s, {args.seconds:g} s each")
+
+
 # ---------------------------------------------------------------------------------------------- shared
 def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple], shape: str | None = None) -> int:
     _check_bounds(args)
@@ -443,8 +511,8 @@ def _check_shape(args) -> None:
 def _check_bounds(args) -> None:
     from bksim.model.errors import ConfigError
 
-    if args.func in (cmd_recovery, cmd_cursor_holes, cmd_audit):
-        pass  # bounded by --entries (audit: by --size)
+    if args.func in (cmd_recovery, cmd_cursor_holes, cmd_audit, cmd_rereplication):
+        pass  # bounded by --entries (audit, rereplication: by --size)
     elif args.seconds <= 0 and args.records <= 0:
         raise ConfigError("give a bound: --seconds > 0 and/or --records > 0")
     if args.record_bytes <= 0 or args.group <= 0:
