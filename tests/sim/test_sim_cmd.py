@@ -124,3 +124,15 @@ def test_a_ledger_trace_prints_every_line(capsys):
     out = capsys.readouterr().out
     assert len([line for line in out.splitlines() if " append " in line]) >= 10
     assert "liveness phase" in out and " audit ledger " in out
+
+
+def test_the_autorecovery_world_prints_both_plans_and_its_digest(capsys):
+    from bksim.sim.autorecovery_scenario import run_autorecovery_sim
+
+    assert main(["sim", "--world", "autorecovery", "--seed", "11"]) == 0
+    out = capsys.readouterr().out
+    assert "bksim sim --world autorecovery: seed 11; replay: bksim sim --world autorecovery --seed 11 --trace" in out
+    assert "crash_autorecovery" in out  # a knob of the autorecovery plan, after the ledger plan's
+    assert "PASS seed=11" in out and f"sha256 {run_autorecovery_sim(11).digest}" in out
+    assert main(["sim", "--world", "autorecovery", "--sweep", "3"]) == 0
+    assert "3 passed, 0 failed" in capsys.readouterr().out

@@ -1,8 +1,11 @@
 """`bksim sim`: the deterministic simulations, one seed at a time or in sweeps.
 
-Two worlds (`--world`):
+Three worlds (`--world`):
 - `ledger` (the default): bookies, brokers, the simulated network and metadata store; ledgers written, read
   and recovered under network, disk, process and session faults (bksim.sim.ledger_scenario);
+- `autorecovery`: the same seed's ledger world plus auditors and replication workers, bookies lost for good,
+  workers crashed mid-copy, auditor sessions expired and locks lost; it settles until every closed ledger is
+  fully replicated again or reported lost (bksim.sim.autorecovery_scenario);
 - `bookie`: one bookie's storage engine under crashes, torn tails and bit flips (bksim.sim.bookie_scenario);
   `--steps K` sets its workload length (it applies to this world only).
 
@@ -23,12 +26,13 @@ import sys
 import time
 
 from bksim.model.errors import ConfigError
+from bksim.sim.autorecovery_scenario import run_autorecovery_sim
 from bksim.sim.bookie_scenario import SimResult, run_bookie_sim
 from bksim.sim.known_issues import KNOWN_ENGINE_ISSUES, KNOWN_INVARIANTS
 from bksim.sim.ledger_scenario import LedgerSimResult, run_ledger_sim
-from bksim.sim.plan import STEPS_DEFAULT, BookiePlan, LedgerPlan
+from bksim.sim.plan import STEPS_DEFAULT, AutorecoveryPlan, BookiePlan, LedgerPlan
 
-WORLDS = ("ledger", "bookie")
+WORLDS = ("ledger", "bookie", "autorecovery")
 
 TRACE_TAIL_LINES = 40
 PROGRESS_EVERY_SEEDS = 100  # when stderr is not a terminal: one progress line per this many seeds
@@ -52,7 +56,9 @@ def register(subparsers) -> None:
     which.add_argument("--sweep", type=int, metavar="N", help="run N seeds (see --from)")
     p.add_argument("--from", dest="first", type=int, default=1, metavar="S", help="first seed of --sweep (default 1)")
     p.add_argument("--world", choices=WORLDS, default="ledger",
-                   help="ledger (default): brokers + bookies + network; bookie: one bookie's storage engine")
+                   help="ledger (default): brokers + bookies + network; bookie: one bookie's storage engine; "
+                        "autorecovery: the ledger world with bookies lost for good, auditors and replication "
+                        "workers")
     p.add_argument("--steps", type=int, default=None,
                    help=f"--world bookie only: workload steps per seed (default {STEPS_DEFAULT})")
     p.add_argument("--trace", action="store_true", help="print the whole trace of --seed")
@@ -62,14 +68,15 @@ def register(subparsers) -> None:
 
 
 def cmd_sim(args) -> int:
-    if args.world == "ledger":
+    if args.world in ("ledger", "autorecovery"):
         if args.steps is not None:
-            raise ConfigError("--steps applies to --world bookie only (the ledger world's length comes from its plan)")
+            raise ConfigError(f"--steps applies to --world bookie only (the {args.world} world's length comes from "
+                              f"its plan)")
         if args.seed is not None:
-            return _one_ledger(args.seed, args.trace)
+            return _one_ledger(args.seed, args.trace, args.world)
         if args.sweep < 1:
             raise ConfigError("--sweep needs at least one seed")
-        return _sweep_ledger(args.first, args.sweep)
+        return _sweep_ledger(args.first, args.sweep, args.world)
     steps = STEPS_DEFAULT if args.steps is None else args.steps
     if steps < 1:
         raise ConfigError("--steps must be >= 1")
@@ -90,8 +97,13 @@ def replay_commands(seed: int, steps: int, tolerate_known: bool) -> str:
     return f"make sim SEED={seed}{make_extra}   |   bksim sim --world bookie --seed {seed}{cli_extra} --trace"
 
 
-def ledger_replay_commands(seed: int) -> str:
+def ledger_replay_commands(seed: int, world: str = "ledger") -> str:
+    if world == "autorecovery":
+        return f"bksim sim --world autorecovery --seed {seed} --trace"
     return f"make sim SEED={seed}   |   bksim sim --seed {seed} --trace"
+
+
+RUNS = {"ledger": run_ledger_sim, "autorecovery": run_autorecovery_sim}
 
 
 def _one(seed: int, steps: int, print_trace: bool, tolerated: frozenset[str]) -> int:
@@ -174,14 +186,17 @@ def _sweep(first: int, count: int, steps: int, tolerated: frozenset[str]) -> int
 
 
 # -- the ledger world ----------------------------------------------------------------------------------------
-def _one_ledger(seed: int, print_trace: bool) -> int:
+def _one_ledger(seed: int, print_trace: bool, world: str = "ledger") -> int:
     plan = LedgerPlan.from_seed(seed)
-    print(f"bksim sim --world ledger: seed {seed}; replay: {ledger_replay_commands(seed)}")
+    print(f"bksim sim --world {world}: seed {seed}; replay: {ledger_replay_commands(seed, world)}")
     print("plan (every knob and the fault plan, drawn from the seed):")
-    for line in plan.describe():
+    lines = plan.describe()
+    if world == "autorecovery":
+        lines = lines + AutorecoveryPlan.from_seed(seed, plan).describe()
+    for line in lines:
         print(f"  {line}")
     started = time.perf_counter()
-    result = run_ledger_sim(seed, plan=plan)
+    result = RUNS[world](seed, plan=plan)
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     if print_trace:
         print("trace:")
@@ -192,17 +207,17 @@ def _one_ledger(seed: int, print_trace: bool) -> int:
         print(f"PASS seed={seed} in {elapsed_ms:.0f} ms: {stats}")
         print(f"trace: {len(result.trace)} lines, sha256 {result.digest}")
         return EXIT_PASS
-    _print_failure(result, STEPS_DEFAULT, False, print_trace, replay=ledger_replay_commands(seed))
+    _print_failure(result, STEPS_DEFAULT, False, print_trace, replay=ledger_replay_commands(seed, world))
     return EXIT_VIOLATION
 
 
-def _sweep_ledger(first: int, count: int) -> int:
-    print(f"bksim sim --sweep (ledger world): seeds {first}..{first + count - 1}")
+def _sweep_ledger(first: int, count: int, world: str = "ledger") -> int:
+    print(f"bksim sim --sweep ({world} world): seeds {first}..{first + count - 1}")
     tty = sys.stderr.isatty()
     started = time.perf_counter()
     failures: list[LedgerSimResult] = []
     for i, seed in enumerate(range(first, first + count), start=1):
-        result = run_ledger_sim(seed)
+        result = RUNS[world](seed)
         if not result.passed:
             failures.append(result)
         if tty or i % PROGRESS_EVERY_SEEDS == 0 or i == count:
@@ -217,5 +232,5 @@ def _sweep_ledger(first: int, count: int) -> int:
         print("failures by invariant: " + ", ".join(f"{name} {n}" for name, n in sorted(by_invariant.items())))
     for result in failures:
         print(f"  seed {result.seed}: {result.violation.invariant}: {result.violation.detail}")
-        print(f"    replay: {ledger_replay_commands(result.seed)}")
+        print(f"    replay: {ledger_replay_commands(result.seed, world)}")
     return EXIT_VIOLATION if failures else EXIT_PASS
