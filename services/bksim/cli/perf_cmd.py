@@ -1,11 +1,12 @@
 """`bksim perf ...`: the benchmarks (fsync-baseline, journal-append, grpc-baseline, bookie-add, ledger-write,
-recovery, cursor-holes, produce, consume, failover, audit): their arguments, wired to bksim.perf.
+recovery, cursor-holes, produce, consume, failover, audit, rereplication): their arguments, wired to bksim.perf.
 
 Each runs through perf/harness.py and prints a header with the machine facts, the CPU idle fraction before every measurement, and a table of
 records/s, MB/s and per-record p50/p99/p99.9 latency; `--json` prints one JSON object instead (the human
 lines go to stderr). The bookie figures run their baseline first, in the same run and with the same record
-and group/batch size, and print the ratio; ledger-write and recovery also print their targets' verdicts
-("targets" in the JSON). Every run is bounded by --seconds and/or --records; all files go
+and group/batch size, and print the ratio; ledger-write, recovery and rereplication also print their targets'
+verdicts ("targets" in the JSON). Every run is bounded by --seconds and/or --records (audit and rereplication
+by --size); all files go
 to a fresh temp dir under --dir that is removed at the end, and every child process is stopped by pid,
 also on Ctrl-C, SIGTERM or an error.
 """
