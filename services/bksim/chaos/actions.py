@@ -185,8 +185,14 @@ def kill9_lost(state: RunState, step: Step, victims: list[Node]) -> None:
 
 
 def await_rereplication(state: RunState, step: Step, victims: list[Node]) -> None:
-    """Wait (bounded) until no closed ledger names a lost bookie and no closed ledger is marked."""
+    """Wait (bounded) until the lost bookie's registration has expired with its session (only then can the
+    auditor count it lost), then until no closed ledger names a lost bookie and no closed ledger is marked."""
     for v in victims:
+        gone = state.cluster.wait_registration(v, lambda doc: doc is None, TAKEOVER_TIMEOUT_S)
+        if gone is None:
+            state.failed_checks.append(f"{v.name}'s registration outlived its session by {TAKEOVER_TIMEOUT_S:.0f} s")
+            continue
+        state.recorder.event("note", f"{v.name}'s ZooKeeper session expired: unregistered", seconds=round(gone, 3))
         _wait_replicated(state, v, "loss", state.lost.get(v.node_id, state.recorder.now()))
 
 
