@@ -246,7 +246,10 @@ class ReplicationWorker:
                 age_ms = self._clock.wall_ms() - mark.ctime_ms
                 grace_ms = self.config.open_ledger_rereplication_grace_ms
                 if age_ms <= grace_ms:
-                    self._not_before[ledger_id] = self._clock.monotonic_ms() + grace_ms - age_ms + 1
+                    # looked at again after a back-off, not only when the grace ends: a writer that closes the
+                    # ledger meanwhile makes it copyable at once
+                    wait_ms = min(grace_ms - age_ms + 1, self.config.worker_backoff_ms)
+                    self._not_before[ledger_id] = self._clock.monotonic_ms() + wait_ms
                     return DEFERRED, (f"{metadata.state.name} and naming {step.bookie} in a segment it may still "
                                       f"write: left to its writer (or recovery) for {grace_ms - age_ms} ms more")
                 try:

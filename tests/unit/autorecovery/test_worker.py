@@ -195,8 +195,10 @@ def test_an_open_ledger_is_left_to_its_writer_within_the_grace_then_recovered_an
         assert outcome(line) == DEFERRED, line
         assert (await w.metadata(lid)).state is LedgerState.OPEN
         assert await w.marks.get(lid) is not None and await w.marks.lock_owner(lid) is None
-        w.clock.advance(10_000)
-        assert await w.worker.run_once() is None  # still within the grace: not claimed again
+        w.clock.advance(CONFIG.worker_backoff_ms - 1)
+        assert await w.worker.run_once() is None  # deferred: not claimed again before a back-off
+        w.clock.advance(1)
+        assert outcome(await w.worker.run_once()) == DEFERRED  # looked at again: still OPEN within the grace
         w.clock.advance(CONFIG.open_ledger_rereplication_grace_ms)
         line = await w.worker.run_once()
         assert outcome(line) == REPLICATED, line
@@ -205,6 +207,24 @@ def test_an_open_ledger_is_left_to_its_writer_within_the_grace_then_recovered_an
         await w.assert_fully_replicated(lid, 20, victim)
         assert w.worker.statistics()["recovered"] == 1
         assert await w.marks.get(lid) is None and await w.marks.lock_owner(lid) is None
+    run(main())
+
+
+def test_an_open_ledger_its_writer_closes_within_the_grace_is_copied_after_a_back_off_not_the_whole_grace():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 20, close=False)
+        lid = h.ledger_id
+        victim = h.metadata.ensemble[2]
+        await w.marks.mark(lid, [victim])
+        assert outcome(await w.worker.run_once()) == DEFERRED
+        await w.writer.close_ledger(lid, PW)  # its writer closes it (the victim still answered)
+        await w.lose(victim)
+        w.clock.advance(CONFIG.worker_backoff_ms)
+        line = await w.worker.run_once()
+        assert outcome(line) == REPLICATED, line
+        assert w.worker.statistics()["recovered"] == 0  # closed by its writer, not recovered
+        await w.assert_fully_replicated(lid, 20, victim)
     run(main())
 
 
