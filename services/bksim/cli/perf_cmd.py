@@ -384,25 +384,6 @@ def cmd_consume(args) -> int:
 def _topic_perf(args, name: str) -> int:
     from bksim.cli import config as cfgload
     from bksim.model.errors import ConfigError
-    from bksim.perf import rereplication
-
-    p = sub.add_parser("rereplication", help="autorecovery after a bookie is lost for good (5 bookies): time from "
-                       "the mark to full replication, copy rate vs ledger-write, a concurrent writer's p99")
-    p.add_argument("--size", default="1GB", help="bytes of closed ledgers to write before the loss (default 1GB; "
-                   "units KB MB GB KiB MiB GiB)")
-    p.add_argument("--entry-size", "--record-bytes", dest="record_bytes", type=int, default=1024,
-                   help="payload bytes per entry (default 1024)")
-    p.add_argument("--seconds", type=float, default=SECONDS_DEFAULT,
-                   help=f"ledger-write's and the concurrent writer's baseline duration (default {SECONDS_DEFAULT:g})")
-    p.add_argument("--writer-rate", type=float, default=rereplication.WRITER_RATE_DEFAULT,
-                   help=f"entries/s of the concurrent E=3 Qw=3 Qa=2 writer (open loop; default "
-                        f"{rereplication.WRITER_RATE_DEFAULT:,.0f})")
-    p.add_argument("--ensemble", type=int, default=3, help="the data ledgers' E (default 3)")
-    p.add_argument("--write-quorum", type=int, default=2, help="the data ledgers' Qw (default 2)")
-    p.add_argument("--ack-quorum", type=int, default=2, help="the data ledgers' Qa (default 2)")
-    _run_options(p)
-    p.set_defaults(func=cmd_rereplication, records=0, group=1)
-
     from bksim.perf import consume as perf_consume, produce as perf_produce
     from bksim.perf.ledger_write import Shape
 
