@@ -160,8 +160,8 @@ class UnderReplicationMarks:
     # -- locks ---------------------------------------------------------------------------------------------
 
     async def claim(self, ledger_id: int, owner: str) -> bool:
-        """Take the ledger's lock for `owner` (an ephemeral node of this session, data = owner id); False
-        when any lock exists, this object's own included."""
+        """Take the ledger's lock for `owner` (an ephemeral node of the store's ZooKeeper session, data = owner
+        id); False when any lock exists, this object's own included."""
         assert owner, "a lock names its owner"
         try:
             await self.store.create(underreplication_lock_path(ledger_id), owner.encode("utf-8"),
@@ -174,7 +174,7 @@ class UnderReplicationMarks:
     async def release(self, ledger_id: int) -> None:
         """Delete the ledger's lock if this object took it and it still names the same owner; otherwise
         nothing (a lock lost with the session may belong to another worker now). Never raises for a lock
-        that is gone, also not when this session expired (its locks went with it)."""
+        that is gone, also not when the store's ZooKeeper session expired (its locks went with it)."""
         owner = self._held.pop(ledger_id, None)
         if owner is None:
             return
