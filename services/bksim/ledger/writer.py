@@ -14,7 +14,9 @@ Ordering contracts (written on the commands):
   is sent or acknowledged.
 - Any other error or a timeout from a bookie of the current ensemble triggers an ensemble change: replace
   the failed bookies (never with one already in the ensemble), CAS a new segment starting at LAC + 1, and
-  resend each pending entry whose write set contains a replaced index to its replacement.
+  resend each pending entry whose write set contains a replaced index to its replacement. So does one that
+  comes back for an entry already acknowledged at Qa (that entry stays under-replicated; later ones do not
+  go to the failed bookie), except while closing.
 
 State table (illegal transitions raise WriterError naming the state):
 
@@ -208,8 +210,13 @@ class LedgerWriter:
         if status in (StatusCode.FENCED, StatusCode.UNAUTHORIZED):
             return self._fail(f"bookie {bookie} answered {status.name}: the ledger was fenced or the "
                               f"password is wrong; this writer can make no further progress", status.name)
-        if pending is None or index is None:
-            return []  # an entry already acknowledged, or an old segment's bookie: nothing left to protect
+        if index is None:
+            return []  # an old segment's bookie, or one already replaced: nothing left to protect
+        if pending is None and (entry_id > self.last_add_confirmed or self.state is WriterState.CLOSING):
+            return []  # not an entry of this writer's; or closing: no later entry will be written to it
+        # pending, or acknowledged at Qa before this failure came back (BookKeeper's ADD_ENTRY_UR: that entry
+        # stays under-replicated): either way the bookie leaves the ensemble, or each later entry is written to
+        # a bookie that does not answer and holds one copy fewer than Qw
         self._writable = tuple(writable_bookies) or self._writable
         self._failed[self.ensemble.index(bookie)] = bookie
         if self.state is WriterState.CHANGING_ENSEMBLE:

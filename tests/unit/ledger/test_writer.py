@@ -94,6 +94,31 @@ def test_errors_from_an_old_segment_or_after_a_change_do_not_cascade():
     assert w.on_add_result(0, "b1", S.OK) == []  # the replaced bookie's late answer does not count
 
 
+def test_an_error_after_ack_quorum_still_replaces_the_bookie():
+    """Entry 0 reached Qa on b0 and b1 and was acknowledged before b2's failure came back: the entry stays
+    under-replicated, but b2 must still leave the ensemble, or every later entry is written to a dead bookie
+    and holds one copy fewer than Qw."""
+    w = writer(e=3, qw=3, qa=2, rng_seed=2)
+    w.append(b"0")
+    w.on_add_result(0, "b0", S.OK)
+    assert acks(w.on_add_result(0, "b1", S.OK)) == [0]
+    [change] = w.on_add_result(0, "b2", None, writable_bookies=B)
+    assert isinstance(change, UpdateEnsemble) and change.first_entry_id == 1 and change.replaced == ((2, "b2"),)
+    assert change.ensemble[:2] == ("b0", "b1") and change.ensemble[2] in ("b3", "b4", "b5")
+    assert w.on_ensemble_changed(1, change.ensemble) == []  # nothing pending: nothing to resend
+    assert sorted(sends(w.append(b"1"))) == sorted([("b0", 1), ("b1", 1), (change.ensemble[2], 1)])
+
+
+def test_an_error_after_ack_quorum_while_closing_changes_nothing():
+    w = writer(e=3, qw=3, qa=2)
+    w.append(b"0")
+    w.on_add_result(0, "b0", S.OK)
+    w.on_add_result(0, "b1", S.OK)
+    assert w.close() == [CloseLedger(0, 1)]
+    assert w.on_add_result(0, "b2", None, writable_bookies=B) == []
+    assert w.state is WriterState.CLOSING
+
+
 @pytest.mark.parametrize("status", [S.FENCED, S.UNAUTHORIZED])
 def test_fenced_or_unauthorized_is_fatal(status):
     w = writer()
