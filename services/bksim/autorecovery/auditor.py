@@ -17,11 +17,24 @@ it saw before (losses missed while no auditor ran, marks of a scan that failed h
 Check of all ledgers. For every CLOSED ledger, for every segment's entries [first, last] and every registered
 bookie of its ensemble that must hold some of them (write sets: ledger/quorum.py), the auditor asks the
 bookie which entries of the ledger it holds (`list_entries`, one call per bookie and ledger) and marks the
-ledger with each bookie that lacks an entry it must hold: a truncated journal, a damaged entry log, a
-re-formatted bookie. NO_LEDGER holds nothing; UNKNOWN_STATE (a limbo ledger of a re-formatted bookie: it
+ledger with each bookie that lacks an entry it must hold: a truncated journal, a re-formatted bookie.
+NO_LEDGER holds nothing; UNKNOWN_STATE (a limbo ledger of a re-formatted bookie: it
 cannot say what it lost) counts as holding nothing; a bookie that does not answer is left to the bookie
 check; any other status is reported, not marked. OPEN and IN_RECOVERY ledgers are skipped (their end is
-not known; the bookie check covers their lost bookies). It runs every `periodic_check_interval_ms`,
+not known; the bookie check covers their lost bookies).
+
+A listed copy may still be damaged (a flipped byte in an entry log: the bookie lists the entry, a read answers
+IO_ERROR or bytes whose digest fails). With `ledger_verification_percentage` p > 0 (BookKeeper's
+auditorLedgerVerificationPercentage) the check also reads p% of every CLOSED ledger's entries (a fixed choice
+by the ids: `verifies_entry`, the same in every process and run) from every bookie of the entry's write set
+that lists it, in ReadEntries batches of `read_batch_entries` (one call per bookie and batch, at most
+VERIFY_READS_PER_LEDGER_MAX in flight per ledger), and `verify_copies` judges the copies: IO_ERROR, NO_ENTRY,
+NO_LEDGER, UNKNOWN_STATE, a digest or id mismatch, or bytes that differ from those a strict majority of the
+verified copies agree on, is a missing copy on that bookie, marked as above. Verified copies that disagree
+without a majority are reported, not marked (which one is right is not known); a copy not answered is not
+judged. The replication worker runs the same judgement before it keeps a marked bookie.
+
+It runs every `periodic_check_interval_ms`,
 measured from the wall time of the last run recorded at /ledgers/underreplication/checkallledgersctime,
 so a new auditor does not repeat a recent check; `trigger_check_all` records 0 there, which any auditor
 takes as "run now" (the operators' `bksim autorecovery check-all`, from any process).
@@ -36,7 +49,8 @@ Where bksim differs from BookKeeper:
 - the lost-bookie delay is a configuration value, not a znode, and applies to each bookie even when several
   are missing at once (BookKeeper audits at once when more than one bookie is lost);
 - the check of all ledgers compares entry lists (BookKeeper's replicas check, GET_LIST_OF_ENTRIES_OF_LEDGER)
-  rather than reading the first and last entry of each fragment, so a hole in the middle is found too;
+  rather than reading the first and last entry of each fragment, so a hole in the middle is found too; at
+  percentage 0 it reads no entry (BookKeeper's LedgerChecker still reads each fragment's first and last);
 - the checks run one after another in the auditor's loop, as on BookKeeper's single-threaded auditor
   executor: a long check of all ledgers delays the next bookie check.
 
@@ -46,19 +60,22 @@ owner starts a new Auditor on a new session. Other operating errors are logged a
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, Iterable, Sequence, TypeVar
+import bisect
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from bksim.autorecovery.marks import UnderReplicationMarks
+from bksim.formats.entry import decode_entry
 from bksim.ledger.quorum import write_set_indexes
 from bksim.metadata.ledger_manager import list_ledger_ids, read_ledger_metadata
 from bksim.metadata.ledger_metadata import LedgerMetadata
 from bksim.metadata.paths import (AUDITOR_ELECTION, AUDITOR_VOTE_PREFIX, AVAILABLE, CHECK_ALL_LEDGERS_CTIME, COOKIES,
                                   READONLY, READONLY_CHILD, SEQUENCE_DIGITS)
 from bksim.model.config import AutoRecoveryConfig
-from bksim.model.errors import (BadVersionError, BksimError, BookieUnreachable, MetadataFormatError,
+from bksim.model.errors import (BadVersionError, BksimError, BookieUnreachable, FormatError, MetadataFormatError,
                                 NodeExistsError, NoNodeError, SessionExpiredError)
 from bksim.model.status import StatusCode
-from bksim.ports.bookie_transport import BookieTransport
+from bksim.ports.bookie_transport import READ_BATCH_ENTRIES_MAX, BookieTransport
 from bksim.ports.clock import Clock
 from bksim.ports.metadata import ANY_VERSION, MetadataStore
 
@@ -67,10 +84,18 @@ from bksim.ports.metadata import ANY_VERSION, MetadataStore
 LEDGER_CHECK_CONCURRENCY = 8
 # ledger metadata reads in flight while the bookie check scans for ledgers that name a lost bookie
 METADATA_READ_CONCURRENCY = 32
+# ReadEntries calls in flight for the verification of one ledger's copies (one per bookie and batch); with
+# LEDGER_CHECK_CONCURRENCY ledgers at once, at most 64 calls of `read_batch_entries` entries each
+VERIFY_READS_PER_LEDGER_MAX = 8
+VERIFY_NOTES_MAX = 8  # problems a verification describes one by one (the rest are counted)
 CHECK_ALL_REQUESTED = 0  # the check-all ctime that asks the auditor to run the check now
 _VOTE_NAME_PREFIX = AUDITOR_VOTE_PREFIX.rsplit("/", 1)[1]  # "V_"
 # answers of list_entries that say what the bookie holds: OK (its ranges), NO_LEDGER and UNKNOWN_STATE (nothing)
 _HOLDS_NOTHING = frozenset({StatusCode.NO_LEDGER, StatusCode.UNKNOWN_STATE})
+# answers of a read that say the bookie's copy is lost: damaged (IO_ERROR: the bookie's own digest or CRC check
+# failed), or not there although it must be
+_COPY_LOST = frozenset({StatusCode.IO_ERROR, StatusCode.NO_ENTRY, StatusCode.NO_LEDGER, StatusCode.UNKNOWN_STATE})
+_MASK64 = (1 << 64) - 1
 T = TypeVar("T")
 
 
@@ -102,6 +127,112 @@ def missing_entries(first: int, last: int, held: Sequence[tuple[int, int]], inde
         if at > last:
             return missing
     return missing + required_entries(at, last, index, ensemble_size, write_quorum_size)
+
+
+def verifies_entry(ledger_id: int, entry_id: int, percentage: int) -> bool:
+    """Whether a check verifying `percentage` (0..100) percent of the entries reads this one: a fixed
+    pseudo-random choice from the ids (splitmix64's mix of both), the same in every process and every run, so
+    the simulator stays deterministic and two checks at one percentage read the same entries."""
+    if percentage >= 100:
+        return True
+    if percentage <= 0:
+        return False
+    x = (ledger_id * 0x9E3779B97F4A7C15 + entry_id + 0x632BE59BD9B4E019) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) % 100 < percentage
+
+
+def holds_entry(ranges: Sequence[tuple[int, int]], entry_id: int) -> bool:
+    """Whether the sorted, disjoint inclusive `ranges` contain `entry_id`."""
+    at = bisect.bisect_right(ranges, (entry_id, _MASK64)) - 1
+    return at >= 0 and ranges[at][0] <= entry_id <= ranges[at][1]
+
+
+@dataclass(slots=True)
+class CopyCheck:
+    """What `verify_copies` found: the copies it judged lost, per bookie; how many it read and found good;
+    the copies it could not judge (no answer, another status); entries whose good copies disagree with no
+    strict majority; a few problems in words."""
+    damaged: dict[str, list[int]] = field(default_factory=dict)
+    verified: int = 0
+    unjudged: dict[str, list[int]] = field(default_factory=dict)
+    divergent: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def _note(self, text: str) -> None:
+        if len(self.notes) < VERIFY_NOTES_MAX:
+            self.notes.append(text)
+
+
+async def verify_copies(transport: BookieTransport, ledger_id: int, digest_type: str,
+                        holders: Mapping[int, Sequence[str]], batch_entries: int,
+                        concurrency: int = VERIFY_READS_PER_LEDGER_MAX) -> CopyCheck:
+    """Read every entry of `holders` ({entry id: the bookies whose copy to judge}) from each of its bookies and
+    judge the copies (see the module docstring): entry ids in ascending batches of `batch_entries` (at most
+    READ_BATCH_ENTRIES_MAX), one ReadEntries call per bookie and batch, at most `concurrency` calls in flight;
+    only one batch's bytes are held at a time. Never raises for a bookie's answer or silence."""
+    size = max(1, min(batch_entries, READ_BATCH_ENTRIES_MAX))
+    check = CopyCheck()
+    ids = sorted(holders)
+    for start in range(0, len(ids), size):
+        chunk = ids[start:start + size]
+        by_bookie: dict[str, list[int]] = {}
+        for entry_id in chunk:
+            for bookie in holders[entry_id]:
+                by_bookie.setdefault(bookie, []).append(entry_id)
+        copies: dict[int, dict[str, bytes]] = {entry_id: {} for entry_id in chunk}
+
+        async def read(bookie: str) -> None:
+            asked = by_bookie[bookie]
+            try:
+                results = await transport.read_entries(bookie, ledger_id, asked)
+                if len(results) != len(asked):
+                    raise BookieUnreachable(bookie, f"answered {len(results)} results for {len(asked)} entry ids")
+            except BookieUnreachable as e:
+                check.unjudged.setdefault(bookie, []).extend(asked)
+                check._note(f"ledger {ledger_id}: {bookie} did not answer: {e}")
+                return
+            for entry_id, (status, data) in zip(asked, results):
+                if status is StatusCode.OK:
+                    try:
+                        decode_entry(data, digest_type, ledger_id=ledger_id, entry_id=entry_id)
+                    except FormatError as e:
+                        check.damaged.setdefault(bookie, []).append(entry_id)
+                        check._note(f"ledger {ledger_id} entry {entry_id} on {bookie}: {e}")
+                        continue
+                    copies[entry_id][bookie] = bytes(data)
+                elif status in _COPY_LOST:
+                    check.damaged.setdefault(bookie, []).append(entry_id)
+                    check._note(f"ledger {ledger_id} entry {entry_id} on {bookie}: {status.name}")
+                else:
+                    check.unjudged.setdefault(bookie, []).append(entry_id)
+                    check._note(f"ledger {ledger_id} entry {entry_id} on {bookie}: {status.name} (not judged)")
+
+        await _for_each(sorted(by_bookie), read, concurrency)
+        for entry_id in chunk:
+            good = copies[entry_id]
+            check.verified += len(good)
+            variants: dict[bytes, list[str]] = {}
+            for bookie, data in good.items():
+                variants.setdefault(data, []).append(bookie)
+            if len(variants) < 2:
+                continue
+            majority = max(variants.values(), key=len)
+            if 2 * len(majority) <= len(good):
+                check.divergent.append(entry_id)
+                check._note(f"ledger {ledger_id} entry {entry_id}: verified copies differ with no majority "
+                            f"({sorted(good)})")
+                continue
+            for bookie in sorted(set(good) - set(majority)):
+                check.verified -= 1
+                check.damaged.setdefault(bookie, []).append(entry_id)
+                check._note(f"ledger {ledger_id} entry {entry_id} on {bookie}: differs from the copies of "
+                            f"{sorted(majority)}")
+    for lists in (check.damaged, check.unjudged):
+        for bookie in lists:
+            lists[bookie].sort()
+    return check
 
 
 def segment_ranges(metadata: LedgerMetadata) -> list[tuple[int, int, tuple[str, ...]]]:
@@ -270,12 +401,18 @@ class Auditor:
 
     # -- check of all ledgers ------------------------------------------------------------------------------
 
-    async def check_all_ledgers(self) -> dict:
-        """Ask every replica of every CLOSED ledger which entries it holds and mark the ledgers with the bookies
-        that miss some. Returns {"ledgers", "checked", "marked": {id: {bookie: missing entries}},
-        "unreachable": {id: [bookie]}, "errors": [text], "disabled"}."""
+    async def check_all_ledgers(self, verify_percentage: int | None = None) -> dict:
+        """Ask every replica of every CLOSED ledger which entries it holds, verify the copies of
+        `verify_percentage` percent of the entries (None: the configured `ledger_verification_percentage`),
+        and mark the ledgers with the bookies that miss some or hold damaged ones. Returns {"ledgers",
+        "checked", "marked": {id: {bookie: missing entries}}, "unreachable": {id: [bookie]}, "errors": [text],
+        "disabled", "verify_percentage", "copies_verified", "copies_unjudged", "damaged": {id: {bookie:
+        damaged copies}} (counted in "marked" too)}."""
+        percentage = self.config.ledger_verification_percentage if verify_percentage is None else verify_percentage
+        assert 0 <= percentage <= 100, f"verify percentage {percentage}"
         report: dict = {"disabled": False, "ledgers": 0, "checked": 0, "marked": {}, "unreachable": {},
-                        "errors": []}
+                        "errors": [], "verify_percentage": percentage, "copies_verified": 0, "copies_unjudged": 0,
+                        "damaged": {}}
         if await self.marks.is_disabled():
             report["disabled"] = True
             return report
@@ -296,21 +433,24 @@ class Auditor:
             if not metadata.is_closed:
                 return
             report["checked"] += 1
-            missing = await self._check_ledger(ledger_id, metadata, registered, report)
+            missing = await self._check_ledger(ledger_id, metadata, registered, report, percentage)
             if missing:
                 await self.marks.mark(ledger_id, missing)
                 report["marked"][ledger_id] = missing
-                self._log(f"auditor: ledger {ledger_id} marked under-replicated (missing entries {missing})")
+                damaged = report["damaged"].get(ledger_id)
+                self._log(f"auditor: ledger {ledger_id} marked under-replicated (missing entries {missing}"
+                          + (f"; damaged copies among them {damaged})" if damaged else ")"))
 
         await _for_each(ids, check, LEDGER_CHECK_CONCURRENCY)
-        report["marked"] = dict(sorted(report["marked"].items()))
-        report["unreachable"] = dict(sorted(report["unreachable"].items()))
+        for key in ("marked", "unreachable", "damaged"):
+            report[key] = dict(sorted(report[key].items()))
         await self._record_check_all(started_ms, ctime_version)
         return report
 
     async def _check_ledger(self, ledger_id: int, metadata: LedgerMetadata, registered: set[str],
-                            report: dict) -> dict[str, int]:
-        """{bookie: entries it must hold and does not} for the registered bookies of a CLOSED ledger."""
+                            report: dict, percentage: int) -> dict[str, int]:
+        """{bookie: entries it must hold and does not, or holds damaged} for the registered bookies of a CLOSED
+        ledger (the copies of `percentage` percent of its entries are read and judged)."""
         e, qw = metadata.ensemble_size, metadata.write_quorum_size
         duties = [(first, last, index, bookie) for first, last, ensemble in segment_ranges(metadata)
                   for index, bookie in enumerate(ensemble)
@@ -338,7 +478,39 @@ class Auditor:
                 count = missing_entries(first, last, held[bookie], index, e, qw)
                 if count:
                     missing[bookie] = missing.get(bookie, 0) + count
+        if percentage > 0:
+            for bookie, count in (await self._verify_ledger(ledger_id, metadata, held, report, percentage)).items():
+                missing[bookie] = missing.get(bookie, 0) + count
         return dict(sorted(missing.items()))
+
+    async def _verify_ledger(self, ledger_id: int, metadata: LedgerMetadata, held: dict[str, list[tuple[int, int]]],
+                             report: dict, percentage: int) -> dict[str, int]:
+        """{bookie: damaged copies} among the chosen entries' copies on the bookies that list them (a copy a
+        bookie does not list is counted missing by the listing already)."""
+        e, qw = metadata.ensemble_size, metadata.write_quorum_size
+        ranges = {bookie: sorted(r) for bookie, r in held.items()}
+        holders: dict[int, list[str]] = {}
+        for first, last, ensemble in segment_ranges(metadata):
+            for entry_id in range(first, last + 1):
+                if verifies_entry(ledger_id, entry_id, percentage):
+                    listing = [ensemble[i] for i in write_set_indexes(entry_id, e, qw)
+                               if ensemble[i] in ranges and holds_entry(ranges[ensemble[i]], entry_id)]
+                    if listing:
+                        holders[entry_id] = listing
+        if not holders:
+            return {}
+        check = await verify_copies(self.transport, ledger_id, metadata.digest_type, holders,
+                                    self.config.read_batch_entries)
+        report["copies_verified"] += check.verified
+        report["copies_unjudged"] += sum(len(ids) for ids in check.unjudged.values())
+        report["errors"] += [f"ledger {ledger_id}: entry {entry_id}: verified copies differ with no majority"
+                             for entry_id in check.divergent]
+        damaged = {bookie: len(ids) for bookie, ids in sorted(check.damaged.items())}
+        if damaged:
+            report["damaged"][ledger_id] = damaged
+            for note in check.notes:
+                self._log(f"auditor: {note}")
+        return damaged
 
     async def _record_check_all(self, started_ms: int, version: int | None) -> None:
         """Record when the check that just ended started; a request made meanwhile (a write since we read

@@ -11,13 +11,19 @@ One claim (`run_once`), under the mark's ephemeral lock, released on every path:
    leaves it alone for `open_ledger_rereplication_grace_ms` after the mark's ctime (its writer replaces the
    bookie itself, or closes the ledger); past that it recovers the ledger through the broker's ledger client
    (open with recovery: fence, close) and goes on with the CLOSED metadata. A closed range whose bookie
-   answers (list_entries) that it holds every entry it must is kept as it is (a bookie back after it was
-   marked: BookKeeper checks a fragment before it replicates it).
+   answers (list_entries) that it holds every entry it must, and whose copies of those entries all pass the
+   auditor's judgement (auditor.verify_copies: read from the bookie and the rest of each write set, digest and
+   ids verified, no copy differing from the majority's bytes), is kept as it is (a bookie back after it was
+   marked: BookKeeper checks a fragment before it replicates it). A bookie with one damaged or unanswered
+   copy is not kept: it is replaced in that segment like a lost one (BookKeeper's worker replicates the
+   fragments its LedgerChecker finds bad to a new bookie, whatever made them bad), so a damaged copy is never
+   left in the metadata and never counted as a replica.
 3. A replacement: a writable registered bookie outside the segment's ensemble, not quarantined
    (LedgerService.choose_bookies); a bookie the mark names qualifies once it is registered again.
 4. Copy: every entry of the segment whose write set holds the missing bookie's ensemble index, read from the
-   other replicas of its write set (ReadEntries in batches of `read_batch_entries`; the next replica after
-   an error, a negative or a digest mismatch) and added verbatim to the replacement with RECOVERY_ADD and
+   other replicas of its write set (ReadEntries in batches of `read_batch_entries`; every copy's digest and ids
+   are verified before it is written: the next replica after an error, a negative or a digest mismatch, so a
+   damaged copy is never the source) and added verbatim to the replacement with RECOVERY_ADD and
    the ledger's master key (as recovery's write-back adds), at most `rereplication_bytes_per_s_max` bytes
    a second (a token bucket that sleeps on the Clock).
 5. Then, and only then, a CAS of the metadata replaces the bookie in that segment (update_ledger_metadata's
@@ -45,7 +51,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence
 
-from bksim.autorecovery.auditor import missing_entries
+from bksim.autorecovery.auditor import missing_entries, verify_copies
 from bksim.autorecovery.marks import Mark, UnderReplicationMarks
 from bksim.broker.driver import cancelled_underneath
 from bksim.broker.ledgers import LedgerService
@@ -157,7 +163,8 @@ class ReplicationWorker:
         self._failed_at: dict[int, float] = {}
         self._stats = {name: 0 for name in ("claims", "replicated", "remarked", "deferred", "lost", "deleted",
                                             "failed", "recovered", "segments_replaced", "entries_copied",
-                                            "bytes_copied")}
+                                            "bytes_copied", "copies_verified", "damaged_bookies_replaced",
+                                            "unverified_bookies_replaced")}
 
     def statistics(self) -> dict[str, float]:
         return {**self._stats, "throttled_ms": self._bucket.slept_ms}
@@ -263,7 +270,7 @@ class ReplicationWorker:
                 self._log(f"autorecovery worker {self.owner_id}: ledger {ledger_id}: {metadata.state.name} "
                           f"{age_ms} ms after its mark: recovered (fenced and closed) before the copy")
                 continue
-            if await self._holds_all(ledger_id, metadata, step):
+            if await self._holds_all(ledger_id, metadata, step, metadata.segment_for(step.first_entry_id)):
                 intact.add(step)
                 self._log(f"autorecovery worker {self.owner_id}: ledger {ledger_id}: segment at entry "
                           f"{step.first_entry_id}: {step.bookie} holds every entry it must: kept")
@@ -276,17 +283,34 @@ class ReplicationWorker:
                 return await self._lost(mark, step, lost)
         return FAILED, f"not done after {REPAIR_STEPS_MAX} steps (the metadata kept changing)"
 
-    async def _holds_all(self, ledger_id: int, metadata: LedgerMetadata, step: _Step) -> bool:
+    async def _holds_all(self, ledger_id: int, metadata: LedgerMetadata, step: _Step, segment: Segment) -> bool:
         """Whether the step's bookie answers that it holds every entry of the step's closed range its ensemble
-        index must hold (a bookie back after it was marked, or a replacement placed by an earlier step):
-        BookKeeper's check of a fragment before it is replicated. No answer: False."""
+        index must hold (a bookie back after it was marked, or a replacement placed by an earlier step) and
+        every one of those copies passes verify_copies against the rest of its write set: BookKeeper's check
+        of a fragment before it is replicated. No answer, a damaged or an unjudged copy: False."""
         try:
             status, ranges = await self._transport.list_entries(step.bookie, ledger_id)
         except BookieUnreachable:
             return False
-        return status is StatusCode.OK and missing_entries(
-            step.first_entry_id, step.last_entry_id, ranges, step.index, metadata.ensemble_size,
-            metadata.write_quorum_size) == 0
+        e, qw = metadata.ensemble_size, metadata.write_quorum_size
+        if status is not StatusCode.OK or missing_entries(step.first_entry_id, step.last_entry_id, ranges,
+                                                          step.index, e, qw) != 0:
+            return False
+        holders = {entry_id: [segment.ensemble[i] for i in write_set_indexes(entry_id, e, qw)]
+                   for entry_id in self._entries_of(metadata, step)}
+        check = await verify_copies(self._transport, ledger_id, metadata.digest_type, holders, self._batch)
+        damaged, unjudged = check.damaged.get(step.bookie, []), check.unjudged.get(step.bookie, [])
+        self._stats["copies_verified"] += check.verified
+        if damaged or unjudged:
+            self._stats["damaged_bookies_replaced" if damaged else "unverified_bookies_replaced"] += 1
+            self._log(f"autorecovery worker {self.owner_id}: ledger {ledger_id}: segment at entry "
+                      f"{step.first_entry_id}: {step.bookie} lists every entry it must but "
+                      + (f"{len(damaged)} of its copies are damaged (entries {damaged[:LOST_IDS_SHOWN_MAX]}"
+                         f"{' ...' if len(damaged) > LOST_IDS_SHOWN_MAX else ''}): "
+                         if damaged else f"{len(unjudged)} of its copies could not be read: ")
+                      + "not kept; it is replaced" + (f" ({check.notes[0]})" if check.notes else ""))
+            return False
+        return True
 
     async def _restore(self, ledger_id: int, metadata: LedgerMetadata, step: _Step,
                        missing: Sequence[str]) -> list[int]:

@@ -187,6 +187,10 @@ class AutoRecoveryConfig:
     lost_ledger_retry_ms: int = option(60_000, "a ledger with an entry no replica holds is tried again only after "
                                                "this long (it is reported as lost meanwhile)")
     read_batch_entries: int = option(64, "entries a worker reads from one replica in one ReadEntries call")
+    ledger_verification_percentage: int = option(0, "percent (0..100) of the closed ledgers' entries the check of "
+                                                    "all ledgers reads from every replica and verifies (digest, "
+                                                    "same bytes); a damaged copy counts as missing (BookKeeper's "
+                                                    "auditorLedgerVerificationPercentage)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +258,9 @@ class Config:
                      "open_ledger_rereplication_grace_ms", "rereplication_bytes_per_s_max", "worker_backoff_ms",
                      "lost_ledger_retry_ms", "read_batch_entries"):
             _require(getattr(a, name) > 0, f"autorecovery.{name} must be > 0")
+        _require(0 <= a.ledger_verification_percentage <= 100,
+                 f"autorecovery.ledger_verification_percentage ({a.ledger_verification_percentage}) must be within "
+                 f"0..100 (a percent of the closed ledgers' entries)")
         _require(self.zookeeper.operation_timeout_ms > 0, "zookeeper.operation_timeout_ms must be > 0")
         _require(self.zookeeper.read_tries_max >= 1, "zookeeper.read_tries_max must be >= 1")
         return self
