@@ -14,6 +14,9 @@ MetadataStore and BookieTransport ports.
   auditor stops counting it as lost. The wait is bounded (`timeout_ms`); past it the cookie stays and a
   later decommission goes on where this one stopped. The replication workers do the copying: something
   must run them (a bookie with autorecovery on, or `bksim autorecovery run`).
+- `check_all`: the check of all ledgers run here and now (Auditor.check_all_ledgers on an auditor that never
+  votes), reading `verify_percentage` percent of the entries' copies; it marks as the auditor does and records
+  its start as the last check of all ledgers.
 - `replicas`: per segment and bookie of one ledger, which entries the bookie holds (list_entries, the call
   the auditor's check of all ledgers makes) and how many its write sets say it must hold.
 
@@ -129,6 +132,12 @@ async def status(store: MetadataStore, marks: UnderReplicationMarks, clock: Cloc
             "claimed": {r["ledger_id"]: r["claimed_by"] for r in rows if r["claimed_by"]},
             "marks": rows, "bookies": {"known": known, **registered, "missing": sorted(set(known) - live)},
             "check_all_ctime_ms": check_all}
+
+
+async def check_all(auditor: Auditor, verify_percentage: int) -> dict:
+    """Run the check of all ledgers now, verifying `verify_percentage` (0..100) percent of the entries' copies;
+    its report (Auditor.check_all_ledgers)."""
+    return await auditor.check_all_ledgers(verify_percentage=verify_percentage)
 
 
 # -- decommission ------------------------------------------------------------------------------------------------

@@ -20,7 +20,9 @@ it runs in. Log lines start with "autorecovery:".
 The other commands connect to ZooKeeper once, act through autorecovery/admin.py and the marks, and exit:
 `status [--json]`, `list-underreplicated [--json]`, `enable`, `disable` (the /ledgers/underreplication/disable
 switch) and `check-all` (Auditor.trigger_check_all: the elected auditor, in whatever process, runs the check
-of all ledgers at its next turn). `bookie decommission` and `ledger replicas` (registered by bookie_cmd and
+of all ledgers at its next turn; with `--verify-percentage N` the command runs the check itself, now, reading
+N% of the entries' copies instead of the configured ledger_verification_percentage, and prints what it found
+and marked: admin.check_all). `bookie decommission` and `ledger replicas` (registered by bookie_cmd and
 ledger_cmd) run here too: `cmd_decommission`, `cmd_replicas`.
 """
 from __future__ import annotations
@@ -70,10 +72,30 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(func=cmd_list)
     for name, func, text in (("enable", cmd_enable, "resume marking and replication cluster-wide"),
-                             ("disable", cmd_disable, "pause marking and replication cluster-wide"),
-                             ("check-all", cmd_check_all, "ask the auditor to check all ledgers' replicas now")):
+                             ("disable", cmd_disable, "pause marking and replication cluster-wide")):
         p = sub.add_parser(name, parents=[common], help=text)
         p.set_defaults(func=func)
+    p = sub.add_parser("check-all", parents=[common], help="ask the auditor to check all ledgers' replicas now",
+                       description="Without --verify-percentage: ask the elected auditor to run the check of all "
+                                   "ledgers at its next turn. With it: run the check here and now, reading that "
+                                   "percentage of every closed ledger's entries from every replica (digest, same "
+                                   "bytes) instead of autorecovery.ledger_verification_percentage; print what it "
+                                   "found and marked.")
+    p.add_argument("--verify-percentage", type=_percentage, default=None, metavar="N",
+                   help="run the check in this process, verifying N%% (0..100) of the entries' copies")
+    p.add_argument("--json", action="store_true", help="with --verify-percentage: print the check's report as one "
+                                                       "JSON object")
+    p.set_defaults(func=cmd_check_all)
+
+
+def _percentage(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer percentage") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"{value} is not within 0..100")
+    return value
 
 
 def make_log(owner_id: str) -> Callable[[str], None]:
@@ -317,6 +339,13 @@ def cmd_disable(args) -> int:
 
 
 def cmd_check_all(args) -> int:
+    if args.verify_percentage is not None:
+        return _check_all_here(args)
+    if args.json:
+        print("bksim: error: --json needs --verify-percentage (a requested check reports to the auditor's log)",
+              file=sys.stderr)
+        return 2
+
     async def action(t, config):
         auditor = _admin_auditor(t, config, "check-all")
         await auditor.trigger_check_all()
@@ -325,6 +354,31 @@ def cmd_check_all(args) -> int:
     current = _run(args, action)
     print("check of all ledgers requested: " + (f"the auditor {current} runs it at its next turn" if current
                                                 else "no auditor runs now; the next one elected runs it"))
+    return 0
+
+
+def _check_all_here(args) -> int:
+    from bksim.autorecovery import admin
+
+    report = _run(args, lambda t, c: admin.check_all(_admin_auditor(t, c, "check-all"), args.verify_percentage))
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        return 0
+    if report["disabled"]:
+        print("autorecovery is disabled (`bksim autorecovery enable`): nothing was checked or marked")
+        return 0
+    print(f"check of all ledgers (verifying {report['verify_percentage']}% of the entries): {report['ledgers']} "
+          f"ledgers, {report['checked']} closed ones checked, {report['copies_verified']} copies verified, "
+          f"{report['copies_unjudged']} not judged; {len(report['marked'])} marked under-replicated")
+    for ledger_id, missing in report["marked"].items():
+        damaged = report["damaged"].get(ledger_id, {})
+        print(f"  ledger {ledger_id}: " + ", ".join(
+            f"{bookie} misses {count}" + (f" ({damaged[bookie]} damaged)" if bookie in damaged else "")
+            for bookie, count in missing.items()))
+    for ledger_id, bookies in report["unreachable"].items():
+        print(f"  ledger {ledger_id}: no answer from {', '.join(bookies)} (left to the bookie check)")
+    for error in report["errors"]:
+        print(f"  error: {error}")
     return 0
 
 
