@@ -1,8 +1,10 @@
 """The operators' side of autorecovery (autorecovery/admin.py) over the in-memory metadata store, FakeBookies and a
 ManualClock: decommission's refusals (nothing changed), its bounded wait, its end with a replication worker
-running; one ledger's replicas; the status and the mark rows."""
+running; one ledger's replicas; the status and the mark rows; the check of all ledgers run by the command with a
+percentage of its own."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
 
@@ -13,6 +15,7 @@ from bksim.autorecovery.auditor import Auditor
 from bksim.autorecovery.marks import UnderReplicationMarks
 from bksim.autorecovery.worker import ReplicationWorker
 from bksim.broker.ledgers import LedgerService
+from bksim.cli import autorecovery_cmd
 from bksim.metadata.ledger_manager import read_ledger_metadata
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path, cookie_path
@@ -160,3 +163,31 @@ def test_status_names_the_auditor_the_marks_and_the_lost_ledgers():
         await w.marks.disable()
         assert (await admin.status(w.store, w.marks, w.clock))["disabled"] is True
     run(scenario())
+
+
+def test_check_all_verifies_the_percentage_asked_for_over_the_configured_one_and_marks_a_damaged_copy():
+    async def scenario():
+        w = await World().start()  # ledger_verification_percentage 0 in the configuration
+        lid = await w.ledger(12)
+        metadata, _ = await read_ledger_metadata(w.store, lid)
+        bookie = metadata.write_set(5)[0]
+        stored = bytearray(w.fake[bookie].entries[lid][5])
+        stored[-1] ^= 0xFF
+        w.fake[bookie].entries[lid][5] = bytes(stored)
+        assert (await w.auditor().check_all_ledgers())["marked"] == {}
+        report = await admin.check_all(w.auditor(), 100)
+        assert report["verify_percentage"] == 100 and report["marked"] == {lid: {bookie: 1}}
+        assert report["damaged"] == {lid: {bookie: 1}} and report["copies_verified"] == 2 * 12 - 1
+        assert [(m.ledger_id, m.missing) for m in await w.marks.list()] == [(lid, (bookie,))]
+    run(scenario())
+
+
+def test_the_check_all_command_takes_a_percentage_within_0_to_100():
+    parser = argparse.ArgumentParser()
+    autorecovery_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["autorecovery", "check-all", "--verify-percentage", "25", "--json"])
+    assert (args.verify_percentage, args.json, args.func) == (25, True, autorecovery_cmd.cmd_check_all)
+    assert parser.parse_args(["autorecovery", "check-all"]).verify_percentage is None
+    for bad in ("101", "-1", "ten"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["autorecovery", "check-all", "--verify-percentage", bad])

@@ -1,6 +1,7 @@
 """The auditor (autorecovery/auditor.py) over the in-memory metadata store, FakeBookies and a ManualClock:
 election and takeover, lost bookies with and without the delay, merged marks, the check of all ledgers
-(missing copies, limbo, gaps, multi-segment ledgers), the disable switch and the loop."""
+(missing copies, limbo, gaps, multi-segment ledgers), the verification of the copies' contents (which entries,
+damaged and differing copies, batches), the disable switch and the loop."""
 from __future__ import annotations
 
 import asyncio
@@ -8,15 +9,16 @@ import random
 
 import pytest
 
-from bksim.autorecovery.auditor import Auditor, missing_entries, required_entries
+from bksim.autorecovery.auditor import Auditor, holds_entry, missing_entries, required_entries, verifies_entry
 from bksim.autorecovery.marks import UnderReplicationMarks
 from bksim.broker.ledgers import LedgerService
 from bksim.ledger.quorum import write_set_indexes
 from bksim.metadata.ledger_manager import list_ledger_ids, read_ledger_metadata
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import CHECK_ALL_LEDGERS_CTIME, LEDGERS_ROOT, bookie_path, cookie_path
-from bksim.model.config import AutoRecoveryConfig, BrokerConfig
-from bksim.model.errors import ConnectionLossError, SessionExpiredError
+from bksim.formats.entry import decode_entry, encode_entry
+from bksim.model.config import AutoRecoveryConfig, BrokerConfig, Config
+from bksim.model.errors import BookieUnreachable, ConfigError, ConnectionLossError, SessionExpiredError
 from bksim.model.status import StatusCode
 from fakes.bookies import FakeBookies
 from fakes.clock import WALL_EPOCH_MS, ManualClock
@@ -31,14 +33,40 @@ def run(coro):
     return asyncio.run(coro)
 
 
+class DamageableBookies(FakeBookies):
+    """FakeBookies whose reads of the (bookie, ledger, entry) copies in `io_errors` answer IO_ERROR (the bookie's
+    own check of a damaged entry-log record), while ListEntries still lists them; the bookies in `silent` list
+    their entries but give no answer to reads."""
+
+    def __init__(self, ids) -> None:
+        super().__init__(ids)
+        self.io_errors: set[tuple[str, int, int]] = set()
+        self.silent: set[str] = set()
+
+    async def read_entries(self, bookie, ledger_id, entry_ids, *, fence=False, master_key=b""):
+        if bookie in self.silent:
+            raise BookieUnreachable(bookie, "deadline passed (fake)")
+        out = await super().read_entries(bookie, ledger_id, entry_ids, fence=fence, master_key=master_key)
+        return [(StatusCode.IO_ERROR, b"") if (bookie, ledger_id, entry_id) in self.io_errors else answer
+                for entry_id, answer in zip(entry_ids, out)]
+
+
+def flip_byte(data: bytes) -> bytes:
+    """The entry with one payload byte flipped: its digest no longer matches."""
+    damaged = bytearray(data)
+    damaged[-1] ^= 0xFF
+    return bytes(damaged)
+
+
 class World:
     """Five bookies (a cookie and a registration each), a broker's ledger client, auditor candidates."""
 
-    def __init__(self, delay_ms: int = 0) -> None:
+    def __init__(self, delay_ms: int = 0, verify_percentage: int = 0) -> None:
         self.store = InMemoryMetadataStore()
-        self.fake = FakeBookies(BOOKIES)
+        self.fake = DamageableBookies(BOOKIES)
         self.clock = ManualClock()
-        self.config = AutoRecoveryConfig(lost_bookie_recovery_delay_ms=delay_ms)
+        self.config = AutoRecoveryConfig(lost_bookie_recovery_delay_ms=delay_ms, read_batch_entries=8,
+                                         ledger_verification_percentage=verify_percentage)
         self.registrations: dict[str, object] = {}
         self.service = LedgerService(store=self.store.session("broker"), transport=self.fake, rng=random.Random(7),
                                      clock=ManualClock(sleeps_advance=True),
@@ -376,6 +404,150 @@ def test_each_segment_is_checked_against_its_own_ensemble():
         second_first = metadata.segments[1].first_entry_id
         del w.fake[newcomer].entries[handle.ledger_id][second_first]
         assert (await auditor.check_all_ledgers())["marked"] == {handle.ledger_id: {newcomer: 1}}
+    run(main())
+
+
+# -- the verification of the copies ------------------------------------------------------------------------------
+
+def test_the_entries_verified_are_a_fixed_share_chosen_by_their_ids():
+    ids = [(ledger_id, entry_id) for ledger_id in range(20) for entry_id in range(500)]
+    assert not any(verifies_entry(lid, eid, 0) for lid, eid in ids)
+    assert all(verifies_entry(lid, eid, 100) for lid, eid in ids)
+    chosen = {p: {(lid, eid) for lid, eid in ids if verifies_entry(lid, eid, p)} for p in (10, 30, 70)}
+    for p, picked in chosen.items():  # about p% of them, and the same ones every time it is asked
+        assert abs(len(picked) / len(ids) - p / 100) < 0.02, (p, len(picked))
+        assert picked == {(lid, eid) for lid, eid in ids if verifies_entry(lid, eid, p)}
+    assert chosen[10] < chosen[30] < chosen[70]  # a larger share verifies what a smaller one did, and more
+    per_ledger = [frozenset(eid for lid, eid in chosen[30] if lid == ledger) for ledger in range(20)]
+    assert len(set(per_ledger)) == 20  # not the same entry ids in every ledger
+
+
+def test_holds_entry_looks_the_id_up_in_the_ranges():
+    ranges = [(0, 3), (7, 7), (10, 20)]
+    assert [e for e in range(25) if holds_entry(ranges, e)] == [0, 1, 2, 3, 7, *range(10, 21)]
+    assert not holds_entry([], 0)
+
+
+def test_the_percentage_option_is_validated():
+    for bad in (-1, 101):
+        with pytest.raises(ConfigError, match=rf"autorecovery.ledger_verification_percentage \({bad}\) must be "
+                                              r"within 0..100"):
+            Config(autorecovery=AutoRecoveryConfig(ledger_verification_percentage=bad)).validate()
+    for good in (0, 100):
+        Config(autorecovery=AutoRecoveryConfig(ledger_verification_percentage=good)).validate()
+
+
+async def damage(w: World, ledger_id: int, entry_id: int, position: int = 1) -> str:
+    """Flip a byte of the copy of `entry_id` on the bookie at `position` of its write set; that bookie."""
+    metadata, _ = await read_ledger_metadata(w.store, ledger_id)
+    bookie = metadata.write_set(entry_id)[position]
+    copies = w.fake[bookie].entries[ledger_id]
+    copies[entry_id] = flip_byte(copies[entry_id])
+    return bookie
+
+
+def test_a_damaged_copy_the_bookie_still_lists_is_found_only_by_verification_and_marks_that_bookie():
+    async def main():
+        w = await World().start()
+        ids = await ledgers(w)
+        target = ids[4]
+        bookie = await damage(w, target, 6)
+        unverified = await w.candidate("node-a").check_all_ledgers()
+        assert unverified["marked"] == {} and unverified["copies_verified"] == 0  # the listing sees nothing
+        assert all(not b.read_calls for b in w.fake.bookies.values())
+        report = await w.candidate("node-a").check_all_ledgers(verify_percentage=100)
+        assert report["marked"] == {target: {bookie: 1}} and report["damaged"] == {target: {bookie: 1}}
+        assert await w.marked() == {target: (bookie,)}
+        total = 0
+        for ledger_id in ids:
+            metadata, _ = await read_ledger_metadata(w.store, ledger_id)
+            total += (metadata.last_entry_id + 1) * metadata.write_quorum_size
+        assert report["copies_verified"] == total - 1 and report["copies_unjudged"] == 0
+        assert any(f"entry 6 on {bookie}: digest mismatch" in line for line in w.lines), w.lines
+    run(main())
+
+
+def test_a_copy_answered_io_error_or_failing_its_digest_is_missing_on_that_bookie():
+    async def main():
+        w = await World(verify_percentage=100).start()  # the configured percentage, when none is given
+        ids = await ledgers(w, 3)
+        md0, _ = await read_ledger_metadata(w.store, ids[0])
+        md1, _ = await read_ledger_metadata(w.store, ids[1])
+        erring, vanished = md0.write_set(2)[0], md1.write_set(5)[1]
+        w.fake.io_errors.add((erring, ids[0], 2))
+        w.fake[vanished].entries[ids[1]][5] = flip_byte(w.fake[vanished].entries[ids[1]][5])
+        report = await w.candidate("node-a").check_all_ledgers()
+        assert report["verify_percentage"] == 100
+        assert report["marked"] == {ids[0]: {erring: 1}, ids[1]: {vanished: 1}}
+    run(main())
+
+
+def test_only_the_chosen_share_is_read_in_batches_and_a_damaged_entry_outside_it_is_not_seen():
+    async def main():
+        w = await World().start()
+        lid = await w.ledger(120)
+        metadata, _ = await read_ledger_metadata(w.store, lid)
+        chosen = [e for e in range(120) if verifies_entry(lid, e, 30)]
+        skipped = next(e for e in range(120) if e not in chosen)
+        await damage(w, lid, skipped, 0)
+        report = await w.candidate("node-a").check_all_ledgers(verify_percentage=30)
+        assert report["marked"] == {} and report["copies_verified"] == 2 * len(chosen)
+        for bookie in metadata.ensemble:
+            calls = [ids for ledger_id, ids, _ in w.fake[bookie].read_calls if ledger_id == lid]
+            read = sorted(e for ids in calls for e in ids)
+            assert read == [e for e in chosen if bookie in metadata.write_set(e)]
+            # batched: at most read_batch_entries ids a call, one call per bookie and batch of the chosen ids
+            assert all(len(ids) <= w.config.read_batch_entries for ids in calls)
+            assert len(calls) <= -(-len(chosen) // w.config.read_batch_entries)
+        bookie = await damage(w, lid, chosen[3], 1)
+        report = await w.candidate("node-a").check_all_ledgers(verify_percentage=30)
+        assert report["marked"] == {lid: {bookie: 1}}
+    run(main())
+
+
+def test_a_copy_with_a_valid_digest_but_other_bytes_is_marked_when_the_others_agree():
+    async def main():
+        w = await World().start()
+        handle = await w.service.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*[handle.append(b"entry-%d" % i) for i in range(9)])
+        await w.service.close_ledger(handle.ledger_id, PW)
+        lid = handle.ledger_id
+        metadata, _ = await read_ledger_metadata(w.store, lid)
+        odd = metadata.write_set(4)[2]
+        good = decode_entry(w.fake[odd].entries[lid][4])
+        forged = encode_entry(lid, 4, good.last_add_confirmed, good.ledger_length, b"something else")
+        w.fake[odd].entries[lid][4] = forged  # its digest verifies: only the other copies tell
+        report = await w.candidate("node-a").check_all_ledgers(verify_percentage=100)
+        assert report["marked"] == {lid: {odd: 1}} and report["errors"] == []
+    run(main())
+
+
+def test_two_verified_copies_that_differ_are_reported_not_marked():
+    async def main():
+        w = await World().start()
+        lid = await w.ledger(6)  # Qw = 2: which copy is right is not known
+        metadata, _ = await read_ledger_metadata(w.store, lid)
+        one = metadata.write_set(2)[0]
+        good = decode_entry(w.fake[one].entries[lid][2])
+        w.fake[one].entries[lid][2] = encode_entry(lid, 2, good.last_add_confirmed, good.ledger_length, b"other")
+        report = await w.candidate("node-a").check_all_ledgers(verify_percentage=100)
+        assert report["marked"] == {} and await w.marked() == {}
+        assert report["errors"] == [f"ledger {lid}: entry 2: verified copies differ with no majority"]
+    run(main())
+
+
+def test_a_copy_the_listing_already_misses_is_counted_once_and_an_unanswering_bookie_is_not_judged():
+    async def main():
+        w = await World().start()
+        lid = await w.ledger(12)
+        metadata, _ = await read_ledger_metadata(w.store, lid)
+        holder = metadata.write_set(3)[0]
+        del w.fake[holder].entries[lid][3]
+        report = await w.candidate("node-a").check_all_ledgers(verify_percentage=100)
+        assert report["marked"] == {lid: {holder: 1}} and report["damaged"] == {}
+        w.fake.silent.add(next(b for b in metadata.ensemble if b != holder))
+        report = await w.candidate("node-a").check_all_ledgers(verify_percentage=100)
+        assert report["marked"] == {lid: {holder: 1}} and report["copies_unjudged"] > 0
     run(main())
 
 

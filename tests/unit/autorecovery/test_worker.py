@@ -1,7 +1,8 @@
 """The replication worker (autorecovery/worker.py) over the in-memory metadata store, FakeBookies (an in-memory
 fake of the bookie transport) and a ManualClock on which sleeps just let time pass. Each test writes ledgers
 through the broker's ledger client, loses a bookie (down and unregistered), marks the ledger, and checks what
-one claim (`run_once`) leaves behind: the bytes on every replica, the metadata, the mark and its lock."""
+one claim (`run_once`) leaves behind: the bytes on every replica, the metadata, the mark and its lock. A marked
+bookie that lists everything is kept only when its copies verify; a damaged one is never the source of a copy."""
 from __future__ import annotations
 
 import asyncio
@@ -579,4 +580,85 @@ def test_a_marked_bookie_back_may_be_the_replacement_of_another_one():
         assert outcome(line) == REPLICATED, line
         await w.assert_fully_replicated(lid, 12, victim)
         assert spare in (await w.metadata(lid)).ensemble
+    run(main())
+
+
+# -- damaged copies ------------------------------------------------------------------------------------------------
+
+def flip_byte(data: bytes) -> bytes:
+    damaged = bytearray(data)
+    damaged[-1] ^= 0xFF  # a payload byte: the digest no longer matches
+    return bytes(damaged)
+
+
+def test_a_marked_bookie_that_lists_everything_but_holds_a_damaged_copy_is_replaced_not_kept():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 12)
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        damaged = md.write_set(7)[0]
+        original = {entry_id: data for entry_id, (data,) in w.copies(lid).items()}
+        w.fake[damaged].entries[lid][7] = flip_byte(w.fake[damaged].entries[lid][7])
+        await w.marks.mark(lid, [damaged])  # as the check of all ledgers marks it: a live bookie, every id listed
+        line = await w.worker.run_once()
+        assert outcome(line) == REPLICATED, line
+        after = await w.metadata(lid)
+        assert damaged not in after.ensemble and await w.marks.get(lid) is None
+        [replacement] = set(after.ensemble) - set(md.ensemble)
+        for entry_id in range(12):  # every copy the metadata names is the entry as written
+            assert {w.fake[b].entries[lid][entry_id] for b in after.write_set(entry_id)} == {original[entry_id]}
+        assert w.fake[replacement].entries[lid][7] == original[7] != w.fake[damaged].entries[lid][7]
+        assert w.worker.statistics()["damaged_bookies_replaced"] == 1
+        assert any(f"{damaged} lists every entry it must but 1 of its copies are damaged (entries [7])" in line
+                   for line in w.lines), w.lines
+    run(main())
+
+
+def test_a_marked_bookie_whose_copy_differs_from_the_majority_is_replaced():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 3, 2, 6)
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        odd = md.ensemble[2]
+        w.fake[odd].entries[lid][4] = w.fake[odd].entries[lid][3]  # a valid entry, the wrong one
+        await w.marks.mark(lid, [odd])
+        line = await w.worker.run_once()
+        assert outcome(line) == REPLICATED, line
+        assert odd not in (await w.metadata(lid)).ensemble
+    run(main())
+
+
+def test_the_copy_is_taken_from_a_replica_whose_digest_verifies_never_from_a_damaged_one():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 3, 2, 9)
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        victim, damaged, intact = md.ensemble
+        for entry_id in range(9):  # every copy on one surviving replica is damaged; the other is intact
+            w.fake[damaged].entries[lid][entry_id] = flip_byte(w.fake[damaged].entries[lid][entry_id])
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim])
+        line = await w.worker.run_once()
+        assert outcome(line) == REPLICATED, line
+        [replacement] = set((await w.metadata(lid)).ensemble) - set(md.ensemble)
+        assert w.fake[replacement].entries[lid] == w.fake[intact].entries[lid]
+    run(main())
+
+
+def test_a_marked_bookie_with_intact_copies_is_still_kept_after_they_are_verified():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 20)
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        back = md.ensemble[1]
+        await w.marks.mark(lid, [back])
+        line = await w.worker.run_once()
+        assert outcome(line) == REPLICATED, line
+        assert await w.metadata(lid) == md and w.worker.statistics()["entries_copied"] == 0
+        # its copies and those of the rest of each write set were read and found good
+        assert w.worker.statistics()["copies_verified"] == 2 * sum(1 for e in range(20) if back in md.write_set(e))
     run(main())
