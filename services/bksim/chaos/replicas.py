@@ -9,6 +9,9 @@ the wait for full replication, and the copies themselves asked of each bookie.
   `since` (the loss, on the monotonic clock) to the first poll that found it done, or None.
 - `replica_problems(ledger_ids)`: every entry of each CLOSED ledger read from every bookie of its write set
   (ReadEntries, no broker): an entry missing on one, or copies that differ, is a problem.
+- `read_all(address, ledger_id, ids)`: ReadEntries of `ids` from one bookie, in batches of READ_BATCH (ids a full
+  answer left out asked again): {entry id: (status, bytes)}; a bookie that cannot be reached answers
+  UNKNOWN_STATE for every id it did not answer (what the chaos checks and tests/integration ask bookies directly).
 - `request_check_all(node, cwd)`: the operator's `bksim autorecovery check-all` with a bookie's configuration;
   `wait_check_all_ran(requested_ms, timeout_s)`: until the auditor has run a check of all ledgers that started
   after the request (it records the start in /ledgers/underreplication/checkallledgersctime once the check is
@@ -119,7 +122,7 @@ class ReplicaWatch:
                 for entry_id in range(md.last_entry_id + 1):
                     for bookie in md.write_set(entry_id):
                         wanted.setdefault(bookie, []).append(entry_id)
-                held = {b: await _read_all(b, ledger_id, ids) for b, ids in wanted.items()}
+                held = {b: await read_all(b, ledger_id, ids) for b, ids in wanted.items()}
                 for entry_id in range(md.last_entry_id + 1):
                     copies = {b: held[b].get(entry_id, (StatusCode.NO_ENTRY, b"")) for b in md.write_set(entry_id)}
                     bad = {b: s.name for b, (s, _) in copies.items() if s is not StatusCode.OK}
@@ -138,7 +141,8 @@ class ReplicaWatch:
         return asyncio.run(self._problems(ledger_ids))
 
 
-async def _read_all(address: str, ledger_id: int, ids: list[int]) -> dict[int, tuple[StatusCode, bytes]]:
+async def read_all(address: str, ledger_id: int, ids: list[int]) -> dict[int, tuple[StatusCode, bytes]]:
+    """{entry id: (status, bytes)} for every id, asked of the bookie at `address` (the module docstring)."""
     got: dict[int, tuple[StatusCode, bytes]] = {}
     try:
         async with BookieClient(address) as client:
