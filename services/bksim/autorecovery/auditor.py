@@ -62,9 +62,10 @@ from __future__ import annotations
 import asyncio
 import bisect
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Awaitable, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from bksim.autorecovery.marks import UnderReplicationMarks
+from bksim.broker.driver import cancelled_underneath
 from bksim.formats.entry import decode_entry
 from bksim.ledger.quorum import write_set_indexes
 from bksim.metadata.ledger_manager import list_ledger_ids, read_ledger_metadata
@@ -160,79 +161,88 @@ class CopyCheck:
     divergent: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def _note(self, text: str) -> None:
+    def note(self, text: str) -> None:
         if len(self.notes) < VERIFY_NOTES_MAX:
             self.notes.append(text)
 
 
 async def verify_copies(transport: BookieTransport, ledger_id: int, digest_type: str,
-                        holders: Mapping[int, Sequence[str]], batch_entries: int,
+                        holders: Iterable[tuple[int, Sequence[str]]], batch_entries: int,
                         concurrency: int = VERIFY_READS_PER_LEDGER_MAX) -> CopyCheck:
-    """Read every entry of `holders` ({entry id: the bookies whose copy to judge}) from each of its bookies and
-    judge the copies (see the module docstring): entry ids in ascending batches of `batch_entries` (at most
-    READ_BATCH_ENTRIES_MAX), one ReadEntries call per bookie and batch, at most `concurrency` calls in flight;
-    only one batch's bytes are held at a time. Never raises for a bookie's answer or silence."""
+    """Read every entry of `holders` ((entry id, the bookies whose copy to judge), ascending entry ids) from each
+    of its bookies and judge the copies (see the module docstring): batches of `batch_entries` entry ids (at
+    most READ_BATCH_ENTRIES_MAX), one ReadEntries call per bookie and batch, at most `concurrency` calls in
+    flight; only one batch's ids and bytes are held at a time. Never raises for a bookie's answer or silence."""
     size = max(1, min(batch_entries, READ_BATCH_ENTRIES_MAX))
     check = CopyCheck()
-    ids = sorted(holders)
-    for start in range(0, len(ids), size):
-        chunk = ids[start:start + size]
-        by_bookie: dict[str, list[int]] = {}
-        for entry_id in chunk:
-            for bookie in holders[entry_id]:
-                by_bookie.setdefault(bookie, []).append(entry_id)
-        copies: dict[int, dict[str, bytes]] = {entry_id: {} for entry_id in chunk}
-
-        async def read(bookie: str) -> None:
-            asked = by_bookie[bookie]
-            try:
-                results = await transport.read_entries(bookie, ledger_id, asked)
-                if len(results) != len(asked):
-                    raise BookieUnreachable(bookie, f"answered {len(results)} results for {len(asked)} entry ids")
-            except BookieUnreachable as e:
-                check.unjudged.setdefault(bookie, []).extend(asked)
-                check._note(f"ledger {ledger_id}: {bookie} did not answer: {e}")
-                return
-            for entry_id, (status, data) in zip(asked, results):
-                if status is StatusCode.OK:
-                    try:
-                        decode_entry(data, digest_type, ledger_id=ledger_id, entry_id=entry_id)
-                    except FormatError as e:
-                        check.damaged.setdefault(bookie, []).append(entry_id)
-                        check._note(f"ledger {ledger_id} entry {entry_id} on {bookie}: {e}")
-                        continue
-                    copies[entry_id][bookie] = bytes(data)
-                elif status in _COPY_LOST:
-                    check.damaged.setdefault(bookie, []).append(entry_id)
-                    check._note(f"ledger {ledger_id} entry {entry_id} on {bookie}: {status.name}")
-                else:
-                    check.unjudged.setdefault(bookie, []).append(entry_id)
-                    check._note(f"ledger {ledger_id} entry {entry_id} on {bookie}: {status.name} (not judged)")
-
-        await _for_each(sorted(by_bookie), read, concurrency)
-        for entry_id in chunk:
-            good = copies[entry_id]
-            check.verified += len(good)
-            variants: dict[bytes, list[str]] = {}
-            for bookie, data in good.items():
-                variants.setdefault(data, []).append(bookie)
-            if len(variants) < 2:
-                continue
-            majority = max(variants.values(), key=len)
-            if 2 * len(majority) <= len(good):
-                check.divergent.append(entry_id)
-                check._note(f"ledger {ledger_id} entry {entry_id}: verified copies differ with no majority "
-                            f"({sorted(good)})")
-                continue
-            for bookie in sorted(set(good) - set(majority)):
-                check.verified -= 1
-                check.damaged.setdefault(bookie, []).append(entry_id)
-                check._note(f"ledger {ledger_id} entry {entry_id} on {bookie}: differs from the copies of "
-                            f"{sorted(majority)}")
+    chunk: list[tuple[int, Sequence[str]]] = []
+    for item in holders:
+        chunk.append(item)
+        if len(chunk) == size:
+            await _verify_batch(transport, ledger_id, digest_type, chunk, concurrency, check)
+            chunk = []
+    if chunk:
+        await _verify_batch(transport, ledger_id, digest_type, chunk, concurrency, check)
     for lists in (check.damaged, check.unjudged):
         for bookie in lists:
             lists[bookie].sort()
     return check
+
+
+async def _verify_batch(transport: BookieTransport, ledger_id: int, digest_type: str,
+                        chunk: list[tuple[int, Sequence[str]]], concurrency: int, check: CopyCheck) -> None:
+    by_bookie: dict[str, list[int]] = {}
+    for entry_id, bookies in chunk:
+        for bookie in bookies:
+            by_bookie.setdefault(bookie, []).append(entry_id)
+    copies: dict[int, dict[str, bytes]] = {entry_id: {} for entry_id, _ in chunk}
+
+    async def read(bookie: str) -> None:
+        asked = by_bookie[bookie]
+        try:
+            results = await transport.read_entries(bookie, ledger_id, asked)
+            if len(results) != len(asked):
+                raise BookieUnreachable(bookie, f"answered {len(results)} results for {len(asked)} entry ids")
+        except (BookieUnreachable, asyncio.CancelledError) as e:
+            if isinstance(e, asyncio.CancelledError) and not cancelled_underneath():
+                raise
+            check.unjudged.setdefault(bookie, []).extend(asked)
+            check.note(f"ledger {ledger_id}: {bookie} did not answer a read of {len(asked)} entries: {e}")
+            return
+        for entry_id, (status, data) in zip(asked, results):
+            if status is StatusCode.OK:
+                try:
+                    decode_entry(data, digest_type, ledger_id=ledger_id, entry_id=entry_id)
+                except FormatError as e:
+                    check.damaged.setdefault(bookie, []).append(entry_id)
+                    check.note(f"ledger {ledger_id} entry {entry_id} on {bookie}: {e}")
+                    continue
+                copies[entry_id][bookie] = bytes(data)
+            elif status in _COPY_LOST:
+                check.damaged.setdefault(bookie, []).append(entry_id)
+                check.note(f"ledger {ledger_id} entry {entry_id} on {bookie}: {status.name}")
+            else:
+                check.unjudged.setdefault(bookie, []).append(entry_id)
+                check.note(f"ledger {ledger_id} entry {entry_id} on {bookie}: {status.name} (not judged)")
+
+    await _for_each(sorted(by_bookie), read, concurrency)
+    for entry_id, good in copies.items():
+        check.verified += len(good)
+        variants: dict[bytes, list[str]] = {}
+        for bookie, data in good.items():
+            variants.setdefault(data, []).append(bookie)
+        if len(variants) < 2:
+            continue
+        majority = max(variants.values(), key=len)
+        if 2 * len(majority) <= len(good):
+            check.divergent.append(entry_id)
+            check.note(f"ledger {ledger_id} entry {entry_id}: verified copies differ with no majority ({sorted(good)})")
+            continue
+        for bookie in sorted(set(good) - set(majority)):
+            check.verified -= 1
+            check.damaged.setdefault(bookie, []).append(entry_id)
+            check.note(f"ledger {ledger_id} entry {entry_id} on {bookie}: differs from the copies of "
+                       f"{sorted(majority)}")
 
 
 def segment_ranges(metadata: LedgerMetadata) -> list[tuple[int, int, tuple[str, ...]]]:
@@ -489,17 +499,17 @@ class Auditor:
         bookie does not list is counted missing by the listing already)."""
         e, qw = metadata.ensemble_size, metadata.write_quorum_size
         ranges = {bookie: sorted(r) for bookie, r in held.items()}
-        holders: dict[int, list[str]] = {}
-        for first, last, ensemble in segment_ranges(metadata):
-            for entry_id in range(first, last + 1):
-                if verifies_entry(ledger_id, entry_id, percentage):
-                    listing = [ensemble[i] for i in write_set_indexes(entry_id, e, qw)
-                               if ensemble[i] in ranges and holds_entry(ranges[ensemble[i]], entry_id)]
-                    if listing:
-                        holders[entry_id] = listing
-        if not holders:
-            return {}
-        check = await verify_copies(self.transport, ledger_id, metadata.digest_type, holders,
+
+        def holders() -> Iterator[tuple[int, list[str]]]:
+            for first, last, ensemble in segment_ranges(metadata):
+                for entry_id in range(first, last + 1):
+                    if verifies_entry(ledger_id, entry_id, percentage):
+                        listing = [ensemble[i] for i in write_set_indexes(entry_id, e, qw)
+                                   if ensemble[i] in ranges and holds_entry(ranges[ensemble[i]], entry_id)]
+                        if listing:
+                            yield entry_id, listing
+
+        check = await verify_copies(self.transport, ledger_id, metadata.digest_type, holders(),
                                     self.config.read_batch_entries)
         report["copies_verified"] += check.verified
         report["copies_unjudged"] += sum(len(ids) for ids in check.unjudged.values())

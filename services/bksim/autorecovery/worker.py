@@ -274,8 +274,8 @@ class ReplicationWorker:
         if status is not StatusCode.OK or missing_entries(step.first_entry_id, step.last_entry_id, ranges,
                                                           step.index, e, qw) != 0:
             return False
-        holders = {entry_id: [segment.ensemble[i] for i in write_set_indexes(entry_id, e, qw)]
-                   for entry_id in self._entries_of(metadata, step)}
+        holders = ((entry_id, [segment.ensemble[i] for i in write_set_indexes(entry_id, e, qw)])
+                   for entry_id in self._entries_of(metadata, step))
         check = await verify_copies(self._transport, ledger_id, metadata.digest_type, holders, self._batch)
         damaged, unjudged = check.damaged.get(step.bookie, []), check.unjudged.get(step.bookie, [])
         self._stats["copies_verified"] += check.verified

@@ -19,6 +19,7 @@ from bksim.metadata.ledger_metadata import LedgerState
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path, ledger_path
 from bksim.model.config import AutoRecoveryConfig, BrokerConfig
+from bksim.model.errors import BookieUnreachable
 from fakes.bookies import FakeBookies
 from fakes.clock import ManualClock
 from helpers import wait_until_async
@@ -661,4 +662,26 @@ def test_a_marked_bookie_with_intact_copies_is_still_kept_after_they_are_verifie
         assert await w.metadata(lid) == md and w.worker.statistics()["entries_copied"] == 0
         # its copies and those of the rest of each write set were read and found good
         assert w.worker.statistics()["copies_verified"] == 2 * sum(1 for e in range(20) if back in md.write_set(e))
+    run(main())
+
+
+def test_a_marked_bookie_that_lists_everything_but_answers_no_read_is_replaced():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 12)
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        mute = md.ensemble[2]
+        reads = w.fake.read_entries
+
+        async def read_entries(bookie, ledger_id, entry_ids, **kw):
+            if bookie == mute:
+                raise BookieUnreachable(bookie, "deadline passed (test)")
+            return await reads(bookie, ledger_id, entry_ids, **kw)
+        w.fake.read_entries = read_entries
+        await w.marks.mark(lid, [mute])
+        line = await w.worker.run_once()
+        assert outcome(line) == REPLICATED, line
+        assert mute not in (await w.metadata(lid)).ensemble
+        assert w.worker.statistics()["unverified_bookies_replaced"] == 1
     run(main())
