@@ -25,6 +25,11 @@ bound (BAD_REQUEST), the fence once by the first id, a status per id, the `frame
 ListEntries answers one page of the engine's list_entries (bookie/requests.py "ListEntries": bounded by
 `list_entries_ids_max` ids and by `frame_bytes_max`; the client asks again from `next_entry`).
 
+Garbage collection (bookie/gc.py): when the server is given a GarbageCollector it starts its periodic loop
+with the server and stops it first on shutdown; each disk check tells it the disk state, so a bookie that has
+just gone read-only for disk usage collects and compacts at once (and goes writable again through the
+engine's low-water mark once that freed enough).
+
 Must not: block the event loop (no ZooKeeper calls here: read-only flips go to a callback), log keys.
 """
 from __future__ import annotations
@@ -272,8 +277,9 @@ class BookieServer:
 
     def __init__(self, engine, config: BookieConfig, bookie_id: str, *, disk, clock,
                  journal_dir: str, ledger_dir: str, log: Callable[[str], None] = print,
-                 on_read_only_change: Callable[[bool], Awaitable[None]] | None = None) -> None:
+                 on_read_only_change: Callable[[bool], Awaitable[None]] | None = None, gc=None) -> None:
         self._engine = engine
+        self.gc = gc  # a bookie.gc.GarbageCollector, or None (no garbage collection)
         self._config = config
         self._disk = disk
         self._clock = clock
@@ -309,6 +315,8 @@ class BookieServer:
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
         self._monitor = asyncio.create_task(self._monitor_disk())
+        if self.gc is not None:
+            self.gc.start()
         return port
 
     @property
@@ -331,6 +339,8 @@ class BookieServer:
         while True:
             try:
                 self.check_disk()
+                if self.gc is not None:
+                    self.gc.note_disk_state()
                 read_only = self._engine.read_only
                 if read_only != self._reported_read_only and self._on_read_only_change is not None:
                     await self._on_read_only_change(read_only)
@@ -350,6 +360,8 @@ class BookieServer:
            of the grace period, then are cancelled).
         """
         deadline = self._clock.monotonic_ms() + grace_ms
+        if self.gc is not None:
+            await self.gc.stop()
         await self.health.enter_graceful_shutdown()
         self.servicer.begin_drain()
         if self._monitor is not None:
@@ -366,4 +378,5 @@ class BookieServer:
             await self._server.stop(max(0.0, (deadline - self._clock.monotonic_ms()) / 1000.0))
 
     def statistics(self) -> dict:
-        return {**self.servicer.statistics(), "reported_read_only": self._reported_read_only}
+        gc = {"gc": self.gc.statistics()} if self.gc is not None else {}
+        return {**self.servicer.statistics(), "reported_read_only": self._reported_read_only, **gc}

@@ -147,3 +147,11 @@ class ReadCache:
             self._old, self._young, self._young_bytes = self._young, {}, 0
         self._young[(ledger_id, entry_id)] = entry
         self._young_bytes += len(entry)
+
+    def drop_ledgers(self, ledger_ids: set[int]) -> None:
+        """Forget every cached entry of these ledgers (garbage collection deleted them)."""
+        for gen in (self._young, self._old):
+            for key in [k for k in gen if k[0] in ledger_ids]:
+                entry = gen.pop(key)
+                if gen is self._young:
+                    self._young_bytes -= len(entry)

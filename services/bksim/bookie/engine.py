@@ -10,6 +10,19 @@ Ordering contracts:
   entry-log record behind an index entry is IO_ERROR; what a re-initialised bookie lacks of a ledger in limbo
   (id <= `limbo_ledger_id_max`, from the cookie `bksim bookie format` wrote: bookie/cookie.py) is UNKNOWN_STATE,
   for reads, fencing reads, ReadLac and ListEntries alike, because an earlier incarnation may have held it.
+- Garbage collection (driven by bookie/gc.py, which owns the policy and the metadata port): a ledger is
+  deleted only by `delete_ledgers(ids, generation)`, and only if nothing touched it (add, fence, key, explicit
+  LAC, replay) after `generation` was read, which the caller does before its metadata read starts. Deleting:
+  checkpoint first (the ledger's cached entries reach the index, its journal records fall below the mark),
+  then its location records in one synced batch (fault step gc_index_delete), then its ledger record
+  (gc_ledger_delete); caches and LACs are dropped at once. A crash between the two leaves the ledger record,
+  and the next round finishes. What a deleted ledger answers afterwards is NO_LEDGER: the bookie durably knows
+  it holds nothing of it (the metadata said it is gone). A journal record of it above the mark (an add that
+  raced the round) brings it back at replay; the next round deletes it again.
+- Entry logs: `delete_dead_logs` removes sealed logs none of whose ledgers is present (file first,
+  gc_log_delete; then its metadata record, gc_meta_delete); `compact_log` follows bookie/compaction.py.
+  Neither touches the log being written. Entry-log metadata (bookie/index.py LogMetaIndex) covers every
+  sealed log; the current log's map is in memory.
 """
 from __future__ import annotations
 
@@ -19,14 +32,17 @@ import hmac
 import os
 from typing import Callable, Sequence
 
+from bksim.bookie import compaction
 from bksim.bookie.caches import ReadCache, WriteCache
+from bksim.bookie.compaction import COMPACTION_STEPS, CompactionWriter
 from bksim.bookie.entry_log import EntryLogger
-from bksim.bookie.index import LedgerIndex, LocationIndex
+from bksim.bookie.index import LedgerIndex, LocationIndex, LogMetaIndex
 from bksim.bookie.journal import Journal, JournalMark, list_journal_ids
 from bksim.bookie.lastmark import LASTMARK_FILE, encode_lastmark, read_lastmark
 from bksim.bookie.replay import ReplayReport, replay
 from bksim.bookie.requests import list_ranges_max
 from bksim.formats import entry as entry_fmt
+from bksim.formats import index as index_fmt
 from bksim.formats import journal as jfmt
 from bksim.formats.crc import crc32c
 from bksim.model.config import BookieConfig
@@ -46,6 +62,10 @@ _ENTRY = int(jfmt.RecordType.ENTRY)
 _ENTRY_CRC_SEED = (crc32c(bytes((jfmt.RecordType.ENTRY, 0))), crc32c(bytes((jfmt.RecordType.ENTRY, 1))))
 CHECKPOINT_STEPS = ("mark", "swap", "entrylog_write", "entrylog_sync", "index_write", "ledger_index_write",
                     "lastmark_write")
+_LEDGER_RECORDS = frozenset((jfmt.RecordType.ENTRY, jfmt.RecordType.MASTER_KEY, jfmt.RecordType.FENCE,
+                             jfmt.RecordType.EXPLICIT_LAC))
+GC_STEPS = ("gc_index_delete", "gc_ledger_delete", "gc_log_delete", "gc_meta_delete")
+GC_AND_COMPACTION_STEPS = GC_STEPS + COMPACTION_STEPS
 
 
 class BookieEngine:
@@ -71,6 +91,10 @@ class BookieEngine:
                                 on_failure=self._journal_failed)
         self._locations: LocationIndex | None = None
         self._ledgers: LedgerIndex | None = None
+        self._log_meta: LogMetaIndex | None = None
+        # garbage collection: a counter bumped by every touch of a ledger, and the value at its last touch
+        self._generation = 0
+        self._seen: dict[int, int] = {}
         self._lac: dict[int, int] = {}  # highest piggybacked LAC seen per ledger since start (adds, replay)
         self._base_lac: dict[int, int] = {}  # LAC inside the last entry-log entry of a ledger, read once
         self._persisted_mark = JournalMark(0, 0)
@@ -96,7 +120,10 @@ class BookieEngine:
             self._disk.makedirs(d)
         self._locations = LocationIndex(self._open_kv(os.path.join(self.ledger_dir, "index", "locations")))
         self._ledgers = LedgerIndex(self._open_kv(os.path.join(self.ledger_dir, "index", "ledgers")))
+        self._log_meta = LogMetaIndex(self._open_kv(os.path.join(self.ledger_dir, "index", "entrylogs")))
         self._persisted_mark = read_lastmark(self._disk, self.ledger_dir)
+        self._disk.makedirs(self._entry_logger.directory)
+        await compaction.recover(self._disk, self._entry_logger, self._locations, self._log)
         await self._entry_logger.open()
         self.replay_report = await replay(self._disk, self.journal_dir, self._persisted_mark, self.instance_id,
                                           self._apply_record, self.config.journal_skip_corruption, self._log)
@@ -122,6 +149,8 @@ class BookieEngine:
         self._tasks.clear()
         if self._journal.failed is None:
             await self.checkpoint()
+            log_id, ledger_bytes = await self._entry_logger.seal_current()
+            await self._log_meta.write({log_id: ledger_bytes}, [])
         self._close_storage()
 
     def abandon(self) -> None:
@@ -134,10 +163,10 @@ class BookieEngine:
 
     def _close_storage(self) -> None:
         self._entry_logger.close()
-        for index in (self._locations, self._ledgers):
+        for index in (self._locations, self._ledgers, self._log_meta):
             if index is not None:
                 index.close()
-        self._locations = self._ledgers = None
+        self._locations = self._ledgers = self._log_meta = None
 
     # -- state -------------------------------------------------------------------------------------------
     @property
@@ -234,6 +263,8 @@ class BookieEngine:
                 if status is not OK:
                     batch.reject(i, status, why)
                     continue
+                self._generation += 1
+                self._seen[ledger_id] = self._generation
                 record = self._ledgers.get(ledger_id)
                 if record is None or not record.master_key:
                     self._ledgers.update(ledger_id, master_key=master_key)
@@ -256,6 +287,11 @@ class BookieEngine:
             self._note_lac(checked[0], run_lac)
         batch.nrecords += nrecords
         return stopped_at
+
+    def _touch(self, ledger_id: int) -> None:
+        """Garbage collection must not delete this ledger in a round whose metadata read began before now."""
+        self._generation += 1
+        self._seen[ledger_id] = self._generation
 
     def _note_lac(self, ledger_id: int, lac: int) -> None:
         """Remember the highest piggybacked LAC seen for a ledger (LacMonotonic: never lowered)."""
@@ -357,6 +393,7 @@ class BookieEngine:
         records = []
         if record is None or not record.master_key:
             records.append(jfmt.master_key_record(ledger_id, master_key))
+        self._touch(ledger_id)
         self._ledgers.update(ledger_id, master_key=master_key, fenced=True)
         records.append(jfmt.fence_record(ledger_id))
         self.stats["fences"] += 1
@@ -384,6 +421,7 @@ class BookieEngine:
             return StatusCode.BAD_REQUEST, "missing master key"
         record = self._ledgers.get(ledger_id)
         records = []
+        self._touch(ledger_id)
         if record is None or not record.master_key:
             records.append(jfmt.master_key_record(ledger_id, master_key))
             self._ledgers.update(ledger_id, master_key=master_key)
@@ -543,6 +581,8 @@ class BookieEngine:
     async def _apply_record(self, record: jfmt.JournalRecord, mark_after: JournalMark) -> None:
         """Re-apply one journal record (idempotent). The fenced check does not apply to replayed adds."""
         body = record.body
+        if record.type in _LEDGER_RECORDS:
+            self._touch(jfmt.LEDGER_ID.unpack_from(body)[0])
         if record.type == jfmt.RecordType.ENTRY:
             ledger_id, entry_id, lac = _IDS.unpack_from(body)
             if ledger_id not in self._ledgers:
@@ -591,25 +631,28 @@ class BookieEngine:
         `mark` (replay only) overrides the journal's synced mark.
         """
         async with self._checkpoint_lock:
-            step = self._fault_hook
-            m = self._journal.synced_mark if mark is None else mark  # 1. every record before M is synced
-            if m < self._persisted_mark:
-                m = self._persisted_mark  # maybe: nothing new was synced since the mark was last persisted
-            step("mark")
-            if self._write_cache.flushing_bytes:  # maybe: an earlier checkpoint failed after its swap
-                await self._flush_half(self._write_cache.flushing_runs(), step)
-                self._write_cache.flushed()
-            runs = self._write_cache.swap()  # 2.
-            self._cache_room.set()  # adds waiting for room can go on while this half is flushed
-            await self._flush_half(runs, step)  # 3.-5.
+            await self._checkpoint_locked(mark)
+
+    async def _checkpoint_locked(self, mark: JournalMark | None = None) -> None:
+        step = self._fault_hook
+        m = self._journal.synced_mark if mark is None else mark  # 1. every record before M is synced
+        if m < self._persisted_mark:
+            m = self._persisted_mark  # maybe: nothing new was synced since the mark was last persisted
+        step("mark")
+        if self._write_cache.flushing_bytes:  # maybe: an earlier checkpoint failed after its swap
+            await self._flush_half(self._write_cache.flushing_runs(), step)
             self._write_cache.flushed()
-            await self._ledgers.flush()  # 6.
-            step("ledger_index_write")
-            await self._persist_mark(m)  # 7.
-            step("lastmark_write")
-            self.stats["checkpoints"] += 1
-            self._cache_room.set()
-            await self._collect_journals(m)
+        runs = self._write_cache.swap()  # 2.
+        self._cache_room.set()  # adds waiting for room can go on while this half is flushed
+        await self._flush_half(runs, step)  # 3.-5.
+        self._write_cache.flushed()
+        await self._ledgers.flush()  # 6.
+        step("ledger_index_write")
+        await self._persist_mark(m)  # 7.
+        step("lastmark_write")
+        self.stats["checkpoints"] += 1
+        self._cache_room.set()
+        await self._collect_journals(m)
 
     async def _flush_half(self, runs: list, step: Callable[[str], None]) -> None:
         """Checkpoint steps 3-5 for one swapped write-cache half (per-ledger runs, sorted)."""
@@ -646,6 +689,182 @@ class BookieEngine:
         if archive:
             await self._disk.sync_dir(archive)
         await self._disk.sync_dir(self.journal_dir)
+
+
+    # -- garbage collection and compaction (policy: bookie/gc.py) ----------------------------------------
+    async def refresh_log_meta(self) -> None:
+        """Give every sealed log a metadata record: the map of a log rolled since (kept in memory by the entry
+        logger), else the map in its header, else a scan (a log a crash left unsealed: once); drop records of
+        logs that are gone. Called by each GC round, so neither start-up nor checkpoints wait for it. The set of
+        logs is taken under the checkpoint lock: a log rolled by a running checkpoint (not yet synced nor
+        indexed) is left to the next round."""
+        async with self._checkpoint_lock:
+            rolled = dict(self._entry_logger.take_sealed())
+            current = self._entry_logger.current_log_id
+            on_disk = [i for i in self._entry_logger.log_ids() if i != current]
+        known = set(self._log_meta.log_ids())
+        puts: dict[int, dict[int, int]] = {}
+        scanned = 0
+        for log_id in on_disk:
+            if log_id not in known:
+                found = rolled.get(log_id)
+                if found is None:
+                    found = self._entry_logger.ledger_map(log_id)
+                if found is None:
+                    found = self._entry_logger.scan_ledger_bytes(log_id)
+                    scanned += 1
+                puts[log_id] = found
+        gone = sorted(known - set(on_disk))
+        if puts or gone:
+            await self._log_meta.write(puts, gone)
+        if scanned or gone:
+            self._log(f"entry-log metadata: {len(puts)} log(s) recorded ({scanned} scanned), "
+                      f"{len(gone)} record(s) of deleted logs dropped")
+
+    @property
+    def disk_full(self) -> bool:
+        """Read-only because of disk usage (garbage collection runs at once and compacts at the major threshold)."""
+        return self._read_only
+
+    @property
+    def gc_generation(self) -> int:
+        """Read this before a metadata read starts; pass it to delete_ledgers."""
+        return self._generation
+
+    def gc_ledger_ids(self) -> list[int]:
+        """The ledgers this bookie holds (its ledger index), sorted."""
+        return self._ledgers.ledger_ids()
+
+    def gc_untouched_since(self, ledger_id: int, generation: int) -> bool:
+        return self._seen.get(ledger_id, 0) <= generation
+
+    async def delete_ledgers(self, ledger_ids, generation: int) -> list[int]:
+        """Delete the local data of ledgers the metadata store no longer has (engine docstring, "Garbage
+        collection"). Only ledgers untouched since `generation` go; returns those deleted."""
+        step = self._fault_hook
+        async with self._checkpoint_lock:
+            await self._checkpoint_locked()
+            doomed = sorted(lid for lid in set(ledger_ids) if lid in self._ledgers and lid not in self._fence_syncs
+                            and self.gc_untouched_since(lid, generation))
+            if not doomed:
+                return []
+            keys: list[bytes] = []
+            for lid in doomed:
+                keys.extend(self._locations.keys_of(lid))
+            gone = set(doomed)
+            for lid in doomed:  # from here on the ledger is unknown to reads; a new add re-creates it
+                self._ledgers.remove(lid)
+                for table in (self._lac, self._base_lac, self._seen):
+                    table.pop(lid, None)
+                self._fence_unconfirmed.discard(lid)
+            self._read_cache.drop_ledgers(gone)
+            if keys:
+                await self._locations.delete_batch(keys)
+            step("gc_index_delete")
+            await self._ledgers.flush()
+            step("gc_ledger_delete")
+        self.stats["gc_ledgers_deleted"] = self.stats.get("gc_ledgers_deleted", 0) + len(doomed)
+        return doomed
+
+    def _log_live_bytes(self, ledger_bytes: dict[int, int]) -> int:
+        return sum(n for lid, n in ledger_bytes.items() if lid in self._ledgers)
+
+    async def delete_dead_logs(self) -> tuple[list[int], int]:
+        """Delete every sealed entry log none of whose ledgers is present; returns (log ids, bytes freed)."""
+        step = self._fault_hook
+        current = self._entry_logger.current_log_id
+        dead = [(log_id, m) for log_id, m in self._log_meta.items()
+                if log_id != current and self._log_live_bytes(m) == 0]
+        for log_id, _m in dead:
+            await self._entry_logger.remove(log_id)
+            step("gc_log_delete")
+        if dead:
+            await self._log_meta.write({}, [log_id for log_id, _m in dead])
+            step("gc_meta_delete")
+        return [log_id for log_id, _m in dead], sum(sum(m.values()) for _log_id, m in dead)
+
+    def entry_log_stats(self) -> list[dict]:
+        """Every entry log: id, bytes of entry records, live bytes (ledgers still present), live ratio, ledger
+        count and ids, and whether it is the one being written (never deleted or compacted)."""
+        out = []
+        logs = self._log_meta.items() + [(self._entry_logger.current_log_id, self._entry_logger.current_ledger_bytes())]
+        for log_id, m in logs:
+            total = sum(m.values())
+            live = self._log_live_bytes(m)
+            out.append({"log_id": log_id, "bytes": total, "live_bytes": live,
+                        "live_ratio": live / total if total else 0.0, "ledgers": len(m),
+                        "live_ledgers": sum(1 for lid in m if lid in self._ledgers),
+                        "ledger_ids": sorted(m),
+                        "current": log_id == self._entry_logger.current_log_id})
+        return out
+
+    def compaction_candidates(self, threshold: float) -> list[int]:
+        """Sealed logs with some live data and a live ratio below `threshold`, sparsest first."""
+        found = []
+        for log_id, m in self._log_meta.items():
+            total = sum(m.values())
+            live = self._log_live_bytes(m)
+            if total and 0 < live and live / total < threshold:
+                found.append((live / total, log_id))
+        return [log_id for _ratio, log_id in sorted(found)]
+
+    async def compact_log(self, log_id: int, throttle=None) -> dict:
+        """Copy the live entries of sealed log `log_id` into a new log and delete it (bookie/compaction.py).
+        `throttle(nbytes)` is awaited after each copied entry (the rate limit). Returns {"log_id", "new_log_id",
+        "entries", "bytes_copied", "bytes_freed", "kept_old"}."""
+        step = self._fault_hook
+        old_meta = self._log_meta.get(log_id)
+        assert old_meta is not None and log_id != self._entry_logger.current_log_id, \
+            f"entry log {log_id:x} is not a sealed log"
+        logger = self._entry_logger
+        writer = CompactionWriter(self._disk, logger.directory, logger.next_log_id(), log_id)
+        copied: list[tuple[int, int, index_fmt.Location, index_fmt.Location]] = []
+        try:
+            for offset, lid, eid, entry in logger.records(logger.path(log_id)):
+                if lid not in self._ledgers:
+                    continue
+                was = self._locations.get(lid, eid)
+                if was is None or was.log_id != log_id or was.offset != offset:
+                    continue  # re-added elsewhere since: this record is dead
+                copied.append((lid, eid, was, writer.append(lid, entry)))
+                await writer.write_out()
+                if throttle is not None:
+                    await throttle(4 + len(entry))
+        except BaseException:
+            writer.discard()  # the copy failed: the index never saw the new log
+            raise
+        if not writer.entries:
+            writer.discard()  # nothing live to copy: no new log
+            new_path = None
+        else:  # a failure from here on leaves the file to start-up (compaction.py), as a crash would
+            new_path = await writer.seal(step)
+            logger.set_alias(writer.new_log_id, new_path)
+        async with self._checkpoint_lock:
+            puts = [(index_fmt.location_key(lid, eid), index_fmt.encode_location(new))
+                    for lid, eid, was, new in copied if self._locations.get(lid, eid) == was]
+            if puts:
+                await self._locations.put_batch(puts)
+            step("compact_index")
+            left = [lid for lid in old_meta if lid in self._ledgers and self._locations.points_into(lid, log_id)]
+        if left:
+            self._log(f"compaction of entry log {log_id:x}: ledger(s) {left[:5]} still have entries in it that its "
+                      f"scan did not reach (a damaged record?): the log is kept")
+        else:
+            await logger.remove(log_id)
+            step("compact_delete")
+        if new_path is not None:
+            logger.set_alias(writer.new_log_id, None)  # no await until the rename: no read sees neither name
+            self._disk.rename(new_path, logger.path(writer.new_log_id))
+            await self._disk.sync_dir(logger.directory)
+            step("compact_rename")
+        await self._log_meta.write({writer.new_log_id: writer.ledger_bytes} if new_path is not None else {},
+                                   [] if left else [log_id])
+        step("compact_meta")
+        copied_bytes = sum(writer.ledger_bytes.values())
+        self.stats["compacted_logs"] = self.stats.get("compacted_logs", 0) + (0 if left else 1)
+        return {"log_id": log_id, "new_log_id": writer.new_log_id if new_path else None, "entries": writer.entries,
+                "bytes_copied": copied_bytes, "kept_old": bool(left),
+                "bytes_freed": 0 if left else max(0, sum(old_meta.values()) - copied_bytes)}
 
 
 class AddBatch:

@@ -3,11 +3,21 @@
 Owns the files `<ledger_dir>/entrylogs/<hex id>.log`. Each start-up opens a fresh log; a log rolls at
 `bytes_max`: its ledger map (ledger id -> bytes) is appended and the header patched, so GC/compaction can
 learn a log's ledgers without scanning it. Appends are not durable until `flush()` (checkpoint step 4).
+
+Log ids are never reused: a new id is above every id on disk, including the ids of compaction files
+(formats/entry_log.py), and above the current log. `take_sealed()` hands the maps of logs rolled since the
+last call to the engine, which records them (entry-log metadata, bookie/index.py LogMetaIndex) after the
+flush that synced them. A log made by compaction is readable under its `.compacted` name while the index
+may already point at it and the rename to `<id>.log` has not happened (`alias`).
+
+Reads are synchronous (index lookup and file read with no await between, engine.py `_get`), so deleting a
+log between the two steps of a read cannot happen on the event loop: garbage collection and compaction
+delete a log only after the index no longer points into it.
 """
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from bksim.formats import entry_log as fmt
 from bksim.formats import index as index_fmt
@@ -22,6 +32,8 @@ _KEY = index_fmt.LOCATION_KEY.pack
 # and the journal's small syncs never queue behind one large flush of the device (bookie-add p99 27 -> 18 ms).
 _STEP_BYTES = 1024 * 1024
 _VALUE = index_fmt.LOCATION_VALUE.pack
+_SCAN_CHUNK_BYTES = 1024 * 1024
+_RECORD_BYTES_MAX = 1 << 30  # a length above this is damage, not an entry (entry_bytes_max is far below)
 
 
 class EntryLogger:
@@ -31,17 +43,44 @@ class EntryLogger:
         self._log_id = 0
         self._ledger_bytes: dict[int, int] = {}
         self._unsynced: list[AppendFile] = []  # rolled logs awaiting the next flush's fsync
+        self._sealed: list[tuple[int, dict[int, int]]] = []  # rolled logs whose map the engine has not taken
+        self._aliases: dict[int, str] = {}  # log id -> path of a compacted log not yet renamed to <id>.log
+
+    @property
+    def directory(self) -> str:
+        return self._dir
 
     def log_ids(self) -> list[int]:
         ids = (fmt.parse_entry_log_file_name(n) for n in self._disk.list_dir(self._dir))
         return sorted(i for i in ids if i is not None)
 
+    def compaction_files(self) -> list[tuple[int, int, str, str]]:
+        """(new log id, old log id, state, path) of every compaction file in the directory."""
+        out = []
+        for name in self._disk.list_dir(self._dir):
+            parsed = fmt.parse_compaction_file_name(name)
+            if parsed is not None:
+                out.append((*parsed, os.path.join(self._dir, name)))
+        return sorted(out)
+
+    def next_log_id(self) -> int:
+        """An id above every log id on disk (compaction files included) and the current log's."""
+        taken = self.log_ids() + [new for new, _old, _state, _path in self.compaction_files()]
+        return max(taken + [self._log_id]) + 1
+
     def path(self, log_id: int) -> str:
-        return os.path.join(self._dir, fmt.entry_log_file_name(log_id))
+        alias = self._aliases.get(log_id)
+        return alias if alias is not None else os.path.join(self._dir, fmt.entry_log_file_name(log_id))
+
+    def set_alias(self, log_id: int, path: str | None) -> None:
+        if path is None:
+            self._aliases.pop(log_id, None)
+        else:
+            self._aliases[log_id] = path
 
     async def open(self) -> None:
         self._disk.makedirs(self._dir)
-        await self._start_log(max(self.log_ids() + [0]) + 1)
+        await self._start_log(self.next_log_id())
 
     async def _start_log(self, log_id: int) -> None:
         new_file = self._disk.create(self.path(log_id))
@@ -53,6 +92,79 @@ class EntryLogger:
     @property
     def current_log_id(self) -> int:
         return self._log_id
+
+    def current_ledger_bytes(self) -> dict[int, int]:
+        """Ledger id -> bytes appended to the log being written (its map so far, in memory)."""
+        return dict(self._ledger_bytes)
+
+    def take_sealed(self) -> list[tuple[int, dict[int, int]]]:
+        """Logs rolled since the last call, with their ledger maps (durable after the next flush)."""
+        sealed, self._sealed = self._sealed, []
+        return sealed
+
+    def ledger_map(self, log_id: int) -> dict[int, int] | None:
+        """The ledger map a sealed log carries, or None if it has none (not rolled cleanly) or it is damaged."""
+        path = self.path(log_id)
+        try:
+            header = fmt.decode_header(self._disk.read(path, 0, fmt.HEADER_BYTES))
+            if header.ledger_map_offset < fmt.HEADER_BYTES:
+                return None
+            length = fmt.LENGTH.unpack(self._disk.read(path, header.ledger_map_offset, 4))[0]
+            body = self._disk.read(path, header.ledger_map_offset + 4, length)
+            found = fmt.decode_ledger_map(body)
+        except (OSError, FormatError, ValueError):
+            return None
+        return found if len(found) == header.ledger_count else None
+
+    def records(self, path: str) -> Iterator[tuple[int, int, int, bytes]]:
+        """(offset, ledger id, entry id, entry bytes) of every entry record of a log, in file order, read in
+        chunks. Stops at the ledger map, the end of the file, or the first damaged record (a torn tail of a log
+        that was being written when the bookie stopped: nothing past it was ever indexed)."""
+        pos = fmt.HEADER_BYTES
+        buf = b""
+        start = pos  # buf holds the file's bytes [start, start + len(buf))
+
+        def have(n: int) -> bool:
+            nonlocal buf, start
+            if pos + n <= start + len(buf):
+                return True
+            buf, start = buf[pos - start:], pos
+            while len(buf) < n:
+                more = self._disk.read(path, start + len(buf), max(_SCAN_CHUNK_BYTES, n - len(buf)))
+                if not more:
+                    return False
+                buf += more
+            return True
+
+        while have(4):
+            (length,) = fmt.LENGTH.unpack_from(buf, pos - start)
+            if length < fmt.ENTRY_IDS.size or length > _RECORD_BYTES_MAX or not have(4 + length):
+                return
+            at = pos - start + 4
+            lid, eid = fmt.ENTRY_IDS.unpack_from(buf, at)
+            if (lid, eid) == (fmt.MAP_LEDGER_ID, fmt.MAP_ENTRY_ID):
+                return
+            yield pos, lid, eid, buf[at:at + length]
+            pos += 4 + length
+
+    def scan_ledger_bytes(self, log_id: int) -> dict[int, int]:
+        """Ledger id -> bytes of a log without a usable map, by reading it through."""
+        out: dict[int, int] = {}
+        try:
+            for _offset, lid, _eid, entry in self.records(self.path(log_id)):
+                out[lid] = out.get(lid, 0) + 4 + len(entry)
+        except OSError:
+            pass  # what could be read counts; the rest was never readable, so never indexed as readable
+        return out
+
+    async def remove(self, log_id: int) -> None:
+        """Delete a sealed log (never the current one) and make the removal durable."""
+        assert log_id != self._log_id, "the log being written is never deleted"
+        path = self.path(log_id)
+        if self._disk.exists(path):
+            self._disk.remove(path)
+            await self._disk.sync_dir(self._dir)
+        self._aliases.pop(log_id, None)
 
     async def append_sorted(self, runs: list[tuple[int, Iterable[tuple[int, bytes]]]]) -> list[tuple[bytes, bytes]]:
         """Append per-ledger runs of entries (ledgers ascending, entries ascending within a run); return the
@@ -109,8 +221,19 @@ class EntryLogger:
         self._file.write(fmt.encode_ledger_map(self._ledger_bytes))
         self._file.pwrite(0, fmt.encode_header(map_offset, len(self._ledger_bytes)))
         self._unsynced.append(self._file)
+        self._sealed.append((self._log_id, dict(self._ledger_bytes)))
         # maybe: an earlier roll failed after creating its file; never reuse an id that exists on disk
-        await self._start_log(max(self.log_ids() + [self._log_id]) + 1)
+        await self._start_log(self.next_log_id())
+
+    async def seal_current(self) -> tuple[int, dict[int, int]]:
+        """Clean shutdown: give the log being written its ledger map and sync it (nothing is appended after),
+        so the next start need not scan it. Returns (log id, map)."""
+        assert self._file is not None
+        map_offset = self._file.size
+        self._file.write(fmt.encode_ledger_map(self._ledger_bytes))
+        self._file.pwrite(0, fmt.encode_header(map_offset, len(self._ledger_bytes)))
+        await self.flush()
+        return self._log_id, dict(self._ledger_bytes)
 
     async def flush(self) -> None:
         """fsync every log appended to since the last flush (checkpoint step 4)."""

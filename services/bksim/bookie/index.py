@@ -3,7 +3,9 @@
 LocationIndex: (ledger, entry) -> Location in an entry log. Written once per checkpoint in one synced batch.
 LedgerIndex: ledger -> LedgerRecord (master key, fenced, explicit LAC). Held in memory (loaded at start);
 changes are persisted at checkpoint step 6. Durability of fences and keys between checkpoints comes from
-the journal (FENCE / MASTER_KEY records are replayed), not from this store.
+the journal (FENCE / MASTER_KEY records are replayed), not from this store. `remove` (garbage collection)
+drops a ledger in memory at once and from the store at the next flush, unless it was written again before.
+LogMetaIndex: entry log id -> {ledger id: bytes} of sealed logs (formats/index.py "entrylogs"), all in memory.
 """
 from __future__ import annotations
 
@@ -49,6 +51,40 @@ class LocationIndex:
         """Write encoded (location key, location value) pairs in one synced batch."""
         await self._store.write(items, [], sync=True)
 
+    def keys_of(self, ledger_id: int) -> list[bytes]:
+        """Every location key of the ledger (garbage collection deletes them in one batch)."""
+        out: list[bytes] = []
+        items = self._store.items_from(fmt.location_key(ledger_id, 0))
+        try:
+            for key, _value in items:
+                if fmt.decode_location_key(key)[0] != ledger_id:
+                    break
+                out.append(key)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+        return out
+
+    def points_into(self, ledger_id: int, log_id: int) -> bool:
+        """Whether any location of the ledger is in entry log `log_id` (compaction's last check)."""
+        items = self._store.items_from(fmt.location_key(ledger_id, 0))
+        try:
+            for key, value in items:
+                if fmt.decode_location_key(key)[0] != ledger_id:
+                    return False
+                if fmt.decode_location(value).log_id == log_id:
+                    return True
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+        return False
+
+    async def delete_batch(self, keys: list[bytes]) -> None:
+        """Delete location keys in one synced batch."""
+        await self._store.write([], keys, sync=True)
+
     def close(self) -> None:
         self._store.close()
 
@@ -58,6 +94,7 @@ class LedgerIndex:
         self._store = store
         self._ledgers: dict[int, fmt.LedgerRecord] = {}
         self._dirty: set[int] = set()
+        self._removed: set[int] = set()  # removed in memory, not yet from the store
         for key, value in store.items_from(b""):
             self._ledgers[fmt.decode_ledger_key(key)] = fmt.decode_ledger(value)
 
@@ -76,6 +113,13 @@ class LedgerIndex:
     def put(self, ledger_id: int, record: fmt.LedgerRecord) -> None:
         self._ledgers[ledger_id] = record
         self._dirty.add(ledger_id)
+        self._removed.discard(ledger_id)
+
+    def remove(self, ledger_id: int) -> None:
+        """Forget the ledger now; the next flush deletes its record (unless it is put again before)."""
+        if self._ledgers.pop(ledger_id, None) is not None:
+            self._dirty.discard(ledger_id)
+            self._removed.add(ledger_id)
 
     def update(self, ledger_id: int, **changes) -> fmt.LedgerRecord:
         record = dataclasses.replace(self._ledgers.get(ledger_id) or fmt.LedgerRecord(), **changes)
@@ -85,12 +129,44 @@ class LedgerIndex:
     async def flush(self) -> None:
         """Persist every change since the last flush in one synced batch (checkpoint step 6)."""
         dirty, self._dirty = self._dirty, set()
+        removed, self._removed = self._removed, set()
         puts = [(fmt.ledger_key(lid), fmt.encode_ledger(self._ledgers[lid])) for lid in sorted(dirty)]
         try:
-            await self._store.write(puts, [], sync=True)
+            await self._store.write(puts, [fmt.ledger_key(lid) for lid in sorted(removed)], sync=True)
         except BaseException:
             self._dirty |= dirty
+            self._removed |= {lid for lid in removed if lid not in self._ledgers}
             raise
+
+    def close(self) -> None:
+        self._store.close()
+
+
+class LogMetaIndex:
+    """Entry-log metadata of sealed logs: log id -> {ledger id: bytes}. Loaded at start, written through."""
+
+    def __init__(self, store: KeyValueStore) -> None:
+        self._store = store
+        self._logs: dict[int, dict[int, int]] = {}
+        for key, value in store.items_from(b""):
+            self._logs[fmt.decode_log_meta_key(key)] = fmt.decode_log_meta(value)
+
+    def get(self, log_id: int) -> dict[int, int] | None:
+        return self._logs.get(log_id)
+
+    def log_ids(self) -> list[int]:
+        return sorted(self._logs)
+
+    def items(self) -> list[tuple[int, dict[int, int]]]:
+        return sorted(self._logs.items())
+
+    async def write(self, puts: dict[int, dict[int, int]], deletes: list[int]) -> None:
+        """Record sealed logs and forget deleted ones, in one synced batch."""
+        await self._store.write([(fmt.log_meta_key(i), fmt.encode_log_meta(m)) for i, m in sorted(puts.items())],
+                                [fmt.log_meta_key(i) for i in deletes], sync=True)
+        for i in deletes:
+            self._logs.pop(i, None)
+        self._logs.update(puts)
 
     def close(self) -> None:
         self._store.close()

@@ -159,8 +159,15 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
         async def report_state(read_only: bool) -> None:
             await asyncio.to_thread(reg.switch_state, read_only)
 
+        from bksim.adapters.bookie_gc import MetadataLedgerSource
+        from bksim.adapters.zk_metadata import RenewingZkMetadataStore
+        from bksim.bookie.gc import GarbageCollector
+
+        gc_store = RenewingZkMetadataStore(client, operation_timeout_ms=config.zookeeper.operation_timeout_ms,
+                                           read_tries_max=config.zookeeper.read_tries_max)
+        gc = GarbageCollector(engine, MetadataLedgerSource(gc_store, instance_id), b, clock, log)
         server = BookieServer(engine, b, b.bookie_id, disk=disk, clock=clock, journal_dir=b.journal_dir,
-                              ledger_dir=b.ledger_dir, log=log, on_read_only_change=report_state)
+                              ledger_dir=b.ledger_dir, log=log, on_read_only_change=report_state, gc=gc)
         port = await server.start()
         log(f"gRPC server listening on {b.host}:{port} (health SERVING, reflection on)")
         if await _until_stopped(stop, asyncio.to_thread(reg.register, engine.read_only)) is _STOPPED:

@@ -7,6 +7,11 @@ framed like a record whose body starts with ledger id −1 and entry id −2 (so
 offset and count are patched. A log with map offset 0 was not rolled cleanly (a scan rebuilds its map).
 
 A location is (log id, offset of the record's length field, entry length).
+
+Compaction (bookie/compaction.py) writes a new log under a temporary name before it becomes ``<hex id>.log``:
+``<new hex id>-from-<old hex id>.compacting`` while being written (not durable, never referenced by the index),
+``<new hex id>-from-<old hex id>.compacted`` once synced and sealed (the index may reference it). Both names
+carry the id of the log being compacted, so start-up can finish or undo a compaction a crash interrupted.
 """
 from __future__ import annotations
 
@@ -47,6 +52,29 @@ def parse_entry_log_file_name(name: str) -> int | None:
             return None
         return log_id if log_id >= 0 and entry_log_file_name(log_id) == name else None  # canonical names only
     return None
+
+
+COMPACTING, COMPACTED = "compacting", "compacted"
+
+
+def compaction_file_name(new_log_id: int, old_log_id: int, state: str) -> str:
+    assert state in (COMPACTING, COMPACTED)
+    return f"{new_log_id:x}-from-{old_log_id:x}.{state}"
+
+
+def parse_compaction_file_name(name: str) -> tuple[int, int, str] | None:
+    """(new log id, old log id, state) of a compaction file name, or None."""
+    stem, dot, state = name.rpartition(".")
+    if not dot or state not in (COMPACTING, COMPACTED):
+        return None
+    new, sep, old = stem.partition("-from-")
+    try:
+        ids = int(new, 16), int(old, 16)
+    except ValueError:
+        return None
+    if not sep or min(ids) < 0 or compaction_file_name(ids[0], ids[1], state) != name:
+        return None
+    return ids[0], ids[1], state
 
 
 def encode_header(ledger_map_offset: int = 0, ledger_count: int = 0) -> bytes:

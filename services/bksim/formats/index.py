@@ -4,6 +4,12 @@ locations: key = ledger id BE8 ‖ entry id BE8 (sorts by ledger then entry); va
 length BE4. "Last entry of ledger L" = reverse seek (floor) from location_key(L, ENTRY_ID_MAX).
 ledgers: key = ledger id BE8; value = version 1 | flags 1 (exists, fenced, has explicit LAC) | explicit LAC BE8 |
 key length 1 | master key.
+entrylogs (entry-log metadata, bookie/gc.py): key = log id BE4 (the log id of a location value); value =
+version 1 | ledger count BE4 | count x (ledger id BE8, bytes BE8): the bytes each ledger's records take in that
+sealed log (what its ledger map says, or what a scan of an unsealed log found). Written once a log is sealed
+(rolled, or left behind by a restart, or made by compaction), deleted with the log; the log being written has
+no record (its map is in memory). A record whose log file is gone (a crash between the two deletes) is dropped
+at start; a sealed log without a record is scanned once at start and gets one.
 """
 from __future__ import annotations
 
@@ -18,6 +24,10 @@ LEDGER_KEY = struct.Struct(">q")
 LEDGER_VALUE_HEAD = struct.Struct(">BBqB")
 ENTRY_ID_MAX = (1 << 63) - 1
 LEDGER_VALUE_VERSION = 1
+LOG_META_KEY = struct.Struct(">I")
+LOG_META_HEAD = struct.Struct(">BI")
+LOG_META_PAIR = struct.Struct(">qq")
+LOG_META_VERSION = 1
 _EXISTS, _FENCED, _HAS_LAC = 1, 2, 4
 
 
@@ -84,3 +94,27 @@ def decode_ledger(value: bytes) -> LedgerRecord:
     if len(key) != key_len:
         raise FormatError(f"ledger value: master key is {len(key)} bytes, header says {key_len}")
     return LedgerRecord(bytes(key), bool(flags & _FENCED), lac if flags & _HAS_LAC else None)
+
+
+def log_meta_key(log_id: int) -> bytes:
+    return LOG_META_KEY.pack(log_id)
+
+
+def decode_log_meta_key(key: bytes) -> int:
+    if len(key) != LOG_META_KEY.size:
+        raise FormatError(f"entry-log metadata key of {len(key)} bytes")
+    return LOG_META_KEY.unpack(key)[0]
+
+
+def encode_log_meta(ledger_bytes: dict[int, int]) -> bytes:
+    return LOG_META_HEAD.pack(LOG_META_VERSION, len(ledger_bytes)) + b"".join(
+        LOG_META_PAIR.pack(lid, n) for lid, n in sorted(ledger_bytes.items()))
+
+
+def decode_log_meta(value: bytes) -> dict[int, int]:
+    if len(value) < LOG_META_HEAD.size:
+        raise FormatError(f"entry-log metadata value of {len(value)} bytes")
+    version, count = LOG_META_HEAD.unpack_from(value)
+    if version != LOG_META_VERSION or len(value) != LOG_META_HEAD.size + count * LOG_META_PAIR.size:
+        raise FormatError(f"bad entry-log metadata value (version {version}, {count} ledgers, {len(value)} bytes)")
+    return dict(LOG_META_PAIR.iter_unpack(value[LOG_META_HEAD.size:]))

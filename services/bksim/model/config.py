@@ -92,6 +92,19 @@ class BookieConfig:
     disk_usage_threshold: float = option(0.95, "used fraction at which the bookie goes read-only")
     disk_usage_lwm_threshold: float = option(0.90, "used fraction below which a read-only bookie is writable again")
     recovery_add_reserve_bytes: int = option(64 * MiB, "a read-only bookie still takes RECOVERY_ADDs while this much is free")
+    # garbage collection and compaction (bookie/gc.py; defaults of Pulsar's bookkeeper.conf)
+    gc_wait_time_ms: int = option(900_000, "garbage collection period: local ledgers absent from the metadata are "
+                                           "deleted, entry logs left without live ledgers removed (gcWaitTime)")
+    gc_verify_metadata: bool = option(True, "re-read each deletion candidate's metadata before deleting it "
+                                            "(verifyMetadataOnGC)")
+    minor_compaction_threshold: float = option(0.2, "entry logs below this live fraction are compacted by minor "
+                                                    "compaction; 0 = off")
+    minor_compaction_interval_ms: int = option(3_600_000, "minor compaction period (at a GC round)")
+    major_compaction_threshold: float = option(0.5, "entry logs below this live fraction are compacted by major "
+                                                    "compaction (and when the disk is full); 0 = off")
+    major_compaction_interval_ms: int = option(86_400_000, "major compaction period (at a GC round)")
+    compaction_rate_bytes_per_s: int = option(16 * MiB, "live bytes compaction copies per second at most, so adds "
+                                                        "stay fast; 0 = unlimited")
     # lifecycle
     shutdown_grace_ms: int = option(10_000, "SIGTERM: how long in-flight requests get to drain")
 
@@ -220,6 +233,12 @@ class Config:
         _require(b.add_inflight_per_stream_max <= b.add_inflight_total_max,
                  "bookie.add_inflight_per_stream_max must be <= bookie.add_inflight_total_max")
         _require(b.journal_backups_max >= 0, "bookie.journal_backups_max must be >= 0")
+        _require(b.gc_wait_time_ms > 0, "bookie.gc_wait_time_ms must be > 0")
+        _require(0 <= b.minor_compaction_threshold <= b.major_compaction_threshold <= 1.0,
+                 "need 0 <= bookie.minor_compaction_threshold <= bookie.major_compaction_threshold <= 1")
+        _require(b.gc_wait_time_ms <= b.minor_compaction_interval_ms <= b.major_compaction_interval_ms,
+                 "need bookie.gc_wait_time_ms <= minor_compaction_interval_ms <= major_compaction_interval_ms")
+        _require(b.compaction_rate_bytes_per_s >= 0, "bookie.compaction_rate_bytes_per_s must be >= 0")
         _require(self.cluster.bookies >= 0, "cluster.bookies must be >= 0")
         _require(self.cluster.brokers >= 0, "cluster.brokers must be >= 0")
         r = self.broker
