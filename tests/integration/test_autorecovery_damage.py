@@ -14,7 +14,8 @@ counted lost: only the check of all ledgers can find what it lost).
   for the old ledgers (UNKNOWN_STATE); the check marks every copy it had, and they are repaired.
 
 After each repair every entry of the ledger reads back identical from the Qw bookies of its write set, asked
-directly. Every wait is bounded; nothing sleeps to synchronise.
+directly, and at the end a check verifying every copy marks nothing. Every wait is bounded; nothing sleeps to
+synchronise.
 """
 from __future__ import annotations
 
@@ -146,3 +147,8 @@ def test_a_wiped_and_reformatted_bookie_is_found_and_its_copies_restored(cluster
     report = check_all(cluster, 0)
     assert report["marked"].get(str(lid)) == {victim.node_id: held}, report
     wait_repaired(cluster, lid, victim.node_id)
+    # every copy the metadata names now, of every ledger of this module, verifies
+    done = cli(cluster, "autorecovery", "check-all", "--verify-percentage", "100")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "check of all ledgers (verifying 100% of the entries): " in done.stdout, done.stdout
+    assert " 0 not judged; 0 marked under-replicated" in done.stdout, done.stdout
