@@ -107,7 +107,8 @@ class BookieEngine:
         self._total_bytes = 1 << 62
         self._closing = False
         self.replay_report: ReplayReport | None = None
-        self.stats = {"adds": 0, "reads": 0, "fences": 0, "checkpoints": 0, "throttled": 0, "lists": 0}
+        self.stats = {"adds": 0, "reads": 0, "fences": 0, "checkpoints": 0, "throttled": 0, "lists": 0,
+                      "gc_ledgers_deleted": 0, "gc_logs_deleted": 0, "compacted_logs": 0}
         # fences journaled but not yet known durable: ledger -> the task that journals and waits for the sync
         # (later fencing reads share it); a ledger fenced in the index and absent here is durably fenced
         self._fence_syncs: dict[int, asyncio.Task] = {}
@@ -698,6 +699,8 @@ class BookieEngine:
         logs that are gone. Called by each GC round, so neither start-up nor checkpoints wait for it. The set of
         logs is taken under the checkpoint lock: a log rolled by a running checkpoint (not yet synced nor
         indexed) is left to the next round."""
+        if self._closing:
+            raise BookieError(StatusCode.IO_ERROR, "bookie is shutting down: no garbage collection")
         async with self._checkpoint_lock:
             rolled = dict(self._entry_logger.take_sealed())
             current = self._entry_logger.current_log_id
@@ -763,7 +766,7 @@ class BookieEngine:
             step("gc_index_delete")
             await self._ledgers.flush()
             step("gc_ledger_delete")
-        self.stats["gc_ledgers_deleted"] = self.stats.get("gc_ledgers_deleted", 0) + len(doomed)
+        self.stats["gc_ledgers_deleted"] += len(doomed)
         return doomed
 
     def _log_live_bytes(self, ledger_bytes: dict[int, int]) -> int:
@@ -781,6 +784,7 @@ class BookieEngine:
         if dead:
             await self._log_meta.write({}, [log_id for log_id, _m in dead])
             step("gc_meta_delete")
+            self.stats["gc_logs_deleted"] += len(dead)
         return [log_id for log_id, _m in dead], sum(sum(m.values()) for _log_id, m in dead)
 
     def entry_log_stats(self) -> list[dict]:
@@ -861,7 +865,7 @@ class BookieEngine:
                                    [] if left else [log_id])
         step("compact_meta")
         copied_bytes = sum(writer.ledger_bytes.values())
-        self.stats["compacted_logs"] = self.stats.get("compacted_logs", 0) + (0 if left else 1)
+        self.stats["compacted_logs"] += 0 if left else 1
         return {"log_id": log_id, "new_log_id": writer.new_log_id if new_path else None, "entries": writer.entries,
                 "bytes_copied": copied_bytes, "kept_old": bool(left),
                 "bytes_freed": 0 if left else max(0, sum(old_meta.values()) - copied_bytes)}

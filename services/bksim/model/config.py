@@ -234,8 +234,10 @@ class Config:
                  "bookie.add_inflight_per_stream_max must be <= bookie.add_inflight_total_max")
         _require(b.journal_backups_max >= 0, "bookie.journal_backups_max must be >= 0")
         _require(b.gc_wait_time_ms > 0, "bookie.gc_wait_time_ms must be > 0")
-        _require(0 <= b.minor_compaction_threshold <= b.major_compaction_threshold <= 1.0,
-                 "need 0 <= bookie.minor_compaction_threshold <= bookie.major_compaction_threshold <= 1")
+        _require(0 <= b.minor_compaction_threshold <= 1.0 and 0 <= b.major_compaction_threshold <= 1.0 and (
+            b.major_compaction_threshold == 0 or b.minor_compaction_threshold <= b.major_compaction_threshold),
+                 "need bookie.minor_compaction_threshold <= bookie.major_compaction_threshold, both in [0, 1] "
+                 "(0 = off)")
         _require(b.gc_wait_time_ms <= b.minor_compaction_interval_ms <= b.major_compaction_interval_ms,
                  "need bookie.gc_wait_time_ms <= minor_compaction_interval_ms <= major_compaction_interval_ms")
         _require(b.compaction_rate_bytes_per_s >= 0, "bookie.compaction_rate_bytes_per_s must be >= 0")
