@@ -12,7 +12,10 @@ import subprocess
 import pytest
 
 from bksim.adapters.bookie_client import BookieClient
+from bksim.adapters.zk_metadata import ZkMetadataStore
 from bksim.formats.entry import encode_entry
+from bksim.metadata.ledger_manager import allocate_ledger_id, create_ledger_metadata
+from bksim.metadata.ledger_metadata import LedgerMetadata, Segment
 from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode
 from integration.bookie_harness import KEY, BookieProcess, kazoo_client, registration_path
 from helpers import wait_until
@@ -52,6 +55,18 @@ def fill_to(path: str, filler: str, fraction: float) -> None:
             need -= len(chunk)
 
 
+async def ledgers_with_metadata(zk, bookie_id: str, n: int) -> list[int]:
+    store = ZkMetadataStore(zk)
+    try:
+        ids = [await allocate_ledger_id(store) for _ in range(n)]
+        for ledger_id in ids:
+            await create_ledger_metadata(store, ledger_id, LedgerMetadata(
+                ensemble_size=1, write_quorum_size=1, ack_quorum_size=1, segments=(Segment(0, (bookie_id,)),)))
+        return ids
+    finally:
+        store.close()
+
+
 def test_read_only_at_threshold_and_back_below_low_water_mark(zookeeper, tmp_path, small_fs):
     zk = kazoo_client(zookeeper)
     bookie = BookieProcess(zookeeper, tmp_path, journal_dir=os.path.join(small_fs, "journal"),
@@ -63,7 +78,9 @@ def test_read_only_at_threshold_and_back_below_low_water_mark(zookeeper, tmp_pat
                                "BKSIM_BOOKIE_JOURNAL_FILE_BYTES_MAX": str(2 * 1024 * 1024)})
     writable_path = registration_path(bookie.bookie_id, False)
     readonly_path = registration_path(bookie.bookie_id, True)
-    ledger, other = 301, 302
+    # ledgers with metadata: a bookie that turns read-only collects garbage at once (bookie/gc.py), and a
+    # ledger without metadata is garbage
+    ledger, other = asyncio.run(ledgers_with_metadata(zk, bookie.bookie_id, 2))
     filler = os.path.join(small_fs, "filler")
     try:
         bookie.start(zk)
