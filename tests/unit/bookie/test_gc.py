@@ -368,3 +368,38 @@ def test_every_live_entry_reads_back_at_every_step_of_a_running_compaction(engin
 
     e = None
     asyncio.run(scenario())
+
+
+class FlakyStore(InMemoryMetadataStore):
+    """The in-memory metadata store whose listing of one directory fails (a connection loss mid-walk)."""
+
+    failing: str | None = None
+
+    async def children(self, path: str) -> list[str]:
+        if path == self.failing:
+            raise ConnectionLossError(path, "connection lost mid-walk")
+        return await super().children(path)
+
+
+def test_a_listing_that_fails_midway_deletes_nothing(engines):
+    async def scenario():
+        store = FlakyStore()
+        await store.create(INSTANCEID, engines.instance_id.encode(), make_parents=True)
+        for lid in (3, 20_000):  # /ledgers/00/0000/L0003 and /ledgers/00/0002/L0000
+            await create_ledger_metadata(store, lid, LedgerMetadata(
+                ensemble_size=1, write_quorum_size=1, ack_quorum_size=1, segments=(Segment(0, ("b1:1",)),)))
+        e = await engines.started(**SMALL)
+        kept = {lid: await write(e, lid, range(3)) for lid in (3, 5, 20_000)}  # 5 has no metadata
+        gc = GarbageCollector(e, MetadataLedgerSource(store, engines.instance_id), e.config, SystemClock())
+        store.failing = "/ledgers/00/0002"  # the walk got through /ledgers/00/0000, then lost the connection
+        report = await gc.run("major")
+        assert "ConnectionLossError" in report.error and report.ledgers_deleted == []
+        for lid, entries in kept.items():
+            await readable(e, lid, entries)
+        store.failing = None
+        report = await gc.run("gc")
+        assert report.error is None and report.ledgers_deleted == [5]
+        await readable(e, 20_000, kept[20_000])
+        await e.close()
+
+    asyncio.run(scenario())
