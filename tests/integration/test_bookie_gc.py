@@ -10,15 +10,30 @@ from bksim.adapters.bookie_client import BookieClient
 from bksim.adapters.zk_metadata import ZkMetadataStore
 from bksim.formats import entry_log as log_fmt
 from bksim.formats.entry import encode_entry
-from bksim.metadata.ledger_manager import allocate_ledger_id, create_ledger_metadata, delete_ledger_metadata
-from bksim.metadata.ledger_metadata import LedgerMetadata, Segment
+from bksim.metadata.ledger_manager import delete_ledger_metadata
 from bksim.model.status import StatusCode
 from integration.bookie_harness import KEY, BookieProcess, kazoo_client, registration_path
-from integration.test_bookie_readonly import small_fs, used_fraction  # noqa: F401 - small_fs is a fixture
+from integration.test_bookie_readonly import ledgers_with_metadata, small_fs, used_fraction  # noqa: F401 - fixture
 from helpers import wait_until_async
 
 ENTRIES = 120
 PAYLOAD = 1000
+
+
+def run(zookeeper, bookie: BookieProcess, scenario, expected_log_line: str) -> None:
+    """Start the bookie, run `scenario(zk, store)`, check its log names the GC round, stop it cleanly."""
+    zk = kazoo_client(zookeeper)
+    store = ZkMetadataStore(zk)
+    try:
+        bookie.start(zk)
+        asyncio.run(scenario(zk, store))
+        assert expected_log_line in bookie.log_text()
+        assert bookie.terminate() == 0
+    finally:
+        bookie.cleanup()
+        store.close()
+        zk.stop()
+        zk.close()
 
 
 def logs_by_ledgers(entrylogs: str) -> dict[int, set[int]]:
@@ -35,19 +50,13 @@ def logs_by_ledgers(entrylogs: str) -> dict[int, set[int]]:
 
 
 def test_deleting_ledger_metadata_frees_its_entry_logs(zookeeper, tmp_path):
-    zk = kazoo_client(zookeeper)
     bookie = BookieProcess(zookeeper, tmp_path, env={
         "BKSIM_BOOKIE_GC_WAIT_TIME_MS": "300", "BKSIM_BOOKIE_FLUSH_INTERVAL_MS": "200",
         "BKSIM_BOOKIE_ENTRY_LOG_BYTES_MAX": str(32 * 1024)})
-    store = ZkMetadataStore(zk)
     entrylogs = os.path.join(bookie.ledger_dir, "entrylogs")
 
-    async def scenario():
-        metadata = LedgerMetadata(ensemble_size=1, write_quorum_size=1, ack_quorum_size=1,
-                                  segments=(Segment(0, (bookie.bookie_id,)),))
-        doomed, kept = await allocate_ledger_id(store), await allocate_ledger_id(store)
-        for ledger_id in (doomed, kept):
-            await create_ledger_metadata(store, ledger_id, metadata)
+    async def scenario(zk, store):
+        doomed, kept = await ledgers_with_metadata(zk, bookie.bookie_id, 2)
         written = {}
         async with BookieClient(bookie.address) as client:
             for ledger_id in (doomed, kept):
@@ -76,16 +85,7 @@ def test_deleting_ledger_metadata_frees_its_entry_logs(zookeeper, tmp_path):
             assert [r.entry for r in got] == written[kept]
         await delete_ledger_metadata(store, kept)
 
-    try:
-        bookie.start(zk)
-        asyncio.run(scenario())
-        assert "garbage collection (gc): 1 ledger(s) deleted" in bookie.log_text()
-        assert bookie.terminate() == 0
-    finally:
-        bookie.cleanup()
-        store.close()
-        zk.stop()
-        zk.close()
+    run(zookeeper, bookie, scenario, "garbage collection (gc): 1 ledger(s) deleted")
 
 
 def test_a_bookie_read_only_for_disk_usage_is_writable_again_once_deleted_ledgers_are_collected(
@@ -93,7 +93,6 @@ def test_a_bookie_read_only_for_disk_usage_is_writable_again_once_deleted_ledger
     """On a 16 MiB tmpfs (threshold 0.5, low-water mark 0.3): a ledger fills the disk past the threshold, the
     bookie goes read-only; its metadata is deleted; garbage collection (run at once when the disk fills, then
     every round) removes its entry logs, and the bookie registers as writable again."""
-    zk = kazoo_client(zookeeper)
     bookie = BookieProcess(zookeeper, tmp_path, journal_dir=os.path.join(small_fs, "journal"),
                            ledger_dir=os.path.join(small_fs, "ledgers"), env={
                                "BKSIM_BOOKIE_DISK_USAGE_THRESHOLD": "0.5",
@@ -105,13 +104,9 @@ def test_a_bookie_read_only_for_disk_usage_is_writable_again_once_deleted_ledger
                                "BKSIM_BOOKIE_ENTRY_LOG_BYTES_MAX": str(512 * 1024),
                                "BKSIM_BOOKIE_FLUSH_INTERVAL_MS": "200",
                                "BKSIM_BOOKIE_GC_WAIT_TIME_MS": "2000"})
-    store = ZkMetadataStore(zk)
 
-    async def scenario():
-        metadata = LedgerMetadata(ensemble_size=1, write_quorum_size=1, ack_quorum_size=1,
-                                  segments=(Segment(0, (bookie.bookie_id,)),))
-        ledger_id = await allocate_ledger_id(store)
-        await create_ledger_metadata(store, ledger_id, metadata)
+    async def scenario(zk, store):
+        [ledger_id] = await ledgers_with_metadata(zk, bookie.bookie_id, 1)
         async with BookieClient(bookie.address) as client:
             stream = client.add_stream()
             entry_id = 0
@@ -133,13 +128,4 @@ def test_a_bookie_read_only_for_disk_usage_is_writable_again_once_deleted_ledger
         async with BookieClient(bookie.address) as client:
             assert (await client.read_entry(ledger_id, 0)).status == StatusCode.NO_LEDGER
 
-    try:
-        bookie.start(zk)
-        asyncio.run(scenario())
-        assert "disk" in bookie.log_text() and "garbage collection (major): 1 ledger(s) deleted" in bookie.log_text()
-        assert bookie.terminate() == 0
-    finally:
-        bookie.cleanup()
-        store.close()
-        zk.stop()
-        zk.close()
+    run(zookeeper, bookie, scenario, "garbage collection (major): 1 ledger(s) deleted")
