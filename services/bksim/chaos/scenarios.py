@@ -232,6 +232,8 @@ def _disk_damage_repair(rng: random.Random, d: float) -> list[Step]:
             Step(max(t2 + 1.0, d * rng.uniform(0.5, 0.6)), "check-all-repair", "same", False)]
 
 
+# scenarios whose audit must count exactly the copies their faults destroyed: nothing may repair them first
+_NO_AUTORECOVERY_ENV = (("BKSIM_AUTORECOVERY_ENABLED", "false"),)
 # autorecovery's bookie poll and worker back-off short enough for a run of a few seconds
 _AUTORECOVERY_ENV = (("BKSIM_AUTORECOVERY_BOOKIE_CHECK_INTERVAL_MS", "200"),
                      ("BKSIM_AUTORECOVERY_WORKER_BACKOFF_MS", "300"))
@@ -252,7 +254,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("journal-torn-tail", "kill -9 a bookie, tear its journal's tail (a partial copy of the last record "
              "appended, as a group write cut short), restart: replay truncates it; then kill -9 one and truncate its "
              "journal at a random byte of its last records: reads lose nothing, the audit reports exactly the lost "
-             "copies", _journal_tear_and_truncate),
+             "copies", _journal_tear_and_truncate, env=_NO_AUTORECOVERY_ENV),
     Scenario("bookie-link-blackhole", "the owner's link to one bookie delivers nothing for 4-6 s (TCP into a black "
              "hole: no error, no reset); then every broker's link to one bookie", _link_blackhole, links=True),
     Scenario("bookie-link-delay", "every broker's link to one bookie delayed 3.5-5 s (beyond the bookie timeout) "
@@ -264,7 +266,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("disk-full", "fill one bookie's ledger disk (its own 64 MiB tmpfs) past the threshold: read-only; "
              "drain it: writable again", _disk_full),
     Scenario("bookie-wipe", "kill -9 a bookie and wipe its directories: it must refuse to start; re-initialise it "
-             "(bksim bookie format): a new bookie; the audit reports the entries that lost a replica", _bookie_wipe),
+             "(bksim bookie format): a new bookie; the audit reports the entries that lost a replica", _bookie_wipe,
+             env=_NO_AUTORECOVERY_ENV),
     Scenario("bookie-lost", "kill -9 a bookie for good: autorecovery replaces it in every closed ledger (bounded "
              "wait); then a second one for good: nothing acknowledged lost; time from each loss to full "
              "replication", _bookie_lost, bookies=5,
