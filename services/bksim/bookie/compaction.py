@@ -21,6 +21,9 @@ Compacting old log O into new log N (names in formats/entry_log.py; N is a fresh
 6. Entry-log metadata: N's ledger map in, O's out, one synced batch. Fault step ``compact_meta``. A crash before
    it: start-up drops O's record (its file is gone) and reads N's map from N's header.
 
+An I/O error (a full disk) or a stop before step 3 deletes the new file at once (the index never referenced
+it); after step 3 a failure leaves the rest to start-up, exactly as a crash does.
+
 So at every instant each live entry's location names a log that exists on disk, under ``<id>.log`` or (between
 steps 2 and 5) under its ``.compacted`` name, and holds the entry's bytes.
 """
@@ -89,7 +92,7 @@ class CompactionWriter:
         return compacted
 
     def discard(self) -> None:
-        """Give up before the index references the new log: close and delete it."""
+        """Give up before the index references the new log (any time up to step 3): close and delete it."""
         try:
             self._file.close()
         finally:

@@ -834,14 +834,15 @@ class BookieEngine:
                 await writer.write_out()
                 if throttle is not None:
                     await throttle(4 + len(entry))
-        except BaseException:
-            writer.discard()  # the copy failed: the index never saw the new log
+            new_path = await writer.seal(step) if writer.entries else None
+        except (OSError, asyncio.CancelledError):
+            # an I/O error (a full disk) or a stop: the index never saw the new log, so it goes now; anything
+            # else is treated as the crash it stands for (fault hooks), and start-up deals with the file
+            writer.discard()
             raise
-        if not writer.entries:
+        if new_path is None:
             writer.discard()  # nothing live to copy: no new log
-            new_path = None
-        else:  # a failure from here on leaves the file to start-up (compaction.py), as a crash would
-            new_path = await writer.seal(step)
+        else:
             logger.set_alias(writer.new_log_id, new_path)
         async with self._checkpoint_lock:
             puts = [(index_fmt.location_key(lid, eid), index_fmt.encode_location(new))

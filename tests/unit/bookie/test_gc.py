@@ -403,3 +403,34 @@ def test_a_listing_that_fails_midway_deletes_nothing(engines):
         await e.close()
 
     asyncio.run(scenario())
+
+
+def test_a_compaction_that_runs_out_of_disk_leaves_no_file_and_loses_nothing(engines):
+    async def scenario():
+        e = await engines.started(**SMALL)
+        _one, two, three = await mixed_history(e)
+        gc = GarbageCollector(e, Source({2, 3}), e.config, SystemClock())
+        assert (await gc.run("gc")).ledgers_deleted == [1]
+        real_create = e._disk.create
+
+        def create_on_a_full_disk(path):
+            f = real_create(path)
+            if path.endswith(".compacting"):
+                async def no_space(chunks):
+                    raise OSError(28, "No space left on device")
+                f.write_chunks = no_space
+            return f
+
+        e._disk.create = create_on_a_full_disk
+        report = await gc.run("major")
+        assert "No space left" in report.error and report.logs_compacted == []
+        assert [f for f in files(engines) if not f.endswith(".log")] == []
+        await readable(e, 2, two)
+        await readable(e, 3, three)
+        e._disk.create = real_create
+        report = await gc.run("major")
+        assert report.error is None and report.logs_compacted
+        await readable(e, 2, two)
+        await e.close()
+
+    asyncio.run(scenario())
