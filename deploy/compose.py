@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 
+from bksim.adapters import processes
 from bksim.model.errors import BksimError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -294,19 +295,8 @@ class Dockerd:
 
     def leftovers(self) -> list[int]:
         """Live processes whose command line names our root (containerd, shims, docker-proxy), not dockerd."""
-        found = []
-        for name in os.listdir("/proc"):
-            if not name.isdigit() or int(name) == os.getpid():
-                continue
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            program = os.path.basename(cmd.split(" ", 1)[0])
-            if self.root in cmd and program.startswith(ENGINE_PROGRAMS):
-                found.append(int(name))
-        return found
+        return [pid for pid, cmd in processes.processes_mentioning(self.root).items()
+                if os.path.basename(cmd.split(" ", 1)[0]).startswith(ENGINE_PROGRAMS)]
 
     def stop(self) -> list[int]:
         """SIGTERM dockerd by pid (it stops its containerd), SIGKILL after DOCKERD_STOP_TIMEOUT_S; then stop any

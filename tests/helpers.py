@@ -14,6 +14,7 @@ import signal
 import time
 from typing import Callable, TypeVar
 
+from bksim.adapters import processes
 from bksim.adapters.ports import free_port  # noqa: F401 - tests take it from here
 
 T = TypeVar("T")
@@ -79,26 +80,10 @@ def checked(method):
     return wrapper
 
 
-def processes_mentioning(text: str) -> list[int]:
-    """Pids of this machine's processes whose command line contains `text` (a test's own tmp path: whatever
-    names it was started by that test)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
-        if text in cmdline:
-            found.append(int(name))
-    return found
-
-
 def kill_leftovers(text: str) -> list[int]:
-    """SIGKILL every process whose command line contains `text` (see processes_mentioning); the pids killed."""
-    pids = processes_mentioning(text)
+    """SIGKILL every process whose command line contains `text` (processes.processes_mentioning); the pids
+    killed."""
+    pids = list(processes.processes_mentioning(text))
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)

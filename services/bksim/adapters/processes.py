@@ -99,6 +99,19 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def processes_mentioning(text: str) -> dict[int, str]:
+    """pid -> command line of this machine's processes (not this one) whose command line contains `text`:
+    a run's own directory names whatever that run started."""
+    found = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        line = cmdline(int(name))  # '' when gone meanwhile, or not ours to read
+        if text in line:
+            found[int(name)] = line
+    return found
+
+
 def is_alive(pid: int | None, expect_in_cmdline: str | None = None) -> bool:
     """True when `pid` runs (not a zombie) and, if given, its command line contains `expect_in_cmdline`."""
     if not pid:
