@@ -112,11 +112,11 @@ async def recover(disk: Disk, logger: EntryLogger, locations: LocationIndex,
             done.append(f"deleted the unfinished compaction file {os.path.basename(path)}")
             continue
         puts = []
-        for offset, ledger_id, entry_id, entry in logger.records(path):
+        for offset, ledger_id, entry_id, length, _entry in logger.records(path, lambda ledger_id: False):
             current = locations.get(ledger_id, entry_id)
             if current is not None and current.log_id == old_id:
                 puts.append((index_fmt.location_key(ledger_id, entry_id),
-                             index_fmt.encode_location(Location(new_id, offset, len(entry)))))
+                             index_fmt.encode_location(Location(new_id, offset, length))))
         if puts:
             await locations.put_batch(puts)
         old_path = os.path.join(logger.directory, fmt.entry_log_file_name(old_id))

@@ -824,9 +824,9 @@ class BookieEngine:
         writer = CompactionWriter(self._disk, logger.directory, logger.next_log_id(), log_id)
         copied: list[tuple[int, int, index_fmt.Location, index_fmt.Location]] = []
         try:
-            for offset, lid, eid, entry in logger.records(logger.path(log_id)):
-                if lid not in self._ledgers:
-                    continue
+            for offset, lid, eid, _length, entry in logger.records(logger.path(log_id), self._ledgers.__contains__):
+                if entry is None:
+                    continue  # its ledger is deleted
                 was = self._locations.get(lid, eid)
                 if was is None or was.log_id != log_id or was.offset != offset:
                     continue  # re-added elsewhere since: this record is dead

@@ -17,7 +17,7 @@ delete a log only after the index no longer points into it.
 from __future__ import annotations
 
 import os
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from bksim.formats import entry_log as fmt
 from bksim.formats import index as index_fmt
@@ -33,6 +33,7 @@ _KEY = index_fmt.LOCATION_KEY.pack
 _STEP_BYTES = 1024 * 1024
 _VALUE = index_fmt.LOCATION_VALUE.pack
 _SCAN_CHUNK_BYTES = 1024 * 1024
+_NOTHING = (lambda ledger_id: False)  # noqa: E731 - records(): lengths only
 _RECORD_BYTES_MAX = 1 << 30  # a length above this is damage, not an entry (entry_bytes_max is far below)
 
 
@@ -116,10 +117,12 @@ class EntryLogger:
             return None
         return found if len(found) == header.ledger_count else None
 
-    def records(self, path: str) -> Iterator[tuple[int, int, int, bytes]]:
-        """(offset, ledger id, entry id, entry bytes) of every entry record of a log, in file order, read in
-        chunks. Stops at the ledger map, the end of the file, or the first damaged record (a torn tail of a log
-        that was being written when the bookie stopped: nothing past it was ever indexed)."""
+    def records(self, path: str, wanted: Callable[[int], bool] | None = None
+                ) -> Iterator[tuple[int, int, int, int, bytes | None]]:
+        """(offset, ledger id, entry id, entry length, entry bytes) of every entry record of a log, in file order,
+        read in chunks; the bytes only for ledgers `wanted` accepts (all when None), else None. Stops at the ledger
+        map, the end of the file, or the first damaged record (a torn tail of a log that was being written when
+        the bookie stopped: nothing past it was ever indexed)."""
         pos = fmt.HEADER_BYTES
         buf = b""
         start = pos  # buf holds the file's bytes [start, start + len(buf))
@@ -144,15 +147,15 @@ class EntryLogger:
             lid, eid = fmt.ENTRY_IDS.unpack_from(buf, at)
             if (lid, eid) == (fmt.MAP_LEDGER_ID, fmt.MAP_ENTRY_ID):
                 return
-            yield pos, lid, eid, buf[at:at + length]
+            yield pos, lid, eid, length, buf[at:at + length] if wanted is None or wanted(lid) else None
             pos += 4 + length
 
     def scan_ledger_bytes(self, log_id: int) -> dict[int, int]:
         """Ledger id -> bytes of a log without a usable map, by reading it through."""
         out: dict[int, int] = {}
         try:
-            for _offset, lid, _eid, entry in self.records(self.path(log_id)):
-                out[lid] = out.get(lid, 0) + 4 + len(entry)
+            for _offset, lid, _eid, length, _entry in self.records(self.path(log_id), _NOTHING):
+                out[lid] = out.get(lid, 0) + 4 + length
         except OSError:
             pass  # what could be read counts; the rest was never readable, so never indexed as readable
         return out
