@@ -29,6 +29,7 @@ import pytest
 
 from bksim.adapters.local_cluster import LocalCluster
 from bksim.chaos import disk, wipe
+from bksim.metadata.paths import ledger_path
 from helpers import wait_until
 from integration.test_autorecovery import (CLI_TIMEOUT_S, ENV, cli, live_bookies, marks, metadata, replica_problems,
                                            settle, write_ledgers)
@@ -151,4 +152,6 @@ def test_a_wiped_and_reformatted_bookie_is_found_and_its_copies_restored(cluster
     done = cli(cluster, "autorecovery", "check-all", "--verify-percentage", "100")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "check of all ledgers (verifying 100% of the entries): " in done.stdout, done.stdout
-    assert " 0 not judged; 0 marked under-replicated" in done.stdout, done.stdout
+    ensembles = {lid: metadata(cluster, lid).segments for lid in range(40) if cluster.zk.exists(ledger_path(lid))}
+    assert " 0 not judged; 0 marked under-replicated" in done.stdout, \
+        f"{done.stdout}\n{[(b.name, b.node_id) for b in cluster.bookies]}\n{ensembles}\n{cluster.logs(30)}"
