@@ -185,8 +185,12 @@ def test_the_autorecovery_scenarios_have_room_for_a_replacement_and_wait_after_e
                                            StepAction.CHECK_ALL_REPAIR]
     assert SCENARIOS["disk-damage-repair"].bookies > widest  # a replacement outside the damaged bookie's ensemble
     assert dict(SCENARIOS["disk-damage-repair"].env)["BKSIM_AUTORECOVERY_LOST_BOOKIE_RECOVERY_DELAY_MS"] == "600000"
+    # the scenarios whose audit counts the copies their faults destroyed run without autorecovery (nothing may
+    # repair them first); the others keep the default (on)
+    judged = ("bookie-wipe", "journal-torn-tail")
+    assert all(dict(SCENARIOS[n].env) == {"BKSIM_AUTORECOVERY_ENABLED": "false"} for n in judged)
     assert all(s.bookies == 3 and not s.env for n, s in SCENARIOS.items()
-               if n not in ("bookie-lost", "disk-damage-repair"))
+               if n not in ("bookie-lost", "disk-damage-repair") + judged)
 
 
 def test_the_rereplication_times_are_a_field_of_their_own_and_a_line_of_text():
