@@ -777,7 +777,8 @@ class BookieEngine:
         step = self._fault_hook
         current = self._entry_logger.current_log_id
         dead = [(log_id, m) for log_id, m in self._log_meta.items()
-                if log_id != current and self._log_live_bytes(m) == 0]
+                if log_id != current and self._log_live_bytes(m) == 0
+                and (index_fmt.UNKNOWN_LEDGER not in m or not self._locations.any_in_log(log_id))]
         for log_id, _m in dead:
             await self._entry_logger.remove(log_id)
             step("gc_log_delete")
@@ -823,8 +824,10 @@ class BookieEngine:
         logger = self._entry_logger
         writer = CompactionWriter(self._disk, logger.directory, logger.next_log_id(), log_id)
         copied: list[tuple[int, int, index_fmt.Location, index_fmt.Location]] = []
+        scan: dict = {}
         try:
-            for offset, lid, eid, _length, entry in logger.records(logger.path(log_id), self._ledgers.__contains__):
+            for offset, lid, eid, _length, entry in logger.records(logger.path(log_id), self._ledgers.__contains__,
+                                                                   scan):
                 if entry is None:
                     continue  # its ledger is deleted
                 was = self._locations.get(lid, eid)
@@ -850,7 +853,10 @@ class BookieEngine:
             if puts:
                 await self._locations.put_batch(puts)
             step("compact_index")
-            left = [lid for lid in old_meta if lid in self._ledgers and self._locations.points_into(lid, log_id)]
+            if scan.get("clean") and index_fmt.UNKNOWN_LEDGER not in old_meta:
+                left = [lid for lid in old_meta if lid in self._ledgers and self._locations.points_into(lid, log_id)]
+            else:  # the scan did not see every record: only the whole index can say nothing points here
+                left = ["(some)"] if self._locations.any_in_log(log_id) else []
         if left:
             self._log(f"compaction of entry log {log_id:x}: ledger(s) {left[:5]} still have entries in it that its "
                       f"scan did not reach (a damaged record?): the log is kept")

@@ -117,12 +117,13 @@ class EntryLogger:
             return None
         return found if len(found) == header.ledger_count else None
 
-    def records(self, path: str, wanted: Callable[[int], bool] | None = None
+    def records(self, path: str, wanted: Callable[[int], bool] | None = None, outcome: dict | None = None
                 ) -> Iterator[tuple[int, int, int, int, bytes | None]]:
         """(offset, ledger id, entry id, entry length, entry bytes) of every entry record of a log, in file order,
         read in chunks; the bytes only for ledgers `wanted` accepts (all when None), else None. Stops at the ledger
-        map, the end of the file, or the first damaged record (a torn tail of a log that was being written when
-        the bookie stopped: nothing past it was ever indexed)."""
+        map, the end of the file, or the first damaged record: a torn tail of a log that was being written when
+        the bookie stopped, or damage in the middle, which a scan cannot tell apart; `outcome["clean"]` says
+        whether it stopped at the map or exactly at the end of the file."""
         pos = fmt.HEADER_BYTES
         buf = b""
         start = pos  # buf holds the file's bytes [start, start + len(buf))
@@ -139,6 +140,8 @@ class EntryLogger:
                 buf += more
             return True
 
+        if outcome is not None:
+            outcome["clean"] = False
         while have(4):
             (length,) = fmt.LENGTH.unpack_from(buf, pos - start)
             if length < fmt.ENTRY_IDS.size or length > _RECORD_BYTES_MAX or not have(4 + length):
@@ -146,18 +149,28 @@ class EntryLogger:
             at = pos - start + 4
             lid, eid = fmt.ENTRY_IDS.unpack_from(buf, at)
             if (lid, eid) == (fmt.MAP_LEDGER_ID, fmt.MAP_ENTRY_ID):
-                return
+                break
             yield pos, lid, eid, length, buf[at:at + length] if wanted is None or wanted(lid) else None
             pos += 4 + length
+        else:
+            if pos != start + len(buf):
+                return  # a partial length field at the end
+        if outcome is not None:
+            outcome["clean"] = True
 
     def scan_ledger_bytes(self, log_id: int) -> dict[int, int]:
-        """Ledger id -> bytes of a log without a usable map, by reading it through."""
+        """Ledger id -> bytes of a log without a usable map, by reading it through. A scan that stopped before
+        the end adds index_fmt.UNKNOWN_LEDGER (0 bytes): records past the stop may hold ledgers it did not see,
+        so this log is deleted only after a check of the whole index (engine: delete_dead_logs, compact_log)."""
         out: dict[int, int] = {}
+        outcome: dict = {}
         try:
-            for _offset, lid, _eid, length, _entry in self.records(self.path(log_id), _NOTHING):
+            for _offset, lid, _eid, length, _entry in self.records(self.path(log_id), _NOTHING, outcome):
                 out[lid] = out.get(lid, 0) + 4 + length
         except OSError:
-            pass  # what could be read counts; the rest was never readable, so never indexed as readable
+            outcome["clean"] = False
+        if not outcome.get("clean"):
+            out[index_fmt.UNKNOWN_LEDGER] = 0
         return out
 
     async def remove(self, log_id: int) -> None:

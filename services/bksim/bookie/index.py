@@ -81,6 +81,17 @@ class LocationIndex:
                 close()
         return False
 
+    def any_in_log(self, log_id: int) -> bool:
+        """Whether any location at all is in entry log `log_id` (a scan of the whole index: only for logs whose
+        ledgers are not all known)."""
+        items = self._store.items_from(b"")
+        try:
+            return any(fmt.decode_location(value).log_id == log_id for _key, value in items)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
     async def delete_batch(self, keys: list[bytes]) -> None:
         """Delete location keys in one synced batch."""
         await self._store.write([], keys, sync=True)

@@ -8,7 +8,9 @@ entrylogs (entry-log metadata, bookie/gc.py): key = log id BE4 (the log id of a 
 version 1 | ledger count BE4 | count x (ledger id BE8, bytes BE8): the bytes each ledger's records take in that
 sealed log (what its ledger map says, or what a scan of an unsealed log found). Written once a log is sealed
 (rolled, or left behind by a restart, or made by compaction), deleted with the log; the log being written has
-no record (its map is in memory). A record whose log file is gone (a crash between the two deletes) is dropped
+no record (its map is in memory). Ledger id -1 (UNKNOWN_LEDGER) in a record means a scan of the log stopped
+on a damaged record before its end: records past it may belong to ledgers the record does not list. A record
+whose log file is gone (a crash between the two deletes) is dropped
 at start; a sealed log without a record is scanned once at start and gets one.
 """
 from __future__ import annotations
@@ -28,6 +30,7 @@ LOG_META_KEY = struct.Struct(">I")
 LOG_META_HEAD = struct.Struct(">BI")
 LOG_META_PAIR = struct.Struct(">qq")
 LOG_META_VERSION = 1
+UNKNOWN_LEDGER = -1
 _EXISTS, _FENCED, _HAS_LAC = 1, 2, 4
 
 

@@ -434,3 +434,33 @@ def test_a_compaction_that_runs_out_of_disk_leaves_no_file_and_loses_nothing(eng
         await e.close()
 
     asyncio.run(scenario())
+
+
+def test_a_log_whose_scan_stops_on_damage_is_kept_while_the_index_points_into_it(engines):
+    """A log a crash left without its map is scanned; a damaged length field in its middle hides the records
+    after it (here every record of ledger 2). Ledger 1 deleted, the log looks dead by what the scan saw, but
+    the index still points into it for ledger 2: it must stay, and ledger 2 stays readable."""
+    async def scenario():
+        e = await engines.started(entry_log_bytes_max=1 << 20, compaction_rate_bytes_per_s=0)
+        one = await write(e, 1, range(5))
+        two = await write(e, 2, range(5))
+        await e.checkpoint()  # one run per ledger, 1 before 2, in the log being written
+        log_id = e._entry_logger.current_log_id
+        last_of_one = e._locations.get(1, 4)
+        e.abandon()  # no map
+        path = os.path.join(engines.ledger_dir, "entrylogs", log_fmt.entry_log_file_name(log_id))
+        with open(path, "r+b") as f:
+            f.seek(last_of_one.offset)
+            f.write(b"\xff\xff\xff\xff")  # the length field of entry 1:4
+        e = await engines.started(entry_log_bytes_max=1 << 20, compaction_rate_bytes_per_s=0)
+        gc = GarbageCollector(e, Source({2}), e.config, SystemClock())
+        report = await gc.run("major")
+        assert report.error is None and report.ledgers_deleted == [1] and log_id not in report.logs_deleted
+        [stats] = [s for s in e.entry_log_stats() if s["log_id"] == log_id]
+        assert stats["ledger_ids"] == [-1, 1] and stats["live_bytes"] == 0  # ledger 2 unseen by the scan
+        assert os.path.exists(path)
+        await readable(e, 2, two)
+        assert one
+        await e.close()
+
+    asyncio.run(scenario())
