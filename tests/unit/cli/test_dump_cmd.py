@@ -209,17 +209,19 @@ def test_journal_dump_does_not_change_the_file(bookie, capsys):
 # -- entrylog dump --------------------------------------------------------------------------------------------
 def test_entrylog_dump_lists_the_checkpointed_entries(written, capsys):
     log = os.path.join(written, "ledgers", "entrylogs", "1.log")
+    map_at = log_fmt.HEADER_BYTES + sum(4 + entry_fmt.HEADER_BYTES + n for n in (10, 11, 12, 1))  # sealed at close
     for path in (os.path.join(written, "ledgers"), os.path.join(written, "ledgers", "entrylogs"), log):
         code, out, err = run(capsys, "entrylog", "dump", path)
         assert (code, err) == (0, "")
-        assert out.splitlines()[0].startswith(f"entry log {log}: version 1, {os.path.getsize(log)} bytes, no ledger map")
-        assert [line.split(" ", 1)[1] for line in record_lines(out)] == [
+        assert out.splitlines()[0].startswith(f"entry log {log}: version 1, {os.path.getsize(log)} bytes, "
+                                              f"ledger map at offset {map_at} (1 ledgers)")
+        assert [line.split(" ", 1)[1] for line in record_lines(out) if "LEDGER MAP" not in line] == [
             f"ledger=5 entry={i} length={entry_fmt.HEADER_BYTES + n}" for i, n in ((0, 10), (1, 11), (2, 12), (3, 1))]
         assert record_lines(out)[0].startswith(f"offset={log_fmt.HEADER_BYTES} ")
     code, out, _ = run(capsys, "entrylog", "dump", "--json", log)
     objects = [json.loads(line) for line in out.splitlines()]
     assert objects[0] == {"kind": "header", "file": log, "log_id": 1, "version": 1, "bytes": os.path.getsize(log),
-                          "ledger_map_offset": 0, "ledger_count": 0}
+                          "ledger_map_offset": map_at, "ledger_count": 1}
     assert [(o["ledger_id"], o["entry_id"]) for o in objects if o["kind"] == "record"] == [(5, i) for i in range(4)]
 
 
