@@ -124,8 +124,8 @@ class GarbageCollector:
                         confirmed.append(lid)
                 report.kept_by_verify = len(candidates) - len(confirmed)
                 candidates = confirmed
-            if candidates:
-                report.ledgers_deleted = await engine.delete_ledgers(candidates, generation)
+            if candidates:  # shielded: a stop does not cut a checkpoint short (close() waits for its lock)
+                report.ledgers_deleted = await asyncio.shield(engine.delete_ledgers(candidates, generation))
         report.logs_deleted, report.bytes_freed = await engine.delete_dead_logs()
         threshold = {"gc": 0.0, "minor": self._config.minor_compaction_threshold,
                      "major": self._config.major_compaction_threshold}[kind]
