@@ -11,9 +11,11 @@ from bksim.adapters import processes
 
 def test_a_process_is_found_by_a_text_of_its_command_line_and_gone_after_it_exits():
     marker = f"bksim-test-{uuid.uuid4().hex}"
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", marker],
-                             stdin=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()", marker],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        # Popen may return before the exec is visible in /proc/<pid>/cmdline: the child's first line says it runs
+        assert child.stdout.readline() == b"up\n"
         found = processes.processes_mentioning(marker)
         assert list(found) == [child.pid] and marker in found[child.pid]
     finally:
