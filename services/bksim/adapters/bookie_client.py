@@ -7,6 +7,11 @@ outcome of unanswered adds is unknown);
 bookie answers come back as status codes, never as exceptions.
 
 `SyncBookieClient` wraps the same calls for scripts and tests that are not async.
+
+Operator calls (the BookieAdmin service, adapters/bookie_admin.py): `run_gc`, `gc_status`, `entry_log_stats`
+return plain dicts (the proto's field names; `error` None when a round completed). A refusal raises
+`BookieAdminError` (its `code`: INVALID_ARGUMENT, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, ...; nothing changed);
+no answer (refused connection, deadline, the bookie shutting down) raises `BookieUnreachable`.
 """
 from __future__ import annotations
 
@@ -20,10 +25,12 @@ import grpc
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.model.config import ADD_WINDOW_MAX  # default unanswered AddRequests per stream
 from bksim.model.config import FRAME_BYTES_MAX  # the bookie's default frame_bytes_max, what a client receives
-from bksim.model.errors import BookieUnreachable
+from bksim.model.errors import BksimError, BookieUnreachable
 from bksim.model.status import FLAG_FENCE, StatusCode
 
 DEADLINE_S = 5.0  # default deadline of unary calls and of waiting for one add response
+GC_DEADLINE_S = 600.0  # default deadline of RunGc: a round with compaction copies at compaction_rate_bytes_per_s
+_NO_ANSWER_CODES = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"}
 
 _AddRequest = bookie_pb2.AddRequest
 _AddEntry = bookie_pb2.AddEntry
@@ -75,6 +82,43 @@ def _no_answer(bookie: str, code: str, message: str) -> BookieUnreachable:
 
 def _unavailable(bookie: str, e: grpc.aio.AioRpcError) -> BookieUnreachable:
     return _no_answer(bookie, e.code().name, e.details() or "")
+
+
+class BookieAdminError(BksimError):
+    """A bookie refused an operator call (BookieAdmin): `code` is the gRPC status code name, `message` its reason.
+    The call changed nothing."""
+
+    def __init__(self, bookie: str, call: str, code: str, message: str) -> None:
+        self.bookie, self.call, self.code, self.message = bookie, call, code, message
+        super().__init__(f"bookie {bookie} refused {call}: {code}: {message}")
+
+
+def _admin_error(bookie: str, call: str, e: grpc.aio.AioRpcError) -> BksimError:
+    code = e.code().name
+    if code in _NO_ANSWER_CODES:
+        return _unavailable(bookie, e)
+    if code == "UNIMPLEMENTED":
+        return BookieAdminError(bookie, call, code, "this bookie has no BookieAdmin service (an older version?)")
+    return BookieAdminError(bookie, call, code, e.details() or "")
+
+
+def message_dict(message) -> dict:
+    """A protobuf message as a dict of its fields (nested messages as dicts, repeated fields as lists)."""
+    out = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.message_type is not None:
+            value = [message_dict(v) for v in value] if field.is_repeated else message_dict(value)
+        elif field.is_repeated:
+            value = list(value)
+        out[field.name] = value
+    return out
+
+
+def _report_dict(message) -> dict:
+    report = message_dict(message)
+    report["error"] = report["error"] or None
+    return report
 
 
 def make_request(batch_id: int, entries: Sequence[tuple[bytes, bytes, int]]) -> bookie_pb2.AddRequest:
@@ -206,6 +250,7 @@ class BookieClient:
             ("grpc.max_send_message_length", -1),  # let the bookie decide what is too big
         ])
         self._stub = bookie_pb2_grpc.BookieStub(self._channel)
+        self._admin = bookie_pb2_grpc.BookieAdminStub(self._channel)
 
     async def __aenter__(self) -> "BookieClient":
         return self
@@ -287,6 +332,36 @@ class BookieClient:
         return {"bookie_id": r.bookie_id, "state": r.state, "free_bytes": r.free_bytes,
                 "total_bytes": r.total_bytes, "instance_id": r.instance_id}
 
+    # -- operator calls (BookieAdmin) ----------------------------------------------------------------------
+    async def run_gc(self, kind: str = "gc", deadline_s: float | None = None) -> dict:
+        """Run a garbage collection round now ("gc", "minor", "major") and return its report (GcReport fields)."""
+        try:
+            r = await self._admin.RunGc(bookie_pb2.RunGcRequest(kind=kind), timeout=deadline_s or GC_DEADLINE_S)
+        except grpc.aio.AioRpcError as e:
+            raise _admin_error(self.address, "RunGc", e) from None
+        return _report_dict(r)
+
+    async def gc_status(self, deadline_s: float | None = None) -> dict:
+        """GcStatusResponse fields: running, disk_full, last (reports), totals, schedule, entry_logs, ..."""
+        try:
+            r = await self._admin.GcStatus(bookie_pb2.GcStatusRequest(), timeout=deadline_s or self.deadline_s)
+        except grpc.aio.AioRpcError as e:
+            raise _admin_error(self.address, "GcStatus", e) from None
+        status = message_dict(r)
+        status["last"] = [_report_dict(x) for x in r.last]
+        return status
+
+    async def entry_log_stats(self, first_log_id: int = 0, max_logs: int = 0,
+                              deadline_s: float | None = None) -> dict:
+        """One EntryLogStats page: {"logs": [...], "next_log_id" (-1: no more), "logs_total"}."""
+        try:
+            r = await self._admin.EntryLogStats(bookie_pb2.EntryLogStatsRequest(first_log_id=first_log_id,
+                                                                                max_logs=max_logs),
+                                                timeout=deadline_s or self.deadline_s)
+        except grpc.aio.AioRpcError as e:
+            raise _admin_error(self.address, "EntryLogStats", e) from None
+        return message_dict(r)
+
     async def health(self, service: str = "", deadline_s: float | None = None) -> str:
         """The gRPC health status name ("SERVING", "NOT_SERVING", ...)."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -344,6 +419,15 @@ class SyncBookieClient:
 
     def health(self) -> str:
         return self._run(self._client.health())
+
+    def run_gc(self, kind: str = "gc", deadline_s: float | None = None) -> dict:
+        return self._run(self._client.run_gc(kind, deadline_s))
+
+    def gc_status(self) -> dict:
+        return self._run(self._client.gc_status())
+
+    def entry_log_stats(self, first_log_id: int = 0, max_logs: int = 0) -> dict:
+        return self._run(self._client.entry_log_stats(first_log_id, max_logs))
 
     def close(self) -> None:
         self._run(self._client.close())

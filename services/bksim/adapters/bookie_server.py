@@ -42,6 +42,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from bksim.adapters.bookie_admin import BookieAdminServicer
 from bksim.bookie.requests import AddAdmission, AddStreamAdmission, read_batch_refusal, read_entries
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.model.config import BookieConfig
@@ -287,6 +288,7 @@ class BookieServer:
         self._log = log
         self._on_read_only_change = on_read_only_change
         self.servicer = BookieServicer(engine, config, bookie_id, log)
+        self.admin = BookieAdminServicer(gc, config, self.servicer, log)  # operator calls: bookie gc, gc-status
         self.health = HealthServicer()
         self._server: grpc.aio.Server | None = None
         self._monitor: asyncio.Task | None = None
@@ -298,6 +300,7 @@ class BookieServer:
         self.check_disk()  # the first state is known before the first request
         server = grpc.aio.server(options=server_options(self._config))
         bookie_pb2_grpc.add_BookieServicer_to_server(self.servicer, server)
+        bookie_pb2_grpc.add_BookieAdminServicer_to_server(self.admin, server)  # adapters/bookie_admin.py
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                                              reflection.SERVICE_NAME), server)
@@ -360,6 +363,7 @@ class BookieServer:
            of the grace period, then are cancelled).
         """
         deadline = self._clock.monotonic_ms() + grace_ms
+        await self.admin.stop()  # rounds asked through BookieAdmin, before the collector's own loop
         if self.gc is not None:
             await self.gc.stop()
         await self.health.enter_graceful_shutdown()
