@@ -25,7 +25,10 @@ One claim (`run_once`), under the mark's ephemeral lock, released on every path:
    are verified before it is written: the next replica after an error, a negative or a digest mismatch, so a
    damaged copy is never the source) and added verbatim to the replacement with RECOVERY_ADD and
    the ledger's master key (as recovery's write-back adds), at most `rereplication_bytes_per_s_max` bytes
-   a second (a token bucket that sleeps on the Clock).
+   a second (a token bucket that sleeps on the Clock). Batches overlap: later batches are read while earlier
+   ones are added, with at most `rereplication_entry_batch_size` entries in flight (read, held, or not yet
+   acknowledged by the replacement; BookKeeper's rereplicationEntryBatchSize); the first error stops the
+   others.
 5. Then, and only then, a CAS of the metadata replaces the bookie in that segment (update_ledger_metadata's
    read-modify-CAS loop; the change is re-decided on every conflict and never overwrites: if the segment
    no longer starts there, no longer names the bookie, names the replacement, covers other entries, or the
@@ -133,7 +136,9 @@ class ReplicationWorker:
         self.config = config
         self.owner_id = owner_id
         self._log = log
-        self._batch = min(config.read_batch_entries, READ_BATCH_ENTRIES_MAX)
+        # a batch: at most read_batch_entries ids, and no more than may be in flight at once
+        self._inflight_max = config.rereplication_entry_batch_size
+        self._batch = min(config.read_batch_entries, READ_BATCH_ENTRIES_MAX, self._inflight_max)
         self._bucket = TokenBucket(clock, config.rereplication_bytes_per_s_max, config.rereplication_bytes_per_s_max)
         # ledger id -> the monotonic time before which this worker leaves it (lost, or within its grace)
         self._not_before: dict[int, float] = {}
@@ -142,7 +147,7 @@ class ReplicationWorker:
         self._stats = {name: 0 for name in ("claims", "replicated", "remarked", "deferred", "lost", "deleted",
                                             "failed", "recovered", "segments_replaced", "entries_copied",
                                             "bytes_copied", "copies_verified", "damaged_bookies_replaced",
-                                            "unverified_bookies_replaced")}
+                                            "unverified_bookies_replaced", "batches_inflight_max")}
 
     def statistics(self) -> dict[str, float]:
         return {**self._stats, "throttled_ms": self._bucket.slept_ms}
@@ -327,29 +332,47 @@ class ReplicationWorker:
     # -- copying ----------------------------------------------------------------------------------------------
     async def _copy(self, ledger_id: int, metadata: LedgerMetadata, segment: Segment, step: _Step,
                     replacement: str, missing: Sequence[str]) -> list[int]:
-        """Add every entry of `step` to `replacement`, batch by batch (a batch's add overlaps the next batch's
-        reads: one add in flight); the ids no surviving replica holds."""
+        """Add every entry of `step` to `replacement`, batch by batch, several batches at once: each batch is read
+        (and verified), then added, while the next batches are read; at most `rereplication_entry_batch_size`
+        entries are in flight (read, held or being added) at any time. The ids no surviving replica holds,
+        ascending. The first error stops every batch still in flight and is raised."""
         assert step.last_entry_id is not None, "only closed ranges are copied"
         key = master_key(metadata.password)
         lost: list[int] = []
-        adding: asyncio.Future | None = None
+        inflight: dict[asyncio.Future, int] = {}  # batch -> its entry count
+
+        async def settle_one() -> None:
+            done, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+            for batch in done:
+                del inflight[batch]
+                batch.result()  # its error, if any: the finally below stops the others
+
         try:
-            for batch in _batches(self._entries_of(metadata, step), self._batch):
-                found = await self._read(ledger_id, metadata, segment, step, batch, missing, lost)
-                if not found:
-                    continue
-                entries = [found[entry_id] for entry_id in sorted(found)]
-                await self._bucket.take(sum(len(entry) for entry in entries))
-                if adding is not None:
-                    await adding
-                adding = asyncio.ensure_future(self._add(ledger_id, replacement, entries, key))
-            if adding is not None:
-                await adding
+            for ids in _batches(self._entries_of(metadata, step), self._batch):
+                while inflight and sum(inflight.values()) + len(ids) > self._inflight_max:
+                    await settle_one()
+                batch = asyncio.ensure_future(self._copy_batch(ledger_id, metadata, segment, step, ids, replacement,
+                                                               key, missing, lost))
+                inflight[batch] = len(ids)
+                self._stats["batches_inflight_max"] = max(self._stats["batches_inflight_max"], len(inflight))
+            while inflight:
+                await settle_one()
         finally:
-            if adding is not None:  # an error elsewhere: stop it, and take its own error (if any) out of it
-                adding.cancel()
-                await asyncio.gather(adding, return_exceptions=True)
+            for batch in inflight:  # an error elsewhere: stop them, and take their own errors (if any) out of them
+                batch.cancel()
+            await asyncio.gather(*inflight, return_exceptions=True)
+        lost.sort()
         return lost
+
+    async def _copy_batch(self, ledger_id: int, metadata: LedgerMetadata, segment: Segment, step: _Step,
+                          ids: list[int], replacement: str, key: bytes, missing: Sequence[str],
+                          lost: list[int]) -> None:
+        found = await self._read(ledger_id, metadata, segment, step, ids, missing, lost)
+        if not found:
+            return
+        entries = [found[entry_id] for entry_id in ids if entry_id in found]  # ids ascend: entry order
+        await self._bucket.take(sum(map(len, entries)))
+        await self._add(ledger_id, replacement, entries, key)
 
     async def _add(self, ledger_id: int, replacement: str, entries: list[bytes], key: bytes) -> None:
         try:

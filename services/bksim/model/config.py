@@ -200,6 +200,10 @@ class AutoRecoveryConfig:
     lost_ledger_retry_ms: int = option(60_000, "a ledger with an entry no replica holds is tried again only after "
                                                "this long (it is reported as lost meanwhile)")
     read_batch_entries: int = option(64, "entries a worker reads from one replica in one ReadEntries call")
+    rereplication_entry_batch_size: int = option(256, "entries one worker has in flight at once (read, verified, "
+                                                      "being added to the replacement), in batches of at most "
+                                                      "read_batch_entries: the next batches are read while earlier "
+                                                      "ones are added (BookKeeper's rereplicationEntryBatchSize)")
     ledger_verification_percentage: int = option(0, "percent (0..100) of the closed ledgers' entries the check of "
                                                     "all ledgers reads from every replica and verifies (digest, "
                                                     "same bytes); a damaged copy counts as missing (BookKeeper's "
@@ -277,7 +281,7 @@ class Config:
         _require(a.lost_bookie_recovery_delay_ms >= 0, "autorecovery.lost_bookie_recovery_delay_ms must be >= 0")
         for name in ("bookie_check_interval_ms", "periodic_bookie_check_interval_ms", "periodic_check_interval_ms",
                      "open_ledger_rereplication_grace_ms", "rereplication_bytes_per_s_max", "worker_backoff_ms",
-                     "lost_ledger_retry_ms", "read_batch_entries"):
+                     "lost_ledger_retry_ms", "read_batch_entries", "rereplication_entry_batch_size"):
             _require(getattr(a, name) > 0, f"autorecovery.{name} must be > 0")
         _require(0 <= a.ledger_verification_percentage <= 100,
                  f"autorecovery.ledger_verification_percentage ({a.ledger_verification_percentage}) must be within "

@@ -6,13 +6,14 @@ bookie that lists everything is kept only when its copies verify; a damaged one 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 
 from bksim.autorecovery.marks import UnderReplicationMarks
 from bksim.autorecovery.worker import (DEFERRED, DELETED, FAILED, LOST, REMARKED, REPLICATED, ReplicationWorker,
                                        TokenBucket)
 from bksim.broker.ledgers import LedgerService
-from bksim.formats.entry import master_key
+from bksim.formats.entry import decode_entry, master_key
 from bksim.ledger.quorum import write_set_indexes
 from bksim.metadata.ledger_manager import read_ledger_metadata, update_ledger_metadata
 from bksim.metadata.ledger_metadata import LedgerState
@@ -684,4 +685,106 @@ def test_a_marked_bookie_that_lists_everything_but_answers_no_read_is_replaced()
         assert outcome(line) == REPLICATED, line
         assert mute not in (await w.metadata(lid)).ensemble
         assert w.worker.statistics()["unverified_bookies_replaced"] == 1
+    run(main())
+
+
+class _Flight:
+    """Entries of one ledger a worker has in flight: first asked for in a read, not yet acknowledged by the
+    replacement's add; adds wait at a gate the test opens."""
+
+    def __init__(self, w, lid) -> None:
+        self.started: set[int] = set()
+        self.finished: set[int] = set()
+        self.peak = 0
+        self.gate = asyncio.Event()
+        reads, adds = w.fake.read_entries, w.fake.add
+
+        async def read_entries(bookie, ledger_id, entry_ids, **kw):
+            if ledger_id == lid:
+                self.started.update(entry_ids)
+                self.peak = max(self.peak, self.now)
+            return await reads(bookie, ledger_id, entry_ids, **kw)
+
+        async def add(bookie, entries):
+            await self.gate.wait()
+            out = await adds(bookie, entries)
+            self.finished.update(decode_entry(e).entry_id for e, _, _ in entries)
+            return out
+        w.fake.read_entries, w.fake.add = read_entries, add
+
+    @property
+    def now(self) -> int:
+        return len(self.started) - len(self.finished)
+
+
+def test_at_most_rereplication_entry_batch_size_entries_are_in_flight_and_later_batches_are_read_meanwhile():
+    async def main():
+        config = dataclasses.replace(CONFIG, read_batch_entries=4, rereplication_entry_batch_size=12)
+        w = await World().start(config=config)
+        h = await w.ledger(3, 3, 2, 40)
+        lid = h.ledger_id
+        victim = h.metadata.ensemble[0]
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim])
+        flight = _Flight(w, lid)
+        claim = asyncio.ensure_future(w.worker.run_once())
+        # no add is answered: the worker reads three batches of 4 ahead, then waits for room
+        await wait_until_async(lambda: flight.now == 12, 5, message="three batches read ahead")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert flight.now == 12 and not claim.done()
+        flight.gate.set()
+        assert outcome(await claim) == REPLICATED
+        assert flight.peak == 12 and flight.finished == set(range(40))  # never more than 12 entries in flight
+        assert w.worker.statistics()["batches_inflight_max"] == 3
+        await w.assert_fully_replicated(lid, 40, victim)
+    run(main())
+
+
+def test_an_entry_batch_size_below_the_read_batch_makes_the_batches_that_small_and_one_at_a_time():
+    async def main():
+        config = dataclasses.replace(CONFIG, read_batch_entries=8, rereplication_entry_batch_size=3)
+        w = await World().start(config=config)
+        h = await w.ledger(3, 3, 2, 20)
+        lid = h.ledger_id
+        victim = h.metadata.ensemble[1]
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim])
+        flight = _Flight(w, lid)
+        flight.gate.set()
+        assert outcome(await w.worker.run_once()) == REPLICATED
+        assert flight.peak == 3 and w.worker.statistics()["batches_inflight_max"] == 1
+        md = await w.metadata(lid)
+        reads = [ids for b in md.ensemble for (ledger, ids, _) in w.fake[b].read_calls if ledger == lid]
+        assert max(len(ids) for ids in reads) <= 3
+        await w.assert_fully_replicated(lid, 20, victim)
+    run(main())
+
+
+def test_a_failed_batch_stops_the_batches_in_flight_and_the_claim_fails_without_a_replacement():
+    async def main():
+        config = dataclasses.replace(CONFIG, read_batch_entries=4, rereplication_entry_batch_size=16)
+        w = await World().start(config=config)
+        h = await w.ledger(3, 3, 2, 40)
+        lid = h.ledger_id
+        victim = h.metadata.ensemble[0]
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim])
+        adds = w.fake.add
+        calls = 0
+
+        async def add(bookie, entries):
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                raise BookieUnreachable(bookie, "connection reset (test)")
+            return await adds(bookie, entries)
+        w.fake.add = add
+        line = await w.worker.run_once()
+        assert outcome(line) == FAILED and "connection reset" in line, line
+        assert victim in (await w.metadata(lid)).ensemble  # nothing replaced: not every entry was copied
+        assert await w.marks.lock_owner(lid) is None and (await w.marks.get(lid)).missing == (victim,)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]  # no batch left running
     run(main())
