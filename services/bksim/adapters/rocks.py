@@ -1,19 +1,21 @@
-"""RocksDB through rocksdict in raw mode (ports.kv.KeyValueStore)."""
+"""RocksDB through rocksdict in raw mode (ports.kv.KeyValueStore). `open_rocks_read_only` opens an existing store
+without taking its lock (tools that read a running bookie's index: `bksim entrylog dump`); writes through it fail."""
 from __future__ import annotations
 
 import asyncio
 import os
 from typing import Iterator
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 
 class RocksStore:
-    def __init__(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
+    def __init__(self, path: str, read_only: bool = False) -> None:
+        if not read_only:
+            os.makedirs(path, exist_ok=True)
         options = Options(raw_mode=True)
-        options.create_if_missing(True)
-        self._db = Rdict(path, options)
+        options.create_if_missing(not read_only)
+        self._db = Rdict(path, options, access_type=AccessType.read_only() if read_only else AccessType.read_write())
         self._sync = WriteOptions()
         self._sync.sync = True
         self._nosync = WriteOptions()
@@ -60,3 +62,8 @@ class RocksStore:
 
 def open_rocks(path: str) -> RocksStore:
     return RocksStore(path)
+
+
+def open_rocks_read_only(path: str) -> RocksStore:
+    """An existing store, read only (no lock: the bookie may be running); an exception if there is none."""
+    return RocksStore(path, read_only=True)

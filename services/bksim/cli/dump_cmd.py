@@ -11,7 +11,16 @@ Damage is reported, never a traceback. Exit codes:
                  that log was open when the bookie stopped); 1 = damage or no entry log found; 2 = PATH missing.
   lastmark       0 = printed; 1 = absent or unreadable; 2 = DIR missing.
 With --json every output line is one JSON object with a "kind" (header, record, ledger_map, torn,
-corruption, problem, summary); text mode prints one line per record.
+corruption, problem, summary, live); text mode prints one line per record.
+
+Live ratio (`entrylog dump`, one "live" line per log, after its summary): the bytes of the log's ledgers that are
+still in the bookie's ledger index over all its entry-record bytes, as garbage collection counts them
+(bookie/engine.py entry_log_stats). Where each number comes from is printed with it: the ledgers present are the
+bookie's ledger index (<ledger dir>/index/ledgers, as of its last checkpoint: a ledger deleted from the metadata
+store counts as live until the bookie's garbage collection removes it); the bytes per ledger are the bookie's
+entry-log metadata (<ledger dir>/index/entrylogs) when it has a record of the log, else the log's own ledger map,
+else its records as scanned. Both stores are RocksDB, opened read-only (no lock: the bookie may be running). A log
+with no index beside it (a copied file) gets "live: unknown" and why; the live ratio never changes the exit code.
 """
 from __future__ import annotations
 
@@ -219,7 +228,7 @@ def _entry_log_files(path: str) -> list[tuple[str, int | None]]:
     return [(os.path.join(path, n), i) for i, n in named]
 
 
-def _dump_entry_log_file(out: _Out, path: str, log_id: int | None) -> None:
+def _dump_entry_log_file(out: _Out, path: str, log_id: int | None, index: "_BookieIndex | str") -> None:
     data = _read(path)
     try:
         header, records, stopped = log_fmt.scan(data)
@@ -264,6 +273,75 @@ def _dump_entry_log_file(out: _Out, path: str, log_id: int | None) -> None:
         out.emit("problem", f"  scan stopped early, {note}: {stopped}", file=path, message=stopped,
                  damage=has_map)
     out.emit("summary", f"  {entries} entries", file=path, entries=entries)
+    scanned: dict[int, int] = {}
+    for r in records:
+        if r.ledger_map is None:
+            scanned[r.ledger_id] = scanned.get(r.ledger_id, 0) + log_fmt.LENGTH.size + len(r.entry)
+    _emit_live(out, path, log_id, index, maps[0].ledger_map if maps else None, scanned)
+
+
+# -- live ratio -----------------------------------------------------------------------------------------------
+class _BookieIndex:
+    """The ledger ids and the entry-log metadata of the bookie whose ledger directory is `ledger_dir`."""
+
+    def __init__(self, ledger_dir: str) -> None:
+        from bksim.adapters.rocks import open_rocks_read_only
+        from bksim.bookie.index import LedgerIndex, LogMetaIndex
+
+        self.dir = os.path.join(ledger_dir, "index")
+        ledgers = LedgerIndex(open_rocks_read_only(os.path.join(self.dir, "ledgers")))
+        try:
+            self.ledger_ids = set(ledgers.ledger_ids())
+        finally:
+            ledgers.close()
+        try:
+            log_meta = LogMetaIndex(open_rocks_read_only(os.path.join(self.dir, "entrylogs")))
+        except Exception:  # noqa: BLE001 - a bookie that never ran garbage collection has no such store
+            self.log_meta: dict[int, dict[int, int]] = {}
+        else:
+            try:
+                self.log_meta = dict(log_meta.items())
+            finally:
+                log_meta.close()
+
+
+def _bookie_index(path: str, cache: dict) -> "_BookieIndex | str":
+    """The index of the bookie holding entry log `path` (<ledger dir>/entrylogs/<id>.log), or why there is none."""
+    log_dir = os.path.dirname(os.path.abspath(path))
+    ledger_dir = os.path.dirname(log_dir)
+    if ledger_dir not in cache:
+        index_dir = os.path.join(ledger_dir, "index")
+        if os.path.basename(log_dir) != "entrylogs" or not os.path.isdir(os.path.join(index_dir, "ledgers")):
+            cache[ledger_dir] = f"no bookie ledger index at {index_dir} (a log outside a ledger directory?)"
+        else:
+            try:
+                cache[ledger_dir] = _BookieIndex(ledger_dir)
+            except Exception as e:  # noqa: BLE001 - RocksDB says why (damaged, another version): report it
+                cache[ledger_dir] = f"the bookie's index at {index_dir} is unreadable: {e}"
+    return cache[ledger_dir]
+
+
+def _emit_live(out: _Out, path: str, log_id: int | None, index, ledger_map: dict[int, int] | None,
+               scanned: dict[int, int]) -> None:
+    if isinstance(index, str):
+        out.emit("live", f"  live: unknown ({index})", file=path, log_id=log_id, live_ratio=None, message=index)
+        return
+    if log_id is not None and log_id in index.log_meta:
+        ledger_bytes, source = index.log_meta[log_id], "entry-log metadata"
+    elif ledger_map is not None:
+        ledger_bytes, source = ledger_map, "ledger map"
+    else:
+        ledger_bytes, source = scanned, "records"
+    total = sum(ledger_bytes.values())
+    live_ids = [lid for lid in ledger_bytes if lid in index.ledger_ids]
+    live = sum(ledger_bytes[lid] for lid in live_ids)
+    ratio = live / total if total else 0.0
+    where = {"entry-log metadata": f"the bookie's entry-log metadata ({index.dir}/entrylogs)",
+             "ledger map": "the log's ledger map", "records": "the log's records"}[source]
+    out.emit("live", f"  live: {live} of {total} bytes ({100.0 * ratio:.1f}%), {len(live_ids)} of "
+             f"{len(ledger_bytes)} ledgers in the bookie's ledger index ({index.dir}/ledgers); bytes per "
+             f"ledger from {where}", file=path, log_id=log_id, bytes=total, live_bytes=live, live_ratio=ratio,
+             ledgers=len(ledger_bytes), live_ledgers=len(live_ids), source=source, index=index.dir)
 
 
 @_guard
@@ -276,8 +354,9 @@ def entrylog_dump(args) -> int:
     if not files:
         out.emit("problem", f"no entry logs (<hex id>.log) in {args.path}", message="no entry logs", path=args.path)
         return EXIT_DAMAGED
+    indexes: dict = {}
     for path, log_id in files:
-        _dump_entry_log_file(out, path, log_id)
+        _dump_entry_log_file(out, path, log_id, _bookie_index(path, indexes))
     return EXIT_DAMAGED if out.damaged else EXIT_OK
 
 

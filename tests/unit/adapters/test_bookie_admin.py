@@ -134,8 +134,8 @@ def test_run_gc_frees_a_deleted_ledger_and_status_and_entry_log_stats_show_it(tm
             whole = await b.client.entry_log_stats()
             assert pages == [s["log_id"] for s in whole["logs"]] and len(pages) == whole["logs_total"]
             live = {s["log_id"]: s for s in whole["logs"] if not s["current"]}
-            assert live and all(s["live_ledgers"] == 1 and s["live_ratio"] == pytest.approx(s["live_bytes"] / s["bytes"])
-                                for s in live.values())
+            assert live and all(s["live_ledgers"] == 1 for s in live.values())
+            assert all(s["live_ratio"] == pytest.approx(s["live_bytes"] / s["bytes"]) for s in live.values())
             assert any(0 < s["live_ratio"] < 1 for s in live.values())  # the log both ledgers shared
 
     run(scenario())
