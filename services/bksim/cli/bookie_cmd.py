@@ -16,6 +16,17 @@ Log lines go to stderr: "<ISO time> bookie <id> <message>".
 refusals exit 2, before anything is changed). The next `bookie run` then starts a new bookie with the same id
 and records that incarnation in ZooKeeper. Run it only while the bookie is stopped: the registration check
 cannot see a bookie that is still starting.
+
+`gc` and `gc-status` are operator calls to a running bookie's BookieAdmin service (adapters/bookie_admin.py;
+BookKeeper's `/api/v1/bookie/gc`): run a garbage collection round now and print what it freed, or print the
+collector's last rounds, totals, schedule and the live ratio of each entry log. The bookie is `--bookie HOST:PORT`,
+else the configuration's bookie.host:bookie.port (the bookie `bookie run` starts with the same configuration; a
+cluster's bookie i listens on cluster.bookie_port_base + i - 1). Exit codes: 0 done; 1 (`gc`) the round stopped
+early (the metadata store did not answer: nothing was deleted after that point); 2 an operating error, on stderr:
+the bookie did not answer, or refused (its gRPC code and reason: a bookie without garbage collection, too many
+rounds asked at once, ...), or a malformed --bookie. With --json, `gc` prints one JSON object (the round's report)
+and `gc-status` one JSON object per line, each with a "kind": status (running, disk_full, totals, schedule,
+entry_logs_total, message), last (one per kind of round that ran: {"report": ...}), entry_log (one per log).
 """
 from __future__ import annotations
 
@@ -74,6 +85,32 @@ def register(subparsers) -> None:
                      help="give up (exit 2, cookie kept) after this long (default 600)")
     dec.add_argument("--json", action="store_true", help="print what was done as one JSON object at the end")
     dec.set_defaults(func=_cmd_decommission)
+
+    gc = family.add_parser(
+        "gc", help="run garbage collection on a bookie now and print what it freed",
+        description="Run one garbage collection round on a running bookie now (BookKeeper's /api/v1/bookie/gc): "
+                    "local ledgers whose metadata is gone are deleted, then entry logs with no live ledger; with "
+                    "--minor or --major, sealed logs whose live ratio is below that threshold are compacted too. "
+                    "Waits for a round already running, then runs its own. Prints the ledgers and logs deleted, "
+                    "the logs compacted, the bytes freed and copied, and the duration. Exit 1 if the round "
+                    "stopped early (nothing deleted after that point), 2 on an operating error.")
+    kind = gc.add_mutually_exclusive_group()
+    kind.add_argument("--minor", dest="kind", action="store_const", const="minor", default="gc",
+                      help="also compact logs below bookie.minor_compaction_threshold (default 0.2)")
+    kind.add_argument("--major", dest="kind", action="store_const", const="major",
+                      help="also compact logs below bookie.major_compaction_threshold (default 0.5)")
+    _admin_options(gc, "print the round's report as one JSON object")
+    gc.add_argument("--timeout-s", type=float, default=600.0, metavar="S",
+                    help="give up waiting after this long (default 600; the round still finishes on the bookie)")
+    gc.set_defaults(func=cmd_gc)
+
+    gcs = family.add_parser(
+        "gc-status", help="a bookie's garbage collection: last rounds, totals, schedule, live ratio per entry log",
+        description="Ask a running bookie for its garbage collector's state: whether a round is running, the "
+                    "last round of each kind (gc, minor, major) since it started, the totals, the schedule (what "
+                    "is due next) and, per entry log, its bytes, live bytes and live ratio (at most 1000 logs).")
+    _admin_options(gcs, "one JSON object per line (kinds: status, last, entry_log)")
+    gcs.set_defaults(func=cmd_gc_status)
 
     lst = family.add_parser("list", help="writable and read-only bookies registered in ZooKeeper")
     lst.add_argument("--config", default=argparse.SUPPRESS, help="TOML configuration file")
@@ -278,6 +315,139 @@ def _cmd_decommission(args) -> int:
     from bksim.cli.autorecovery_cmd import cmd_decommission
 
     return cmd_decommission(args)
+
+
+# -- bookie gc, gc-status -------------------------------------------------------------------------------
+
+GC_STATUS_DEADLINE_S = 5.0
+IDS_SHOWN_MAX = 20  # ids printed per list in text mode (--json has every id the bookie sent)
+
+
+def _admin_options(parser, json_help: str) -> None:
+    parser.add_argument("--bookie", metavar="HOST:PORT",
+                        help="the bookie to ask (default: bookie.host:bookie.port of the configuration)")
+    parser.add_argument("--config", default=argparse.SUPPRESS, help="TOML configuration file")
+    parser.add_argument("--json", action="store_true", help=json_help)
+
+
+def bookie_address(args) -> str:
+    """--bookie HOST:PORT, else the configuration's bookie.host:bookie.port; ConfigError when malformed."""
+    if args.bookie is None:
+        b = cfgload.load(getattr(args, "config", None)).bookie
+        return f"{b.host}:{b.port}"
+    host, colon, port = args.bookie.rpartition(":")
+    if not (host and colon and port.isdigit() and 0 < int(port) < 65536):
+        raise ConfigError(f"--bookie {args.bookie!r}: expected HOST:PORT with a port in 1..65535")
+    return args.bookie
+
+
+async def _ask(address: str, call):
+    from bksim.adapters.bookie_client import BookieClient
+
+    async with BookieClient(address) as client:
+        try:
+            return await call(client)
+        except BookieUnreachable as e:
+            raise BookieUnreachable(address, f"{e.why} (is the bookie running? --bookie HOST:PORT names another)",
+                                    code=e.code) from None
+
+
+def cmd_gc(args) -> int:
+    address = bookie_address(args)
+    report = asyncio.run(_ask(address, lambda c: c.run_gc(args.kind, deadline_s=args.timeout_s)))
+    if args.json:
+        print(json.dumps({"bookie": address, **report}, sort_keys=True))
+    else:
+        print("\n".join(format_gc_report(address, report)))
+    return 1 if report["error"] else 0
+
+
+def format_gc_report(address: str, r: dict) -> list[str]:
+    done = (f"STOPPED EARLY after {r['duration_ms']:.0f} ms: {r['error']} (nothing was deleted after that point)"
+            if r["error"] else f"done in {r['duration_ms']:.0f} ms")
+    return [f"bookie {address}: garbage collection ({r['kind']}) {done}",
+            f"  ledgers deleted:      {_ids(r['ledgers_deleted'], r['ledgers_deleted_count'])}",
+            f"  entry logs deleted:   {_ids(r['logs_deleted'], r['logs_deleted_count'])}",
+            f"  entry logs compacted: {_ids(r['logs_compacted'], r['logs_compacted_count'])}",
+            f"  bytes freed:          {r['bytes_freed']} ({_size(r['bytes_freed'])})",
+            f"  bytes copied:         {r['bytes_copied']} ({_size(r['bytes_copied'])}, {r['entries_copied']} entries)",
+            f"  candidates:           {r['candidates']} local ledgers absent from the metadata, "
+            f"{r['kept_by_verify']} kept (found when re-read)"]
+
+
+def _ids(ids: list[int], count: int) -> str:
+    if not count:
+        return "0"
+    shown = ", ".join(str(i) for i in ids[:IDS_SHOWN_MAX])
+    return f"{count} ({shown}{', ...' if count > min(len(ids), IDS_SHOWN_MAX) else ''})"
+
+
+def cmd_gc_status(args) -> int:
+    address = bookie_address(args)
+    status = asyncio.run(_ask(address, lambda c: c.gc_status(deadline_s=GC_STATUS_DEADLINE_S)))
+    if args.json:
+        head = {k: v for k, v in status.items() if k not in ("last", "entry_logs")}
+        print(json.dumps({"kind": "status", "bookie": address, **head}, sort_keys=True))
+        for report in status["last"]:
+            print(json.dumps({"kind": "last", "report": report}, sort_keys=True))
+        for log in status["entry_logs"]:
+            print(json.dumps({"kind": "entry_log", **log}, sort_keys=True))
+    else:
+        print("\n".join(format_gc_status(address, status)))
+    return 0
+
+
+def format_gc_status(address: str, st: dict) -> list[str]:
+    s, t = st["schedule"], st["totals"]
+
+    def compaction(name: str, threshold: float, interval_ms: int, next_ms: float) -> str:
+        if threshold <= 0:
+            return f"  {name} compaction: off"
+        return (f"  {name} compaction: logs below {threshold:g} live, every {_duration(interval_ms)}, "
+                f"next in {_duration(next_ms)}")
+
+    lines = [f"bookie {address}: garbage collection {'RUNNING' if st['running'] else 'idle'}"
+             + (", disk full (read-only: every round compacts at the major threshold)" if st["disk_full"] else ""),
+             f"schedule: a round every {_duration(s['gc_wait_time_ms'])} (gc_wait_time_ms={s['gc_wait_time_ms']}), "
+             f"metadata re-read before deleting: {'on' if s['gc_verify_metadata'] else 'off'}, compaction rate "
+             + (f"{_size(s['compaction_rate_bytes_per_s'])}/s" if s["compaction_rate_bytes_per_s"] else "unlimited"),
+             compaction("minor", s["minor_compaction_threshold"], s["minor_compaction_interval_ms"],
+                        s["next_minor_in_ms"]),
+             compaction("major", s["major_compaction_threshold"], s["major_compaction_interval_ms"],
+                        s["next_major_in_ms"]),
+             f"totals since start: {t['rounds']} rounds ({t['rounds_failed']} stopped early), {t['ledgers_deleted']} "
+             f"ledgers deleted, {t['logs_deleted']} entry logs deleted, {t['logs_compacted']} compacted, "
+             f"{_size(t['bytes_freed'])} freed, {_size(t['bytes_copied'])} copied ({t['entries_copied']} entries), "
+             f"compaction throttled {t['compaction_throttled_ms']:.0f} ms"]
+    last = {r["kind"]: r for r in st["last"]}
+    for kind in ("gc", "minor", "major"):
+        r = last.get(kind)
+        if r is None:
+            lines.append(f"last {kind}: none since the bookie started")
+            continue
+        when = datetime.fromtimestamp(r["started_ms"] / 1000).astimezone().isoformat(timespec="seconds")
+        outcome = f"stopped early: {r['error']}" if r["error"] else (
+            f"{r['ledgers_deleted_count']} ledgers deleted, {r['logs_deleted_count']} entry logs deleted, "
+            f"{r['logs_compacted_count']} compacted, {_size(r['bytes_freed'])} freed")
+        lines.append(f"last {kind}: {when}, {r['duration_ms']:.0f} ms: {outcome}")
+    lines.append(f"entry logs: {st['entry_logs_total']} (the sealed logs the last round recorded, and the log being "
+                 f"written; live = ledgers still in the bookie's index)")
+    if st["entry_logs"]:
+        lines.append(f"  {'LOG':>12} {'BYTES':>12} {'LIVE BYTES':>12} {'LIVE':>7} {'LEDGERS':>8} {'LIVE':>5}")
+        for g in st["entry_logs"]:
+            name = f"{g['log_id']:x}.log"
+            lines.append(f"  {name:>12} {g['bytes']:>12} {g['live_bytes']:>12} {100.0 * g['live_ratio']:>6.1f}% "
+                         f"{g['ledgers']:>8} {g['live_ledgers']:>5}" + ("  (being written)" if g["current"] else ""))
+    if st["message"]:
+        lines.append(f"  {st['message']}")
+    return lines
+
+
+def _duration(ms: float) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms >= size:
+            return f"{ms / size:.1f} {unit}".replace(".0 ", " ")
+    return f"{ms:.0f} ms"
 
 
 # -- bookie list ----------------------------------------------------------------------------------------
