@@ -87,13 +87,14 @@ MID_COPY_LEDGER_ENTRIES = 3000
 APPEND_BATCH = 20
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    run_dir = str(tmp_path_factory.mktemp("autorecovery"))
-    c = LocalCluster(run_dir, inherit_bksim_env=False, cwd=run_dir, child_env=ENV)
+@contextlib.contextmanager
+def local_cluster(run_dir: str, cwd: str, bookies: int, child_env: dict[str, str]):
+    """A private ZooKeeper, `bookies` bookies and one broker from the local-cluster launcher, with `zk` (a kazoo
+    session of the test's); everything stopped by pid at the end."""
+    c = LocalCluster(run_dir, inherit_bksim_env=False, cwd=cwd, child_env=child_env)
     try:
         c.start_zookeeper(tick_time_ms=200, heap_mb=128)
-        for _ in range(BOOKIES):
+        for _ in range(bookies):
             c.add_bookie()
         c.add_broker()
         c.start(c.nodes, serving=True)
@@ -104,28 +105,22 @@ def cluster(tmp_path_factory):
             c.zk.stop()
             c.zk.close()
         c.stop_all(bookie_grace_s=10, broker_grace_s=10)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("autorecovery"))
+    with local_cluster(run_dir, run_dir, BOOKIES, ENV) as c:
+        yield c
 
 
 @pytest.fixture
 def workerless(tmp_path):
     """Four bookies whose processes run no autorecovery and a broker, on a ZooKeeper of their own: only the
     `bksim autorecovery run` processes a test starts (`daemon`) audit and copy."""
-    run_dir = str(tmp_path / "workerless")
-    c = LocalCluster(run_dir, inherit_bksim_env=False, cwd=str(tmp_path),
-                     child_env={**ENV, "BKSIM_AUTORECOVERY_ENABLED": "false"})
-    try:
-        c.start_zookeeper(tick_time_ms=200, heap_mb=128)
-        for _ in range(4):
-            c.add_bookie()
-        c.add_broker()
-        c.start(c.nodes, serving=True)
-        c.zk = c.kazoo()
+    with local_cluster(str(tmp_path / "workerless"), str(tmp_path), 4,
+                       {**ENV, "BKSIM_AUTORECOVERY_ENABLED": "false"}) as c:
         yield c
-    finally:
-        if getattr(c, "zk", None) is not None:
-            c.zk.stop()
-            c.zk.close()
-        c.stop_all(bookie_grace_s=10, broker_grace_s=10)
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
@@ -155,6 +150,11 @@ def daemon(cluster: LocalCluster, owner_id: str, env: dict[str, str] | None = No
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+
+
+def read_log(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
 
 
 def metadata(cluster, ledger_id: int) -> ledger_metadata.LedgerMetadata:
@@ -530,7 +530,8 @@ def test_autorecovery_run_alone_votes_and_stops_cleanly_on_sigterm(cluster):
                              env=cluster.base_env(), cwd=cluster.cwd, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: "standalone" in vote_owners(cluster), 30, interval_s=0.1, message="the standalone daemon's vote")
+        wait_until(lambda: "standalone" in vote_owners(cluster), 30, interval_s=0.1,
+                   message="the standalone daemon's vote")
         alone.terminate()
         _, err = alone.communicate(timeout=DAEMON_EXIT_S)
     finally:
@@ -594,8 +595,11 @@ def test_an_open_ledger_is_repaired_by_its_writer_or_after_the_grace_and_the_wri
         early = [(after - ctime_ms, state) for _, after, state in seen
                  if after < ctime_ms + OPEN_LEDGER_GRACE_MS and state != "OPEN"]
         assert not early, f"ledger {idle.ledger_id} left OPEN within the grace (ms after its mark, state): {early}"
-        assert any(before >= ctime_ms + OPEN_LEDGER_GRACE_MS / 2 and state == "OPEN" for before, _, state in seen), \
-            f"no look at ledger {idle.ledger_id} late in its grace: {[(b - ctime_ms, s) for b, _, s in seen][:20]}"
+        # and the worker that recovered it says how long after the mark it did (the looks above may be sparse)
+        ages = [int(age) for node in cluster.bookies
+                for age in re.findall(rf"ledger {idle.ledger_id}: OPEN (\d+) ms after its mark: recovered",
+                                      read_log(node.log_path))]
+        assert len(ages) == 1 and ages[0] > OPEN_LEDGER_GRACE_MS, ages
         recovered = metadata(cluster, idle.ledger_id)
         assert recovered.is_closed and recovered.last_entry_id == len(idle.acked) - 1, recovered
         assert idle.append(APPEND_BATCH) is not None, "the recovered ledger took an append from its old writer"
@@ -624,8 +628,7 @@ def test_a_worker_killed_mid_copy_frees_its_ledger_for_another_that_finishes(wor
                            f"of the {must_hold} entries {lost} held")
         victim.kill()  # SIGKILL, by pid
         victim.wait(10)
-        with open(victim.log_path, encoding="utf-8", errors="replace") as f:
-            log = f.read()
+        log = read_log(victim.log_path)
     assert f"ledger {lid}: replicated" not in log and "replaced by" not in log, log[-3000:]
     # the metadata names a replacement only once it holds every entry: it still names the lost bookie
     assert metadata(c, lid).segments[0].ensemble == ensemble
@@ -643,8 +646,10 @@ def test_a_worker_killed_mid_copy_frees_its_ledger_for_another_that_finishes(wor
         theirs = asyncio.run(read_all(source, lid, ids))
         assert all(got[e] == theirs[e] and got[e][0] is StatusCode.OK for e in ids), source
 
-    with daemon(c, "rescuer"):
+    with daemon(c, "rescuer") as rescuer:
         wait_repaired(c, [lid], lost)
+    log = read_log(rescuer.log_path)
+    assert f"autorecovery worker rescuer: ledger {lid}: replicated" in log, log[-3000:]
     # the only spare is chosen again: its partial copies and the rescuer's are the one replica, identical to
     # the others, entry by entry
     assert metadata(c, lid).segments[0].ensemble == tuple(spare if b == lost else b for b in ensemble)
