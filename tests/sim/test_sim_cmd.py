@@ -68,7 +68,7 @@ def test_bad_arguments_exit_2(capsys):
     assert main(["sim", "--world", "bookie", "--seed", "1", "--steps", "0"]) == 2
     assert "--steps must be >= 1" in capsys.readouterr().err
     assert main(["sim", "--seed", "1", "--steps", "50"]) == 2
-    assert "--steps applies to --world bookie only" in capsys.readouterr().err
+    assert "--steps applies to --world bookie or gc only" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["sim"])  # --seed or --sweep is required
 

@@ -1,13 +1,16 @@
 """`bksim sim`: the deterministic simulations, one seed at a time or in sweeps.
 
-Three worlds (`--world`):
+Four worlds (`--world`):
 - `ledger` (the default): bookies, brokers, the simulated network and metadata store; ledgers written, read
   and recovered under network, disk, process and session faults (bksim.sim.ledger_scenario);
 - `autorecovery`: the same seed's ledger world plus auditors and replication workers, bookies lost for good,
   workers crashed mid-copy, auditor sessions expired and locks lost; it settles until every closed ledger is
   fully replicated again or reported lost (bksim.sim.autorecovery_scenario);
 - `bookie`: one bookie's storage engine under crashes, torn tails and bit flips (bksim.sim.bookie_scenario);
-  `--steps K` sets its workload length (it applies to this world only).
+  `--steps K` sets its workload length (it applies to this world and the next only);
+- `gc`: the bookie world plus a metadata store of ledgers that fails, breaks off and lags, ledgers deleted from
+  it, garbage-collection and compaction rounds among the adds and reads, crashes at every step of both
+  (bksim.sim.gc_scenario).
 
 `bksim sim --seed N [--trace]` prints the seed and every knob of its plan (for the ledger world, the fault
 plan: every fault event with its time), runs it, and prints PASS (with the trace digest: the same seed always
@@ -16,7 +19,7 @@ gives the same one) or the violated invariant with the tail of the trace and the
 with its replay command.
 
 Exit status: 0 every run passed, 1 an invariant was violated, 2 bad arguments.
-`--tolerate-known` (bookie world) records violations of the known engine issues (bksim.sim.known_issues)
+`--tolerate-known` (bookie and gc worlds) records violations of the known engine issues (bksim.sim.known_issues)
 as TOLERATED instead of failing, so the rest of each run is still checked.
 """
 from __future__ import annotations
@@ -28,11 +31,12 @@ import time
 from bksim.model.errors import ConfigError
 from bksim.sim.autorecovery_scenario import run_autorecovery_sim
 from bksim.sim.bookie_scenario import SimResult, run_bookie_sim
+from bksim.sim.gc_scenario import gc_plans, run_gc_sim
 from bksim.sim.known_issues import KNOWN_ENGINE_ISSUES, KNOWN_INVARIANTS
 from bksim.sim.ledger_scenario import LedgerSimResult, run_ledger_sim
 from bksim.sim.plan import STEPS_DEFAULT, AutorecoveryPlan, BookiePlan, LedgerPlan
 
-WORLDS = ("ledger", "bookie", "autorecovery")
+WORLDS = ("ledger", "bookie", "autorecovery", "gc")
 
 TRACE_TAIL_LINES = 40
 PROGRESS_EVERY_SEEDS = 100  # when stderr is not a terminal: one progress line per this many seeds
@@ -50,7 +54,9 @@ def register(subparsers) -> None:
                     "crashes with takeover, fencing recoveries, concurrent recoveries and session expiry; then "
                     "a liveness phase; the ledger invariants of PROTOCOL.md §7 are checked throughout. --world "
                     "bookie: one BookieEngine with crashes (also during replay), torn journal tails, latencies "
-                    "and bit flips. The same seed always gives a byte-identical trace.")
+                    "and bit flips. --world gc: the bookie world with ledgers deleted from a simulated metadata "
+                    "store that fails and lags, garbage collection and compaction among the adds, and crashes at "
+                    "every step of both. The same seed always gives a byte-identical trace.")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--seed", type=int, help="run this one seed")
     which.add_argument("--sweep", type=int, metavar="N", help="run N seeds (see --from)")
@@ -58,9 +64,9 @@ def register(subparsers) -> None:
     p.add_argument("--world", choices=WORLDS, default="ledger",
                    help="ledger (default): brokers + bookies + network; bookie: one bookie's storage engine; "
                         "autorecovery: the ledger world with bookies lost for good, auditors and replication "
-                        "workers")
+                        "workers; gc: the bookie world with ledger deletions, garbage collection and compaction")
     p.add_argument("--steps", type=int, default=None,
-                   help=f"--world bookie only: workload steps per seed (default {STEPS_DEFAULT})")
+                   help=f"--world bookie or gc only: workload steps per seed (default {STEPS_DEFAULT})")
     p.add_argument("--trace", action="store_true", help="print the whole trace of --seed")
     p.add_argument("--tolerate-known", action="store_true",
                    help="record violations of known engine issues as TOLERATED and keep checking the rest")
@@ -70,8 +76,8 @@ def register(subparsers) -> None:
 def cmd_sim(args) -> int:
     if args.world in ("ledger", "autorecovery"):
         if args.steps is not None:
-            raise ConfigError(f"--steps applies to --world bookie only (the {args.world} world's length comes from "
-                              f"its plan)")
+            raise ConfigError(f"--steps applies to --world bookie or gc only (the {args.world} world's length "
+                              f"comes from its plan)")
         if args.seed is not None:
             return _one_ledger(args.seed, args.trace, args.world)
         if args.sweep < 1:
@@ -82,19 +88,19 @@ def cmd_sim(args) -> int:
         raise ConfigError("--steps must be >= 1")
     tolerated = KNOWN_INVARIANTS if args.tolerate_known else frozenset()
     if args.seed is not None:
-        return _one(args.seed, steps, args.trace, tolerated)
+        return _one(args.seed, steps, args.trace, tolerated, args.world)
     if args.sweep < 1:
         raise ConfigError("--sweep needs at least one seed")
-    return _sweep(args.first, args.sweep, steps, tolerated)
+    return _sweep(args.first, args.sweep, steps, tolerated, args.world)
 
 
-def replay_commands(seed: int, steps: int, tolerate_known: bool) -> str:
-    """The bookie world's replay lines."""
-    make_args = ["--world bookie"] + (["--tolerate-known"] if tolerate_known else [])
+def replay_commands(seed: int, steps: int, tolerate_known: bool, world: str = "bookie") -> str:
+    """The bookie (or gc) world's replay lines."""
+    make_args = [f"--world {world}"] + (["--tolerate-known"] if tolerate_known else [])
     make_extra = (f" STEPS={steps}" if steps != STEPS_DEFAULT else "") + f" SIM_ARGS='{' '.join(make_args)}'"
     cli_extra = (f" --steps {steps}" if steps != STEPS_DEFAULT else "") + \
                 (" --tolerate-known" if tolerate_known else "")
-    return f"make sim SEED={seed}{make_extra}   |   bksim sim --world bookie --seed {seed}{cli_extra} --trace"
+    return f"make sim SEED={seed}{make_extra}   |   bksim sim --world {world} --seed {seed}{cli_extra} --trace"
 
 
 def ledger_replay_commands(seed: int, world: str = "ledger") -> str:
@@ -106,16 +112,24 @@ def ledger_replay_commands(seed: int, world: str = "ledger") -> str:
 RUNS = {"ledger": run_ledger_sim, "autorecovery": run_autorecovery_sim}
 
 
-def _one(seed: int, steps: int, print_trace: bool, tolerated: frozenset[str]) -> int:
-    plan = BookiePlan.from_seed(seed, steps)
-    print(f"bksim sim --world bookie: seed {seed}; replay: {replay_commands(seed, steps, bool(tolerated))}")
+def _one(seed: int, steps: int, print_trace: bool, tolerated: frozenset[str], world: str = "bookie") -> int:
+    if world == "gc":
+        plans = gc_plans(seed, steps)
+        lines = plans[0].describe() + plans[1].describe()
+    else:
+        plan = BookiePlan.from_seed(seed, steps)
+        lines = plan.describe()
+    print(f"bksim sim --world {world}: seed {seed}; replay: {replay_commands(seed, steps, bool(tolerated), world)}")
     print("plan (every knob, drawn from the seed):")
-    for line in plan.describe():
+    for line in lines:
         print(f"  {line}")
     if tolerated:
         print(f"tolerated known engine issues: {', '.join(sorted(tolerated))}")
     started = time.perf_counter()
-    result = run_bookie_sim(seed, tolerated=tolerated, plan=plan)
+    if world == "gc":
+        result = run_gc_sim(seed, tolerated=tolerated, plans=plans)
+    else:
+        result = run_bookie_sim(seed, tolerated=tolerated, plan=plan)
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     if print_trace:
         print("trace:")
@@ -130,12 +144,12 @@ def _one(seed: int, steps: int, print_trace: bool, tolerated: frozenset[str]) ->
             print(f"  ... and {len(result.tolerated) - 10} more tolerated")
         print(f"trace: {len(result.trace)} lines, sha256 {result.digest}")
         return EXIT_PASS
-    _print_failure(result, steps, bool(tolerated), print_trace)
+    _print_failure(result, steps, bool(tolerated), print_trace, world=world)
     return EXIT_VIOLATION
 
 
 def _print_failure(result: SimResult | LedgerSimResult, steps: int, tolerate_known: bool, printed_trace: bool,
-                   replay: str | None = None) -> None:
+                   replay: str | None = None, world: str = "bookie") -> None:
     v = result.violation
     print(f"FAIL seed={result.seed}: {v.invariant} violated: {v.detail}")
     known = KNOWN_ENGINE_ISSUES.get(v.invariant) if replay is None else None  # bookie world only
@@ -149,18 +163,19 @@ def _print_failure(result: SimResult | LedgerSimResult, steps: int, tolerate_kno
         print(f"trace tail (last {TRACE_TAIL_LINES} of {len(result.trace)} lines):")
         for line in result.trace[-TRACE_TAIL_LINES:]:
             print(f"  {line}")
-    print(f"replay: {replay or replay_commands(result.seed, steps, tolerate_known)}")
+    print(f"replay: {replay or replay_commands(result.seed, steps, tolerate_known, world)}")
 
 
-def _sweep(first: int, count: int, steps: int, tolerated: frozenset[str]) -> int:
-    print(f"bksim sim --world bookie --sweep: seeds {first}..{first + count - 1}, {steps} steps each"
+def _sweep(first: int, count: int, steps: int, tolerated: frozenset[str], world: str = "bookie") -> int:
+    run = run_gc_sim if world == "gc" else run_bookie_sim
+    print(f"bksim sim --world {world} --sweep: seeds {first}..{first + count - 1}, {steps} steps each"
           + (f"; tolerating known engine issues: {', '.join(sorted(tolerated))}" if tolerated else ""))
     tty = sys.stderr.isatty()
     started = time.perf_counter()
     failures: list[SimResult] = []
     tolerated_counts: collections.Counter[str] = collections.Counter()
     for i, seed in enumerate(range(first, first + count), start=1):
-        result = run_bookie_sim(seed, steps, tolerated=tolerated)
+        result = run(seed, steps, tolerated=tolerated)
         for violation in result.tolerated:
             tolerated_counts[violation.split(":", 1)[0]] += 1
         if not result.passed:
@@ -181,7 +196,7 @@ def _sweep(first: int, count: int, steps: int, tolerated: frozenset[str]) -> int
     for result in failures:
         known = " (known engine issue)" if result.violation.invariant in KNOWN_ENGINE_ISSUES else ""
         print(f"  seed {result.seed}: {result.violation.invariant}{known}: {result.violation.detail}")
-        print(f"    replay: {replay_commands(result.seed, steps, bool(tolerated))}")
+        print(f"    replay: {replay_commands(result.seed, steps, bool(tolerated), world)}")
     return EXIT_VIOLATION if failures else EXIT_PASS
 
 

@@ -73,8 +73,9 @@ def run_bookie_sim(seed: int, steps: int | None = None, *, tolerated: frozenset[
     return sim_loop.run(_run(plan, tolerated), seed=seed)
 
 
-async def _run(plan: BookiePlan, tolerated: frozenset[str]) -> SimResult:
-    world = BookieWorld(plan, tolerated)
+async def _run(plan: BookiePlan, tolerated: frozenset[str],
+               make_world: Callable[[], "BookieWorld"] | None = None) -> SimResult:
+    world = make_world() if make_world is not None else BookieWorld(plan, tolerated)
     try:
         await world.run()
         world.raise_violation()
@@ -104,6 +105,8 @@ class _Op:
 
 
 class BookieWorld:
+    op_weights = OP_WEIGHTS  # the workload mix (a world built on this one adds its operations)
+
     def __init__(self, plan: BookiePlan, tolerated: frozenset[str] = frozenset()) -> None:
         self.plan = plan
         self.clock = SimClock()
@@ -199,7 +202,11 @@ class BookieWorld:
         self.disk = self.device.reopen()
         return BookieEngine(self.config, disk=self.disk, clock=self.clock, open_kv=self.kv.open_kv,
                             instance_id=self.instance_id, journal_dir=JOURNAL_DIR, ledger_dir=LEDGER_DIR,
-                            log=lambda message: self._engine_log(n, message))
+                            log=lambda message: self._engine_log(n, message), fault_hook=self._fault_hook(n))
+
+    def _fault_hook(self, incarnation: int) -> Callable[[str], None] | None:
+        """The engine's fault hook for this incarnation (none here: crashes come from the driver)."""
+        return None
 
     def _engine_log(self, n: int, message: str) -> None:
         self.trace.add(f"bookie#{n}: {message}")
@@ -294,9 +301,9 @@ class BookieWorld:
 
     def _submit_random_op(self) -> None:
         r = self.workload
-        total = sum(w for _, w in OP_WEIGHTS)
+        total = sum(w for _, w in self.op_weights)
         pick = r.uniform(0.0, total)
-        for name, weight in OP_WEIGHTS:
+        for name, weight in self.op_weights:
             pick -= weight
             if pick <= 0:
                 break
@@ -486,7 +493,7 @@ class BookieWorld:
                            f"acknowledged entries read back: " + ", ".join(
                                f"{status} {n}" for status, n in sorted(self._audit_answers.items())))
             self._audit_answers = collections.Counter()
-            if ledger.fence_acked_at is not None:
+            if self._probes_fence(ledger):
                 probe = self.history.generate(ledger, b"probe")
                 self.history.sent_lac(ledger, parse_ids(ledger.entries[probe])[2])
                 submitted = self.history.next_tick()
@@ -498,6 +505,10 @@ class BookieWorld:
                 # tolerated: an OK probe is an acknowledged entry like any other
                 self.history.add_answered(ledger, probe, False, statuses[0], submitted, self.history.next_tick())
         self.raise_violation()
+
+    def _probes_fence(self, ledger: LedgerHistory) -> bool:
+        """Whether the audit checks that a normal add to this ledger is refused (its fence was acknowledged)."""
+        return ledger.fence_acked_at is not None
 
     def _check_lastmark(self, where: str) -> None:
         data = self.device.durable_bytes(os.path.join(LEDGER_DIR, LASTMARK_FILE))

@@ -389,3 +389,63 @@ class AutorecoveryPlan:
                  if f.name != "events"]
         lines.append(f"autorecovery.events = {len(self.events)}")
         return lines + [f"  {event.describe()}" for event in self.events]
+
+
+# -- the garbage-collection world (sim.gc_scenario) ---------------------------------------------------------------
+# the bookie world's mix plus: a writer rolling to a new ledger (created in the metadata first), a ledger deleted
+# from the metadata, and garbage-collection rounds of each kind (bookie/gc.py KINDS)
+GC_OP_WEIGHTS = OP_WEIGHTS + (("roll", 4), ("delete_ledger", 5), ("gc", 4), ("minor", 3), ("major", 3))
+GC_CRASH_POINTS_EXTRA_MAX = 2  # crash points per seed besides the one the seed's number picks
+
+
+@dataclass(frozen=True, slots=True)
+class GcPlan:
+    """The garbage-collection knobs over a BookiePlan, drawn from a stream of their own (`rng_for(seed,
+    "gc-plan")`): the simulated metadata store's faults (a listing that fails, breaks off midway, or answers
+    late with the state it had when asked), the garbage collector's settings, the workload's deletions, and
+    the crash points: (fault step, k) = crash the k-th time the engine reaches that step. The first point's
+    step is `steps[seed % len(steps)]`, so any run of len(steps) consecutive seeds aims at every step."""
+    listing_failure_probability: float  # per listing: fails before answering
+    listing_partial_probability: float  # per listing: breaks off after some pages
+    listing_page_ledgers: int
+    listing_lag_ms_max: float  # a listing answers this long (at most) after it was asked, with the state then
+    exists_failure_probability: float  # per verification read
+    gc_verify_metadata: bool
+    minor_compaction_threshold: float
+    major_compaction_threshold: float
+    compaction_rate_bytes_per_s: int  # 0: unlimited
+    entry_log_bytes_max: int  # small: logs roll often, so there are sealed logs to delete and compact
+    delete_open_probability: float  # a deletion takes a ledger its writer is still writing
+    crash_points: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def from_seed(cls, seed: int, steps: tuple[str, ...]) -> "GcPlan":
+        r = rng_for(seed, "gc-plan")
+        minor = r.choice([0.2, 0.5])
+        points = [(steps[seed % len(steps)], r.randint(1, 2))]
+        for _ in range(r.randint(0, GC_CRASH_POINTS_EXTRA_MAX)):
+            points.append((r.choice(steps), r.randint(1, 3)))
+        return cls(listing_failure_probability=r.choice([0.0, 0.1, 0.3]),
+                   listing_partial_probability=r.choice([0.0, 0.1, 0.3]),
+                   listing_page_ledgers=r.choice([1, 4, 16]),
+                   listing_lag_ms_max=r.choice([0.0, 5.0, 30.0]),
+                   exists_failure_probability=r.choice([0.0, 0.1]),
+                   gc_verify_metadata=r.random() < 0.5,
+                   minor_compaction_threshold=minor,
+                   major_compaction_threshold=r.choice([m for m in (0.5, 0.8, 1.0) if m >= minor]),
+                   compaction_rate_bytes_per_s=r.choice([0, 0, 256 * KiB]),
+                   entry_log_bytes_max=r.choice([2 * KiB, 8 * KiB, 16 * KiB]),
+                   delete_open_probability=r.choice([0.0, 0.2, 0.5]),
+                   crash_points=tuple(points))
+
+    def bookie_plan(self, plan: BookiePlan) -> BookiePlan:
+        return dataclasses.replace(plan, entry_log_bytes_max=self.entry_log_bytes_max)
+
+    def bookie_config(self, config: BookieConfig) -> BookieConfig:
+        return dataclasses.replace(config, gc_verify_metadata=self.gc_verify_metadata,
+                                   minor_compaction_threshold=self.minor_compaction_threshold,
+                                   major_compaction_threshold=self.major_compaction_threshold,
+                                   compaction_rate_bytes_per_s=self.compaction_rate_bytes_per_s)
+
+    def describe(self) -> list[str]:
+        return [f"gc.{f.name} = {getattr(self, f.name)}" for f in dataclasses.fields(self)]
