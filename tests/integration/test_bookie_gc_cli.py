@@ -7,7 +7,6 @@ where no bookie listens give their documented code and message. The periodic loo
 (gc_wait_time_ms is 15 min): every round is one the commands asked for."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -16,13 +15,12 @@ import sys
 import pytest
 
 from bksim.adapters.bookie_client import BookieAdminError, BookieClient
-from bksim.adapters.zk_metadata import ZkMetadataStore
 from bksim.formats.entry import encode_entry
 from bksim.metadata.ledger_manager import delete_ledger_metadata
 from bksim.model.status import StatusCode
-from helpers import free_port, wait_until
-from integration.bookie_harness import KEY, BookieProcess, kazoo_client
-from integration.test_bookie_gc import logs_by_ledgers
+from helpers import free_port, wait_until_async
+from integration.bookie_harness import KEY, BookieProcess
+from integration.test_bookie_gc import logs_by_ledgers, run
 from integration.test_bookie_readonly import ledgers_with_metadata
 
 ENTRIES = 60
@@ -50,19 +48,17 @@ def test_bookie_gc_frees_a_deleted_ledger_and_gc_status_shows_the_round(zookeepe
     bookie = BookieProcess(zookeeper, tmp_path, env={
         "BKSIM_BOOKIE_FLUSH_INTERVAL_MS": "200", "BKSIM_BOOKIE_ENTRY_LOG_BYTES_MAX": str(32 * 1024)})
     entrylogs = os.path.join(bookie.ledger_dir, "entrylogs")
-    zk = kazoo_client(zookeeper)
-    store = ZkMetadataStore(zk)
-    try:
-        bookie.start(zk)
-        doomed, kept = asyncio.run(ledgers_with_metadata(zk, bookie.bookie_id, 2))
+
+    async def scenario(zk, store):
+        doomed, kept = await ledgers_with_metadata(zk, bookie.bookie_id, 2)
         written = {}
         for ledger_id in (doomed, kept):
-            written[ledger_id] = asyncio.run(write(bookie.address, ledger_id))
-            wait_until(lambda: any(ledger_id in held for held in logs_by_ledgers(entrylogs).values()), 10.0,
-                       message=f"ledger {ledger_id} checkpointed into an entry log")
+            written[ledger_id] = await write(bookie.address, ledger_id)
+            await wait_until_async(lambda: any(ledger_id in held for held in logs_by_ledgers(entrylogs).values()),
+                                   10.0, message=f"ledger {ledger_id} checkpointed into an entry log")
         only_doomed = sorted(i for i, held in logs_by_ledgers(entrylogs).items() if held == {doomed})
         assert only_doomed, logs_by_ledgers(entrylogs)
-        asyncio.run(delete_ledger_metadata(store, doomed))
+        await delete_ledger_metadata(store, doomed)
 
         done = bksim(tmp_path, "bookie", "gc", "--json", "--bookie", bookie.address)
         assert (done.returncode, done.stderr) == (0, ""), done.stderr
@@ -72,16 +68,14 @@ def test_bookie_gc_frees_a_deleted_ledger_and_gc_status_shows_the_round(zookeepe
         assert set(only_doomed) <= set(report["logs_deleted"]) and report["bytes_freed"] >= ENTRIES * PAYLOAD // 2
         assert not set(report["logs_deleted"]) & set(logs_by_ledgers(entrylogs))  # the files are gone
 
-        async def check_reads():
-            async with BookieClient(bookie.address) as client:
-                assert (await client.read_entry(doomed, 0)).status == StatusCode.NO_LEDGER
-                got = await client.read_entries(kept, list(range(ENTRIES)))
-                assert [r.entry for r in got] == written[kept]
-                with pytest.raises(BookieAdminError) as refused:
-                    await client.run_gc("full")
-                assert refused.value.code == "INVALID_ARGUMENT"
-                assert "garbage collection kind 'full': one of gc, minor, major" in refused.value.message
-        asyncio.run(check_reads())
+        async with BookieClient(bookie.address) as client:
+            assert (await client.read_entry(doomed, 0)).status == StatusCode.NO_LEDGER
+            got = await client.read_entries(kept, list(range(ENTRIES)))
+            assert [r.entry for r in got] == written[kept]
+            with pytest.raises(BookieAdminError) as refused:
+                await client.run_gc("full")
+            assert refused.value.code == "INVALID_ARGUMENT"
+            assert "garbage collection kind 'full': one of gc, minor, major" in refused.value.message
 
         status = bksim(tmp_path, "bookie", "gc-status", "--json", "--bookie", bookie.address)
         assert (status.returncode, status.stderr) == (0, ""), status.stderr
@@ -108,10 +102,5 @@ def test_bookie_gc_frees_a_deleted_ledger_and_gc_status_shows_the_round(zookeepe
         assert (nobody.returncode, nobody.stdout) == (2, "")
         assert nobody.stderr.startswith(f"bksim: error: bookie 127.0.0.1:{port}: UNAVAILABLE: ")
         assert nobody.stderr.rstrip().endswith("(is the bookie running? --bookie HOST:PORT names another)")
-        assert "garbage collection (gc): 1 ledger(s) deleted" in bookie.log_text()
-        assert bookie.terminate() == 0
-    finally:
-        bookie.cleanup()
-        store.close()
-        zk.stop()
-        zk.close()
+
+    run(zookeeper, bookie, scenario, "garbage collection (gc): 1 ledger(s) deleted")
