@@ -18,7 +18,8 @@ BKSIM_AUTORECOVERY_* variables) and one `bksim broker run`, all from the local-c
   the workers' replacement; an idle writer's ledger is left to it for the open-ledger grace, then recovered
   (fenced, closed) and copied. Every acknowledged entry reads back.
 - The auditor (found from the election votes, whichever bookie it is) killed -9: another candidate becomes the
-  auditor and marks the dead one's ledger.
+  auditor and marks the dead one's ledger (as wide as the cluster, so no worker can repair it); deleted, a
+  worker removes its mark.
 - A bookie stopped (SIGSTOP) until its sessions expire votes again on a new session once it runs again.
 - `bksim autorecovery run` alone votes, and on SIGTERM stops within its bounds and closes its session.
 - A replication worker killed -9 mid-copy (a `bksim autorecovery run` held to a low copy rate, on a cluster of
