@@ -445,6 +445,12 @@ class BookieEngine:
             lac = max(lac, record.explicit_lac)
         return lac
 
+    def _lac_lower_bound(self, ledger_id: int) -> int:
+        """The known LAC without the last entry's (unreadable): piggybacked LACs seen since start, explicit LAC."""
+        record = self._ledgers.get(ledger_id)
+        explicit = record.explicit_lac if record is not None and record.explicit_lac is not None else -1
+        return max(self._lac.get(ledger_id, -1), explicit)
+
     def _lac_in_last_indexed_entry(self, ledger_id: int) -> int:
         last = self._locations.last_entry_id(ledger_id)
         if last < 0:
@@ -488,9 +494,14 @@ class BookieEngine:
             last = self._last_entry_id(ledger_id)
             wanted = last if entry_id == -1 else entry_id
             entry = self._get(ledger_id, wanted) if wanted >= 0 else None
-            lac = self._known_lac(ledger_id)
         except FormatError as e:
             return StatusCode.IO_ERROR, b"", -1, f"entry {ledger_id}:{entry_id} unreadable: {e}"
+        try:
+            lac = self._known_lac(ledger_id)
+        except FormatError as e:
+            if entry is None:  # "no such entry" would come with a LAC this bookie cannot read: unknown, not no
+                return StatusCode.IO_ERROR, b"", -1, f"entry {ledger_id}:{entry_id} unreadable: {e}"
+            lac = self._lac_lower_bound(ledger_id)  # the entry is intact: served, with what is known of the LAC
         if entry is None:
             if ledger_id <= self.limbo_ledger_id_max:
                 return StatusCode.UNKNOWN_STATE, b"", lac, self._limbo_message(ledger_id, entry_id)

@@ -18,6 +18,9 @@ Invariants (PROTOCOL.md §2.1, §7), each raised as InvariantViolation(name, det
 - LacMonotonic: within one incarnation of the bookie, the known LAC of a ledger never decreases; across
   restarts it never falls below the durable floor (the highest LAC piggybacked on an acknowledged entry or
   written by an acknowledged explicit LAC); and it is never above every LAC ever sent (LacNeverInvented).
+  One exception: on a ledger with a damaged entry-log record, an entry read's LAC may be only a lower bound
+  (the bookie serves an entry even when the last entry, where the LAC comes from, is unreadable); ReadLac
+  answers stay strict (IO_ERROR rather than a lower LAC), and no answer's LAC is ever invented.
 - LastmarkMonotonic: the durable checkpoint mark never moves backwards.
 """
 from __future__ import annotations
@@ -175,7 +178,7 @@ class BookieHistory:
         if status is S.OK:
             self._check_bytes(ledger, entry_id, submitted, data, what)
         if status in (S.OK, S.NO_ENTRY):
-            self._check_lac(ledger, lac, submitted, what)
+            self._check_lac(ledger, lac, submitted, what, lower_bound=status is S.OK and ledger.damaged)
 
     def _check_bytes(self, ledger: LedgerHistory, entry_id: int, submitted: int, data: bytes, what: str) -> None:
         lid = ledger.ledger_id
@@ -221,10 +224,18 @@ class BookieHistory:
                              f"{last_entry_id}, but {highest} was acknowledged")
             self._check_lac(ledger, lac, submitted, what)
 
-    def _check_lac(self, ledger: LedgerHistory, lac: int, submitted: int, what: str) -> None:
+    def _check_lac(self, ledger: LedgerHistory, lac: int, submitted: int, what: str,
+                   lower_bound: bool = False) -> None:
+        """`lower_bound`: the answer's LAC may be below what the bookie knew (an entry served while its ledger's
+        last entry is unreadable): only LacNeverInvented applies, and it does not lower what was seen."""
         lid = ledger.ledger_id
         # on a ledger with a damaged entry-log record, a wrong LAC comes from reading that record unverified
         damaged = " (the ledger has a damaged entry-log record)" if ledger.damaged else ""
+        if lower_bound:
+            if lac > ledger.lac_sent_max:
+                self.violate("LacFromDamagedEntry", f"{what}: known LAC of ledger {lid} is {lac}, but no LAC above "
+                             f"{ledger.lac_sent_max} was ever sent to the bookie{damaged}")
+            return
         seen = self._lac_seen.get(lid, -1)
         self._lac_seen[lid] = lac
         if lac < seen:

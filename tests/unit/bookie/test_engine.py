@@ -4,7 +4,11 @@ from __future__ import annotations
 import asyncio
 import os
 
+import pytest
+
 from bksim.formats import entry_log
+from bksim.formats.entry import decode_entry
+from bksim.model.errors import FormatError
 from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode as S
 
 from .conftest import KEY, entry
@@ -128,6 +132,37 @@ def test_corrupt_entry_log_record_is_io_error_never_no_entry(engines):
         assert (await e.read_lac(3))[0] == S.IO_ERROR  # the LAC comes from the unreadable last entry
         # conservative: the answer would carry a LAC this bookie cannot read, so it is unknown, not "no"
         assert (await e.read_entry(3, 5))[0] == S.IO_ERROR
+        await e.close()
+    run(scenario())
+
+
+def test_a_damaged_last_entry_makes_the_lac_unknown_but_every_entry_is_still_served(engines):
+    """The known LAC comes from the ledger's last entry in the entry log; when that entry is damaged the LAC is
+    unknown (ReadLac: IO_ERROR), but every entry is still served: its answer's LAC is then only a lower
+    bound (piggybacked and explicit LACs seen since the start), never a reason to refuse the entry."""
+    async def scenario():
+        e = await engines.started()
+        await e.add_entries([(entry(3, i), KEY, 0) for i in range(3)])
+        await e.close()  # checkpoint: the entries now live in an entry log
+        log_dir = os.path.join(engines.ledger_dir, "entrylogs")
+        path = next(os.path.join(log_dir, n) for n in sorted(os.listdir(log_dir))
+                    if os.path.getsize(os.path.join(log_dir, n)) > entry_log.HEADER_BYTES)
+        with open(path, "r+b") as f:
+            data = f.read()
+            at = data.rindex(entry(3, 2)) + len(entry(3, 2)) - 1  # the last payload byte of the last entry
+            f.seek(at)
+            f.write(bytes([data[at] ^ 0xFF]))
+        e = await engines.started()
+        for wanted in (2, -1):  # the damaged entry itself is served as stored, as any other: readers verify digests
+            status, data, _, _ = await e.read_entry(3, wanted)
+            assert status == S.OK and data != entry(3, 2)
+            with pytest.raises(FormatError, match="digest mismatch"):
+                decode_entry(data, ledger_id=3, entry_id=2)
+        assert (await e.read_lac(3))[0] == S.IO_ERROR
+        for i in (0, 1):
+            status, data, lac, msg = await e.read_entry(3, i)
+            assert (status, data) == (S.OK, entry(3, i)), msg
+            assert lac == -1  # nothing piggybacked or explicit since the start: the lower bound is -1
         await e.close()
     run(scenario())
 
