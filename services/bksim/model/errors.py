@@ -7,6 +7,8 @@ name their module; a module raises only the errors of its own layer or below).
     ├── BookieUnreachable(bookie, why, code)  no answer from a bookie (refused, broken, deadline, closed):
     │                               the outcome of an unanswered add is unknown; `code` is the gRPC code
     │                               name when a gRPC call failed (adapters/bookie_client.py raises it too)
+    ├── BookieAdminError(code)      a bookie refused an operator call (BookieAdmin: run GC, GC status), nothing
+    │                               changed; `code` is the gRPC code name (adapters/bookie_client.py)
     ├── FormatError                 bytes that do not parse (bad magic, short record, bad CRC)
     │   ├── JournalCorruptError     journal damage that is not a torn tail: the bookie refuses to start
     │   ├── MetadataFormatError     ledger metadata bytes that are not JSON of a known format_version
