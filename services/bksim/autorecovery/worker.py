@@ -390,9 +390,11 @@ class ReplicationWorker:
 
     @staticmethod
     def _entries_of(metadata: LedgerMetadata, step: _Step) -> Iterator[int]:
-        """The entries of the step's segment whose write set holds its ensemble index."""
+        """The entries of the step's segment whose write set holds its ensemble index: entry e's write set is
+        e, e+1, .. e+Qw-1 (mod E), so it holds index i when (i - e) mod E < Qw."""
+        e, qw, index = metadata.ensemble_size, metadata.write_quorum_size, step.index
         for entry_id in range(step.first_entry_id, step.last_entry_id + 1):
-            if step.index in write_set_indexes(entry_id, metadata.ensemble_size, metadata.write_quorum_size):
+            if (index - entry_id) % e < qw:
                 yield entry_id
 
     async def _read(self, ledger_id: int, metadata: LedgerMetadata, segment: Segment, step: _Step,
@@ -401,13 +403,18 @@ class ReplicationWorker:
         bookie: bookies the mark does not name first, one ReadEntries call per replica and round. Ids no
         replica holds go to `lost`; an id some replica could not answer for raises LedgerError(READ_FAILED)."""
         named = set(missing)
+        e = metadata.ensemble_size
+        orders: dict[int, list[str]] = {}  # entry id mod E (its write set) -> the replicas to ask, in order
         sources: dict[int, list[str]] = {}
         for entry_id in entry_ids:
-            # the step's own bookie last of all: a bookie that came back after it was marked still holds its copy
-            replicas = [segment.ensemble[i] for i in write_set_indexes(entry_id, metadata.ensemble_size,
-                                                                       metadata.write_quorum_size)
-                        if i != step.index] + [step.bookie]
-            sources[entry_id] = [b for b in replicas if b not in named] + [b for b in replicas if b in named]
+            order = orders.get(entry_id % e)
+            if order is None:
+                # the step's own bookie last of all: a bookie back after it was marked still holds its copy
+                replicas = [segment.ensemble[i] for i in write_set_indexes(entry_id, e, metadata.write_quorum_size)
+                            if i != step.index] + [step.bookie]
+                order = orders[entry_id % e] = ([b for b in replicas if b not in named]
+                                                + [b for b in replicas if b in named])
+            sources[entry_id] = order.copy()
         answers: dict[int, list[str]] = {entry_id: [] for entry_id in entry_ids}
         unsure: set[int] = set()  # ids a replica not named by the mark answered neither yes nor no for
         found: dict[int, bytes] = {}
