@@ -51,9 +51,11 @@ def register(subparsers) -> None:
 
     entrylog = subparsers.add_parser("entrylog", help="inspect entry log files")
     entrylog_sub = entrylog.add_subparsers(dest="entrylog_command", required=True)
-    p = entrylog_sub.add_parser("dump", help="print the header, records and ledger map of entry logs",
+    p = entrylog_sub.add_parser("dump", help="print the header, records, ledger map and live ratio of entry logs",
                                 description="PATH is a <hex id>.log file, an entrylogs directory, or a ledger "
-                                "directory (its entrylogs/ is used).")
+                                "directory (its entrylogs/ is used). After each log a 'live' line gives its live "
+                                "ratio from the bookie's index beside it (read-only: the bookie may be running), "
+                                "and where the numbers come from.")
     p.add_argument("path", metavar="PATH", help="a .log file, an entrylogs directory or a ledger directory")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.set_defaults(func=entrylog_dump)
@@ -294,11 +296,9 @@ class _BookieIndex:
             self.ledger_ids = set(ledgers.ledger_ids())
         finally:
             ledgers.close()
-        try:
+        self.log_meta: dict[int, dict[int, int]] = {}
+        if os.path.isdir(os.path.join(self.dir, "entrylogs")):  # absent: a bookie that predates the store
             log_meta = LogMetaIndex(open_rocks_read_only(os.path.join(self.dir, "entrylogs")))
-        except Exception:  # noqa: BLE001 - a bookie that never ran garbage collection has no such store
-            self.log_meta: dict[int, dict[int, int]] = {}
-        else:
             try:
                 self.log_meta = dict(log_meta.items())
             finally:

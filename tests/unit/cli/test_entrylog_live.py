@@ -1,6 +1,6 @@
 """`bksim entrylog dump` prints each log's live ratio from the bookie's own index (cli/dump_cmd.py "Live ratio"):
 the same numbers as the engine's entry_log_stats, read beside a running engine (RocksDB opened read-only), with
-where each number comes from; a log without an index beside it says why its ratio is unknown."""
+where each number comes from; a log without a readable index beside it says why its ratio is unknown."""
 from __future__ import annotations
 
 import asyncio
@@ -16,6 +16,7 @@ from bksim.adapters.rocks import open_rocks
 from bksim.bookie.engine import BookieEngine
 from bksim.bookie.gc import GarbageCollector
 from bksim.cli.main import main
+from bksim.formats import entry_log as log_fmt
 from bksim.formats.entry import encode_entry
 from bksim.model.config import BookieConfig
 from bksim.model.status import StatusCode
@@ -97,3 +98,16 @@ def test_live_ratios_match_the_engine_and_are_read_beside_a_running_bookie(tmp_p
     assert unknown["live_ratio"] is None and "no bookie ledger index at" in unknown["message"]
     main(["entrylog", "dump", copied])
     assert "  live: unknown (no bookie ledger index at " in capsys.readouterr().out
+
+
+def test_an_unreadable_index_makes_the_live_ratio_unknown_and_says_why(tmp_path, capsys):
+    ledger_dir = tmp_path / "ledgers"
+    (ledger_dir / "entrylogs").mkdir(parents=True)
+    (ledger_dir / "index" / "ledgers").mkdir(parents=True)  # no RocksDB inside
+    with open(ledger_dir / "entrylogs" / "1.log", "wb") as f:
+        f.write(log_fmt.encode_header() + log_fmt.encode_record(encode_entry(5, 0, -1, 0, b"x")))
+    code, objects = dump_json(capsys, str(ledger_dir))
+    assert code == 0  # the live ratio never changes the exit code
+    [unknown] = [o for o in objects if o["kind"] == "live"]
+    assert unknown["live_ratio"] is None
+    assert unknown["message"].startswith(f"the bookie's index at {ledger_dir / 'index'} is unreadable: ")
