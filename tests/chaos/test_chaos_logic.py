@@ -190,7 +190,31 @@ def test_the_autorecovery_scenarios_have_room_for_a_replacement_and_wait_after_e
     judged = ("bookie-wipe", "journal-torn-tail")
     assert all(dict(SCENARIOS[n].env) == {"BKSIM_AUTORECOVERY_ENABLED": "false"} for n in judged)
     assert all(s.bookies == 3 and not s.env for n, s in SCENARIOS.items()
-               if n not in ("bookie-lost", "disk-damage-repair") + judged)
+               if n not in ("bookie-lost", "disk-damage-repair", "gc-under-faults") + judged)
+    # gc-under-faults changes only its bookies' garbage collection, entry logs and checkpoints
+    assert all(k.startswith("BKSIM_BOOKIE_") for k, _ in SCENARIOS["gc-under-faults"].env)
+
+
+def test_gc_under_faults_kills_compacting_bookies_restarts_them_and_verifies_with_deleting_writers():
+    for seed in range(1, 30):
+        steps = plan("gc-under-faults", seed, 8.0)
+        assert [(s.action, s.target) for s in steps] == [
+            (StepAction.KILL9, StepTarget.COMPACTING_BOOKIE), (StepAction.RESTART, StepTarget.SAME),
+            (StepAction.KILL9, StepTarget.COMPACTING_BOOKIE), (StepAction.RESTART, StepTarget.SAME),
+            (StepAction.VERIFY_GC, StepTarget.ALL_BOOKIES)]
+        assert [s.fault for s in steps] == [True, False, True, False, False]
+        kill1, restart1, kill2, restart2, verify = (s.at for s in steps)
+        # (times are rounded to 10 ms)
+        assert 1.49 <= restart1 - kill1 <= 2.51 and kill2 >= restart1 + 0.99 and 1.49 <= restart2 - kill2 <= 2.51
+        assert verify == pytest.approx(restart2 + 3.0, abs=0.011)  # ledgers created and closed after the last fault
+    scenario = SCENARIOS["gc-under-faults"]
+    env = dict(scenario.env)
+    assert int(env["BKSIM_BOOKIE_GC_WAIT_TIME_MS"]) <= int(env["BKSIM_BOOKIE_MINOR_COMPACTION_INTERVAL_MS"]) <= int(
+        env["BKSIM_BOOKIE_MAJOR_COMPACTION_INTERVAL_MS"]) <= 2000  # several rounds within an 8 s run
+    assert float(env["BKSIM_BOOKIE_MINOR_COMPACTION_THRESHOLD"]) <= float(env["BKSIM_BOOKIE_MAJOR_COMPACTION_THRESHOLD"])
+    options = dict(scenario.writer_options)
+    assert options["keep_closed"] >= 1 and options["entries_per_ledger"] * 8 <= runner.LEDGER_RATE * 8.0
+    assert all(not s.writer_options for n, s in SCENARIOS.items() if n != "gc-under-faults")
 
 
 def test_the_rereplication_times_are_a_field_of_their_own_and_a_line_of_text():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -32,6 +33,7 @@ from bksim.chaos.cluster import ChaosCluster, Node
 from bksim.chaos.proxy import TcpProxy
 from bksim.chaos.scenarios import Step, StepAction, StepTarget
 from bksim.chaos.workload import TOPIC, LedgerWriter, Recorder, TopicWorkload
+from bksim.formats import entry_log as entry_log_fmt
 from bksim.ledger.quorum import write_set_indexes
 from bksim.model.errors import BksimError
 
@@ -44,6 +46,9 @@ DISK_FULL_FRACTION = 0.98  # the balloon fills the ledger disk this far (disk_us
 FORMAT_TIMEOUT_S = 60.0
 REREPLICATION_TIMEOUT_S = 60.0  # autorecovery restores every closed ledger after a loss or damage within this
 HEAL_TIMEOUT_S = 60.0
+COMPACTING_WAIT_S = 5.0  # how long a compacting-bookie target waits for a compaction to be under way somewhere
+FAULT_MARGIN_S = 1.0  # verify-gc: a ledger counts as away from faults if closed this long before one started
+VERIFY_AFTER_HEAL_S = 3.0  # verify-gc runs no sooner than this after the last heal (new ledgers away from faults)
 
 
 class ChaosError(BksimError):
@@ -71,6 +76,8 @@ class RunState:
     lost: dict[str, float] = field(default_factory=dict)  # ids of bookies lost for good -> when (recorder time)
     repair: bool = False  # autorecovery repairs what the faults destroyed: the end must find Qw identical copies
     rereplication: list[dict] = field(default_factory=list)  # {"bookie", "cause", "t", "rereplication_s", ...}
+    # (bookie, compaction file on its disk when it was killed, its log's size then): its start-up must deal with it
+    compaction_kills: list[tuple[Node, str, int]] = field(default_factory=list)
 
 
 Action = Callable[[RunState, Step, list[Node]], None]
@@ -126,6 +133,31 @@ def _other_bookie(state: RunState) -> list[Node]:
     return [state.rng.choice([b for b in bookies if b not in state.victims] or bookies)]
 
 
+def _compaction_files(v: Node) -> list[str]:
+    try:
+        names = os.listdir(os.path.join(v.ledger_dir, "entrylogs"))
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if entry_log_fmt.parse_compaction_file_name(n) is not None)
+
+
+def _compacting_bookie(state: RunState) -> list[Node]:
+    """A live bookie with a compaction file in its entry-log directory (polled up to COMPACTING_WAIT_S), else a
+    random live bookie; the file seen is kept for verify-gc (its start-up must finish or delete it)."""
+    deadline = time.monotonic() + COMPACTING_WAIT_S
+    while True:
+        live = _live_bookies(state)
+        busy = [(v, files) for v in live if (files := _compaction_files(v))]
+        if busy:
+            v, files = state.rng.choice(busy)
+            state.recorder.event("note", f"{v.name} is compacting: {', '.join(files)}")
+            return [v]
+        if time.monotonic() >= deadline:
+            state.recorder.event("note", f"no bookie compacting within {COMPACTING_WAIT_S:.0f} s: a random one")
+            return [state.rng.choice(live)]
+        time.sleep(0.02)  # polling the entry-log directories: a compaction starts at a GC round
+
+
 TARGETS: dict[StepTarget, TargetRule] = {
     StepTarget.SAME: lambda state: list(state.victims),
     StepTarget.RANDOM_BOOKIE: lambda state: [state.rng.choice(_live_bookies(state))],
@@ -136,6 +168,8 @@ TARGETS: dict[StepTarget, TargetRule] = {
     StepTarget.BOOKIE_LINKS: _other_bookie,
     StepTarget.SMALL_DISK_BOOKIE: lambda state: [state.cluster.node(n)
                                                  for n in sorted(state.cluster.spec.small_ledger_disk)],
+    StepTarget.COMPACTING_BOOKIE: _compacting_bookie,
+    StepTarget.ALL_BOOKIES: lambda state: list(state.cluster.bookies),
 }
 
 
@@ -154,6 +188,11 @@ def _expect_torn(state: RunState, v: Node) -> None:
 def kill9(state: RunState, step: Step, victims: list[Node]) -> None:
     for v in victims:
         _kill(state, v)
+        files = _compaction_files(v)
+        if files and step.target == StepTarget.COMPACTING_BOOKIE:
+            mark = os.path.getsize(v.log_path)
+            state.compaction_kills += [(v, name, mark) for name in files]
+            state.recorder.event("fault", f"{v.name} killed during compaction: {', '.join(files)} on disk")
 
 
 def kill9_tear(state: RunState, step: Step, victims: list[Node]) -> None:
@@ -460,6 +499,60 @@ def _wait_read_only(state: RunState, v: Node, read_only: bool) -> None:
                              seconds=round(waited, 3))
 
 
+# ------------------------------------------------------------------------------------------------ garbage collection
+_GC_LINE = re.compile(r"garbage collection \((\w+)\): (\d+) ledger\(s\) deleted, (\d+) entry log\(s\) deleted, "
+                      r"(\d+) compacted")
+
+
+def verify_gc(state: RunState, step: Step, victims: list[Node]) -> None:
+    """After the kills during compaction (gc-under-faults): (1) each killed bookie's start-up finished or deleted
+    the compaction file it was killed with, and the file is gone; (2) every entry of each writer ledger that was
+    created and closed away from every fault (FAULT_MARGIN_S) is on every bookie of its write set with identical
+    bytes, read from each bookie directly (a broker's read fails over, so it would hide a copy that garbage
+    collection or compaction lost); (3) garbage collection deleted ledgers (else the run tested nothing).
+    It starts VERIFY_AFTER_HEAL_S after the last heal (a restart's wait may have used the schedule's room)."""
+    rec = state.recorder
+    last_heal = max((f.get("healed_t", 0.0) for f in state.faults), default=0.0)
+    delay = last_heal + VERIFY_AFTER_HEAL_S - rec.now()
+    if delay > 0:
+        time.sleep(delay)  # the schedule: writers create and close ledgers away from the faults meanwhile
+    for v, name, mark in state.compaction_kills:
+        with open(v.log_path, "rb") as f:
+            f.seek(mark)
+            said = f.read().decode(errors="replace")
+        new_id, old_id, kind = entry_log_fmt.parse_compaction_file_name(name)
+        expected = (f"deleted the unfinished compaction file {name}" if kind == entry_log_fmt.COMPACTING
+                    else f"finished the compaction of entry log {old_id:x} into {new_id:x}")
+        if f"start-up: {expected}" not in said or name in _compaction_files(v):
+            state.failed_checks.append(f"{v.name} was killed with {name} on disk: its start-up did not say "
+                                       f"{expected!r}, or the file is still there")
+        else:
+            rec.event("check", f"{v.name} start-up: {expected}")
+    faults = [(f["t"], f.get("healed_t", rec.now())) for f in state.faults]
+    away = [r for w in state.writers for r in w.ledgers if r.end == "closed" and r.closed_t is not None
+            and all(r.closed_t + FAULT_MARGIN_S < t or r.created_t > healed for t, healed in faults)]
+    with replicas.ReplicaWatch(state.cluster) as watch:
+        problems = watch.replica_problems([r.ledger_id for r in away])
+    deleted = {r.ledger_id for w in state.writers for r in w.deleted}  # since the check started: not a loss
+    problems = [p for p in problems if int(p.split()[1]) not in deleted]
+    state.failed_checks.extend(f"verify-gc: {p}" for p in problems)
+    checked = [r.ledger_id for r in away if r.ledger_id not in deleted]
+    if not checked:
+        state.problems.append("verify-gc: no writer ledger lived away from the faults: no copies verified")
+    elif not problems:
+        rec.event("check", f"{len(checked)} ledgers created and closed away from the faults: every entry on its "
+                           f"write-set bookies with identical bytes")
+    totals = {}
+    for v in victims:
+        with open(v.log_path, errors="replace") as f:
+            rounds = _GC_LINE.findall(f.read())
+        totals[v.name] = [sum(int(r[i]) for r in rounds) for i in (1, 2, 3)]
+    rec.event("check", "garbage collection so far (ledgers deleted, entry logs deleted, compacted): " + ", ".join(
+        f"{name} {a}/{b}/{c}" for name, (a, b, c) in totals.items()))
+    if not any(a for a, _, _ in totals.values()):
+        state.failed_checks.append("verify-gc: no bookie's garbage collection deleted a ledger")
+
+
 ACTIONS: dict[StepAction, Action] = {
     StepAction.KILL9: kill9,
     StepAction.KILL9_TEAR: kill9_tear,
@@ -481,6 +574,7 @@ ACTIONS: dict[StepAction, Action] = {
     StepAction.KILL9_LOST: kill9_lost,
     StepAction.AWAIT_REREPLICATION: await_rereplication,
     StepAction.CHECK_ALL_REPAIR: check_all_repair,
+    StepAction.VERIFY_GC: verify_gc,
 }
 assert set(ACTIONS) == set(StepAction), set(StepAction) - set(ACTIONS)
 assert set(TARGETS) == set(StepTarget), set(StepTarget) - set(TARGETS)

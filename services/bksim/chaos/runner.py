@@ -111,13 +111,14 @@ class _Run:
             self.recorder = rec = Recorder(time.monotonic())
             stop = threading.Event()
             topic = TopicWorkload(addresses, rec, stop, rate=TOPIC_RATE)
-            writers = [LedgerWriter(f"ledgers-{e}/{qw}/{qa}", (e, qw, qa), addresses, rec, stop, rate=LEDGER_RATE)
+            writers = [LedgerWriter(f"ledgers-{e}/{qw}/{qa}", (e, qw, qa), addresses, rec, stop, rate=LEDGER_RATE,
+                                    **dict(scenario.writer_options))
                        for e, qw, qa in LEDGER_SHAPES]
             state = RunState(cluster, rec, topic, writers, self.rng, self.problems, self.failed_checks)
             try:
                 self._workload_and_steps(state, stop, report)
                 rec.event("workload", f"stopped: {topic.sent} messages sent, "
-                          f"{sum(len(w.ledgers) for w in writers)} ledgers created")
+                          f"{sum(len(w.ledgers) + len(w.deleted) for w in writers)} ledgers created")
                 died = cluster.check_processes()
                 self.problems.extend(f"unexpected exit: {d}" for d in died)
                 if died:
@@ -128,7 +129,9 @@ class _Run:
             finally:
                 topic.close()
             report.ledger_writers = [{"name": w.name, "ledgers": len(w.ledgers), "create_failures": w.create_failures,
-                                      "ends": dict(collections.Counter(r.end for r in w.ledgers))} for w in writers]
+                                      "ends": dict(collections.Counter(r.end for r in w.ledgers))}
+                                     | ({"deleted": len(w.deleted), "delete_failures": w.delete_failures}
+                                        if w.keep_closed else {}) for w in writers]
             report.ledger_ends = [{"ledger_id": r.ledger_id, "writer": r.writer, "end": r.end, "detail": r.end_detail}
                                   for w in writers for r in w.ledgers if r.end != "closed"]
             self._audit(state, report)

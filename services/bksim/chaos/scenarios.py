@@ -50,6 +50,14 @@ Scenarios:
   lost-bookie delay longer than the run, so it is not counted lost), then ask for the check of all ledgers
   (`bksim autorecovery check-all`): the workers must replace its damaged copies; the verdict needs every entry
   of every closed ledger on its Qw bookies with identical bytes.
+- gc-under-faults: the bookies collect garbage every 0.5 s and compact at minor 0.5 / major 0.8 every 1-2 s
+  (32 KiB entry logs, 16 KiB/s of copying, 200 ms checkpoints); the ledger writers roll a ledger every 100
+  entries and delete their closed ledgers beyond the newest 2, so entry logs mix live and deleted ledgers;
+  kill -9 a bookie while it compacts (one with a compaction file in its entry-log directory, waited for at most
+  5 s, else any bookie), restart it; again; then verify: each killed bookie's start-up dealt with the compaction
+  file it was killed with, every entry of each writer ledger that lived and was closed away from any fault is
+  on every bookie of its write set with identical bytes (a copy garbage collection or compaction lost would
+  show here: reads through a broker fail over and would hide it), and garbage collection deleted ledgers.
 """
 from __future__ import annotations
 
@@ -80,6 +88,7 @@ class StepAction(enum.StrEnum):
     KILL9_LOST = "kill9-lost"
     AWAIT_REREPLICATION = "await-rereplication"
     CHECK_ALL_REPAIR = "check-all-repair"
+    VERIFY_GC = "verify-gc"
 
 
 class StepTarget(enum.StrEnum):
@@ -92,6 +101,8 @@ class StepTarget(enum.StrEnum):
     OWNER_BOOKIE_LINK = "owner-bookie-link"
     BOOKIE_LINKS = "bookie-links"
     SMALL_DISK_BOOKIE = "small-disk-bookie"
+    COMPACTING_BOOKIE = "compacting-bookie"  # a bookie with a compaction under way (bounded wait), else any
+    ALL_BOOKIES = "all-bookies"
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,7 @@ class Scenario:
     links: bool = False  # the cluster routes every broker->bookie link through a proxy
     bookies: int = 3  # bookies in the cluster (a replacement for a lost one needs more than the widest E)
     env: tuple[tuple[str, str], ...] = ()  # BKSIM_ overrides of this scenario's bookies and brokers
+    writer_options: tuple[tuple[str, int], ...] = ()  # keyword arguments of its ledger writers (workload.py)
 
 
 def _two_outages(rng: random.Random, d: float, length: tuple[float, float]) -> tuple[float, float, float, float]:
@@ -232,11 +244,30 @@ def _disk_damage_repair(rng: random.Random, d: float) -> list[Step]:
             Step(max(t2 + 1.0, d * rng.uniform(0.5, 0.6)), "check-all-repair", "same", False)]
 
 
+def _gc_under_faults(rng: random.Random, d: float) -> list[Step]:
+    t1 = d * rng.uniform(0.2, 0.3)
+    t2 = t1 + rng.uniform(1.5, 2.5)
+    t3 = max(t2 + 1.0, d * rng.uniform(0.5, 0.6))
+    t4 = t3 + rng.uniform(1.5, 2.5)
+    return [Step(t1, "kill9", "compacting-bookie", True), Step(t2, "restart", "same", False),
+            Step(t3, "kill9", "compacting-bookie", True), Step(t4, "restart", "same", False),
+            Step(t4 + 3.0, "verify-gc", "all-bookies", False)]
+
+
 # scenarios whose audit must count exactly the copies their faults destroyed: nothing may repair them first
 _NO_AUTORECOVERY_ENV = (("BKSIM_AUTORECOVERY_ENABLED", "false"),)
 # autorecovery's bookie poll and worker back-off short enough for a run of a few seconds
 _AUTORECOVERY_ENV = (("BKSIM_AUTORECOVERY_BOOKIE_CHECK_INTERVAL_MS", "200"),
                      ("BKSIM_AUTORECOVERY_WORKER_BACKOFF_MS", "300"))
+
+# garbage collection and compaction every second or two, on entry logs small enough to roll every few seconds
+_GC_ENV = (("BKSIM_BOOKIE_ENTRY_LOG_BYTES_MAX", str(32 * 1024)), ("BKSIM_BOOKIE_FLUSH_INTERVAL_MS", "200"),
+           ("BKSIM_BOOKIE_GC_WAIT_TIME_MS", "500"), ("BKSIM_BOOKIE_MINOR_COMPACTION_INTERVAL_MS", "1000"),
+           ("BKSIM_BOOKIE_MAJOR_COMPACTION_INTERVAL_MS", "2000"), ("BKSIM_BOOKIE_MINOR_COMPACTION_THRESHOLD", "0.5"),
+           ("BKSIM_BOOKIE_MAJOR_COMPACTION_THRESHOLD", "0.8"),
+           ("BKSIM_BOOKIE_COMPACTION_RATE_BYTES_PER_S", str(16 * 1024)))
+# writers that roll a ledger every 100 entries (~0.7 s) and delete their closed ledgers beyond the newest 2
+_DELETING_WRITERS = (("entries_per_ledger", 100), ("keep_closed", 2))
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("bookie-kill", "kill -9 a bookie and restart it; then Qw-Qa+1 = 2 bookies at once, restart both",
@@ -276,6 +307,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "its damaged copies are replaced; every entry again on Qw bookies with identical bytes",
              _disk_damage_repair, bookies=4,
              env=_AUTORECOVERY_ENV + (("BKSIM_AUTORECOVERY_LOST_BOOKIE_RECOVERY_DELAY_MS", "600000"),)),
+    Scenario("gc-under-faults", "garbage collection and compaction every second while the writers delete their old "
+             "ledgers; kill -9 a bookie while it compacts, restart it; twice; every copy of the live ledgers "
+             "still on its bookies", _gc_under_faults, env=_GC_ENV, writer_options=_DELETING_WRITERS),
 )}
 
 

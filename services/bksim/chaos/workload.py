@@ -8,6 +8,12 @@ is recorded: entry id -> index (`LedgerRecord.acked`); a response whose ids are 
 counted (`ack_mismatch`). A stream that fails or stays silent for `response_timeout_s` ends that ledger: the
 writer asks its broker to close it, and if that fails has another broker recover it (fence + close, as a
 takeover would), then goes on with a new ledger. Appends without a response have an unknown outcome.
+With `keep_closed` N > 0 (a deleting writer, for garbage collection under faults) a writer deletes, after each
+ledger it closes, its closed ledgers beyond the newest N through a broker (`delete_ledger`: the metadata goes,
+the bookies' garbage collection frees the rest); a deleted ledger moves from `ledgers` to `deleted` before the
+call (a delete whose answer is lost may have happened: that ledger is never checked again), so the end checks
+read exactly the ledgers a writer did not delete. At most one delete call per closed ledger, each with a
+deadline.
 
 Topic (`TopicWorkload`, the bksim.client thread): one topic in a namespace with dedup and infinite
 retention, one named producer sending `topic_payload(seq)` at a fixed rate with send_async; every receipt
@@ -101,12 +107,14 @@ class LedgerRecord:
     sent: int = 0
     end: str = "writing"  # closed | handed-over | left-open
     end_detail: str = ""
+    created_t: float = 0.0  # recorder time (seconds since t0) when its create returned
+    closed_t: float | None = None  # recorder time when its writer closed it
 
 
 class LedgerWriter:
     def __init__(self, name: str, shape: tuple[int, int, int], brokers: list[str], recorder: Recorder,
                  stop: threading.Event, *, rate: float = 200.0, batch: int = 10, window: int = 8,
-                 entries_per_ledger: int = 1000, response_timeout_s: float = 4.0) -> None:
+                 entries_per_ledger: int = 1000, response_timeout_s: float = 4.0, keep_closed: int = 0) -> None:
         self.name = name
         self.shape = shape
         self.brokers = list(brokers)
@@ -117,8 +125,11 @@ class LedgerWriter:
         self.window = window
         self.entries_per_ledger = entries_per_ledger
         self.response_timeout_s = response_timeout_s
+        self.keep_closed = keep_closed
         self.ledgers: list[LedgerRecord] = []
+        self.deleted: list[LedgerRecord] = []  # deleted by this writer (or a delete was tried: outcome unknown)
         self.create_failures = 0
+        self.delete_failures = 0
         self._turn = 0
 
     def _next_broker(self) -> str:
@@ -140,11 +151,13 @@ class LedgerWriter:
                                             failures=self.create_failures)
                     await asyncio.sleep(RETRY_DELAY_S)
                     continue
-                record = LedgerRecord(info.ledger_id, self.name, self.shape, address)
+                record = LedgerRecord(info.ledger_id, self.name, self.shape, address, created_t=self.recorder.now())
                 self.ledgers.append(record)
                 await self._write(client, record)
                 if record.end != "closed":
                     await asyncio.sleep(RETRY_DELAY_S)  # the ledger failed: do not spin through new ones
+                elif self.keep_closed > 0:
+                    await self._delete_old(client)
             finally:
                 await client.close()
 
@@ -187,6 +200,7 @@ class LedgerWriter:
             await stream.close(self.response_timeout_s)
             closed = await client.close_ledger(record.ledger_id, password=LEDGER_PASSWORD)
             record.end = "closed"
+            record.closed_t = self.recorder.now()
             record.end_detail = f"closed by its writer at last entry {closed.last_entry_id}"
         except (BrokerCallError, TimeoutError) as e:
             collector.cancel()
@@ -196,6 +210,23 @@ class LedgerWriter:
             self.recorder.event("workload", f"{self.name}: ledger {record.ledger_id} on {record.broker} failed "
                                 f"({why[:160]})", ledger_id=record.ledger_id)
             await self._hand_over(client, record)
+
+    async def _delete_old(self, client: BrokerClient) -> None:
+        """Delete this writer's closed ledgers beyond the newest `keep_closed` (the module docstring)."""
+        closed = [r for r in self.ledgers if r.end == "closed"]
+        for record in closed[:-self.keep_closed]:
+            self.ledgers.remove(record)
+            self.deleted.append(record)
+            try:
+                await asyncio.wait_for(client.delete_ledger(record.ledger_id, password=LEDGER_PASSWORD),
+                                       CALL_DEADLINE_S)
+                self.recorder.event("workload", f"{self.name}: deleted ledger {record.ledger_id} "
+                                    f"({len(record.acked)} acknowledged entries)", ledger_id=record.ledger_id)
+            except (BrokerCallError, TimeoutError) as e:
+                self.delete_failures += 1
+                record.end_detail = f"delete failed (it may have happened): {str(e)[:120]}"
+                self.recorder.event("workload", f"{self.name}: delete of ledger {record.ledger_id} failed "
+                                    f"({str(e)[:120]}); not checked", ledger_id=record.ledger_id)
 
     async def _hand_over(self, client: BrokerClient, record: LedgerRecord) -> None:
         """The writer gave up on a ledger: close it through its broker, else have another broker recover it."""
