@@ -254,4 +254,4 @@ def test_info_health_and_reflection(bookie):
     assert 0 < info["free_bytes"] <= info["total_bytes"]
     assert len(info["instance_id"]) == 36  # a UUID
     assert health.status == health_pb2.HealthCheckResponse.SERVING
-    assert "bksim.bookie.v1.Bookie" in services and "grpc.health.v1.Health" in services
+    assert {"bksim.bookie.v1.Bookie", "bksim.bookie.v1.BookieAdmin", "grpc.health.v1.Health"} <= set(services)

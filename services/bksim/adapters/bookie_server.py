@@ -25,6 +25,10 @@ bound (BAD_REQUEST), the fence once by the first id, a status per id, the `frame
 ListEntries answers one page of the engine's list_entries (bookie/requests.py "ListEntries": bounded by
 `list_entries_ids_max` ids and by `frame_bytes_max`; the client asks again from `next_entry`).
 
+BookieAdmin (adapters/bookie_admin.py, the operator's calls: run a GC round now, GC status, entry-log stats) is
+a second service on the same server, outside the replication protocol; shutdown stops it first, so a round an
+operator asked for is cancelled before the engine closes.
+
 Garbage collection (bookie/gc.py): when the server is given a GarbageCollector it starts its periodic loop
 with the server and stops it first on shutdown; each disk check tells it the disk state, so a bookie that has
 just gone read-only for disk usage collects and compacts at once (and goes writable again through the
@@ -50,6 +54,7 @@ from bksim.model.errors import BksimError
 from bksim.model.status import FLAG_FENCE, StatusCode
 
 SERVICE_NAME = bookie_pb2.DESCRIPTOR.services_by_name["Bookie"].full_name
+ADMIN_SERVICE_NAME = bookie_pb2.DESCRIPTOR.services_by_name["BookieAdmin"].full_name
 
 _IO_ERROR = StatusCode.IO_ERROR
 _AddResponse = bookie_pb2.AddResponse
@@ -302,7 +307,8 @@ class BookieServer:
         bookie_pb2_grpc.add_BookieServicer_to_server(self.servicer, server)
         bookie_pb2_grpc.add_BookieAdminServicer_to_server(self.admin, server)  # adapters/bookie_admin.py
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        reflection.enable_server_reflection((SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.enable_server_reflection((SERVICE_NAME, ADMIN_SERVICE_NAME,
+                                             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                                              reflection.SERVICE_NAME), server)
         address = f"{self._config.host}:{self._config.port}"
         try:
