@@ -3,7 +3,9 @@
 Arguments are directories (local paths, or any Hadoop URI in Spark mode), searched recursively:
 `--journals DIR...` for journal files (`<16 hex>.txn`: live journal directories, `journal_archive_dir`s, or a
 whole run directory) and `--entrylogs DIR...` for entry logs (`entrylogs/<hex>.log` under ledger
-directories). `BOOKIE=DIR` names the bookie of every file under DIR.
+directories; also a finished compaction's new log not yet renamed, `N-from-O.compacted`, read as log N: its old
+log may already be deleted, bookie/compaction.py; never an unfinished `.compacting` one, which nothing
+references). `BOOKIE=DIR` names the bookie of every file under DIR.
 
 Which bookie a directory belongs to: `BOOKIE=DIR` if given; else the bookie's cookie (`COOKIE`, which the
 bookie writes into its journal and ledger directories) in the same directory (journals), or in the ledger
@@ -39,7 +41,7 @@ from urllib.parse import urlparse
 from bksim.bookie.cookie import COOKIE_FILE
 from bksim.bookie.cookie import decode as decode_cookie
 from bksim.bookie.lastmark import LASTMARK_FILE, decode_lastmark
-from bksim.formats.entry_log import parse_entry_log_file_name
+from bksim.formats.entry_log import COMPACTED, parse_compaction_file_name, parse_entry_log_file_name
 from bksim.formats.journal import parse_journal_file_name
 from bksim.model.errors import CookieError, FormatError
 
@@ -165,7 +167,7 @@ def make_plan(args: list[DirArg], source: FileSource, snapshot_instance: str | N
     for directory, names in sorted(by_dir.items()):
         journal_names = {n: p for n, p in names.items() if parse_journal_file_name(n) is not None
                          and JOURNALS in listed[p][2]}
-        log_names = {n: p for n, p in names.items() if parse_entry_log_file_name(n) is not None
+        log_names = {n: p for n, p in names.items() if _entry_log_id(n) is not None
                      and posixpath.basename(directory) == ENTRYLOG_DIR and ENTRYLOGS in listed[p][2]}
         if journal_names:
             arg = listed[next(iter(journal_names.values()))][2][JOURNALS]
@@ -189,7 +191,7 @@ def make_plan(args: list[DirArg], source: FileSource, snapshot_instance: str | N
                 unknown.append(directory)
                 continue
             for name, path in log_names.items():
-                logs.append((bookie, path, parse_entry_log_file_name(name), listed[path][1]))
+                logs.append((bookie, path, _entry_log_id(name), listed[path][1]))
         if LASTMARK_FILE in names:
             arg = next(iter(listed[names[LASTMARK_FILE]][2].values()))
             bookie = bookie_of(directory, arg, (directory,))
@@ -275,6 +277,14 @@ def make_plan(args: list[DirArg], source: FileSource, snapshot_instance: str | N
     tasks = [t for t in tasks if t.bookie in bookies]
     tasks.sort(key=lambda t: t.path)
     return Plan(tasks, dict(sorted(bookies.items())), warnings)
+
+
+def _entry_log_id(name: str) -> int | None:
+    """The log id of an entry-log file name (`<hex>.log`, or `N-from-O.compacted` as N), else None."""
+    log_id = parse_entry_log_file_name(name)
+    if log_id is None and (compaction := parse_compaction_file_name(name)) is not None and compaction[2] == COMPACTED:
+        log_id = compaction[0]
+    return log_id
 
 
 def _read_cookie(source: FileSource, directory_uri: str):
