@@ -232,3 +232,21 @@ def test_the_rereplication_times_are_a_field_of_their_own_and_a_line_of_text():
     assert "rereplication: loss of bookie-2 at 1.50s -> every closed ledger fully replicated in 2.25 s" in text
     assert "rereplication: loss of bookie-4 at 4.00s -> every closed ledger fully replicated NOT within the bound" in text
     assert "rereplication" not in report.Report("bookie-kill", 1, 8.0, "/r").to_dict()
+
+
+def test_verify_gc_checks_only_ledgers_that_lived_away_from_every_fault():
+    from types import SimpleNamespace
+
+    from bksim.chaos.workload import LedgerRecord
+
+    def record(ledger_id, created, closed, end="closed"):
+        return LedgerRecord(ledger_id, "w", (3, 3, 2), "b", end=end, created_t=created, closed_t=closed)
+
+    writer = SimpleNamespace(ledgers=[record(1, 1.0, 8.0), record(2, 1.0, 9.5), record(3, 11.0, 13.0),
+                                      record(4, 12.5, 14.0), record(5, 12.5, 14.0, end="handed-over"),
+                                      record(6, 15.0, None), record(7, 20.5, 21.0)])
+    faults = [{"t": 10.0, "healed_t": 12.0}, {"t": 20.0}]  # the second not healed: it lasts until now
+    away = actions.ledgers_away_from_faults([writer], faults, now=22.0, margin_s=1.0)
+    # 2 closed within the margin before the first fault, 3 during it, 5 not closed by its writer, 6 not closed,
+    # 7 during the unhealed one
+    assert [r.ledger_id for r in away] == [1, 4]

@@ -504,6 +504,16 @@ _GC_LINE = re.compile(r"garbage collection \((\w+)\): (\d+) ledger\(s\) deleted,
                       r"(\d+) compacted")
 
 
+def ledgers_away_from_faults(writers: list[LedgerWriter], faults: list[dict], now: float,
+                             margin_s: float = FAULT_MARGIN_S) -> list:
+    """The writers' (undeleted) ledgers closed by their writer whose life, from create to close + `margin_s`,
+    overlaps no fault from its start to its heal (`now` for one not healed): every copy of them was written
+    while every bookie of their write sets was up, so each of those bookies must hold each entry."""
+    spans = [(f["t"], f.get("healed_t", now)) for f in faults]
+    return [r for w in writers for r in w.ledgers if r.end == "closed" and r.closed_t is not None
+            and all(r.closed_t + margin_s < t or r.created_t > healed for t, healed in spans)]
+
+
 def verify_gc(state: RunState, step: Step, victims: list[Node]) -> None:
     """After the kills during compaction (gc-under-faults): (1) each killed bookie's start-up finished or deleted
     the compaction file it was killed with, and the file is gone; (2) every entry of each writer ledger that was
@@ -528,9 +538,7 @@ def verify_gc(state: RunState, step: Step, victims: list[Node]) -> None:
                                        f"{expected!r}, or the file is still there")
         else:
             rec.event("check", f"{v.name} start-up: {expected}")
-    faults = [(f["t"], f.get("healed_t", rec.now())) for f in state.faults]
-    away = [r for w in state.writers for r in w.ledgers if r.end == "closed" and r.closed_t is not None
-            and all(r.closed_t + FAULT_MARGIN_S < t or r.created_t > healed for t, healed in faults)]
+    away = ledgers_away_from_faults(state.writers, state.faults, rec.now())
     with replicas.ReplicaWatch(state.cluster) as watch:
         problems = watch.replica_problems([r.ledger_id for r in away])
     deleted = {r.ledger_id for w in state.writers for r in w.deleted}  # since the check started: not a loss
