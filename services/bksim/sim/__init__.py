@@ -1,11 +1,13 @@
 """The deterministic world (ARCHITECTURE.md "sim/"): the production code runs here unchanged, driven by one seed.
 
-Four scenarios run on it:
+Five scenarios run on it:
 - the ledger world (`bksim sim`, the default): brokers running the real broker/ ledger client write, read and
   recover ledgers on bookies running the real BookieEngine, over a simulated network and metadata store, with
   partitions, crashes, session expiries and takeovers; the invariants of PROTOCOL.md §7 checked as it runs
   and by a final audit;
 - the bookie world (`bksim sim --world bookie`): one BookieEngine under crashes and disk faults;
+- the garbage-collection world (`bksim sim --world gc`): the bookie world plus a simulated metadata store of
+  ledgers (ledger_source), ledger deletions, garbage collection and compaction crashed at each of their steps;
 - the format scenario: a bookie wiped and formatted under an open ledger, then the ledger recovered (limbo);
 - the autorecovery world: the ledger world plus the auditor and replication workers (autorecovery/), with
   bookies lost for good; replicas restored, never lowered, lost ledgers reported.
@@ -24,6 +26,8 @@ Modules:
   invariants; CheckedStore: every metadata write a CAS).
 - bookie_scenario (run_bookie_sim) and bookie_checks (what the clients know, the invariants of PROTOCOL.md
   §2.1/§7 checked on every answer).
+- gc_scenario (run_gc_sim), gc_checks (LiveEntriesStayReadable, DeletedStaysDeleted) and ledger_source
+  (SimLedgerSource, the garbage collector's metadata store); its knobs: plan.GcPlan.
 - format_scenario (run_format_scenario).
 - autorecovery_scenario (run_autorecovery_sim; its knobs: plan.AutorecoveryPlan).
 - known_issues: engine issues the simulator found that are not fixed yet (with their seeds).

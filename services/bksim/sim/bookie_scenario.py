@@ -138,26 +138,30 @@ class BookieWorld:
 
     # -- the run -----------------------------------------------------------------------------------------
     async def run(self) -> None:
-        for line in ["bksim sim: one bookie (BookieEngine) on SimDisk + SimKeyValueStore + SimClock",
-                     *self.plan.describe()]:
+        for line in self._header():
             self.trace.note(line)
         for _ in range(self.plan.ledgers):
             self._open_ledger()
         await self._start(crashes_allowed=False)
         for step in range(self.plan.steps):
             self.raise_violation()
+            await self._restart_if_crashed()
             if self.faults.random() < self.plan.crash_probability:
                 await self._crash_and_restart(f"step {step}")
                 continue
             if self.faults.random() < self.plan.bit_flip_probability:
                 self._flip_bit()
             await self._wait_for_room()
+            await self._restart_if_crashed()
             self._update_disk_usage()
             self._submit_random_op()
             await self.clock.sleep_ms(self.workload.uniform(0.0, self.plan.step_gap_ms_max))
             self._check_lastmark("step")
+        await self._restart_if_crashed()
         self.trace.add("liveness phase: no more faults")
+        self._liveness_begins()
         await self._drain()
+        await self._before_final_audit()
         await self._audit("end of run")
         if await self._stop_cleanly():
             await self._start(crashes_allowed=False)
@@ -172,6 +176,19 @@ class BookieWorld:
         self.raise_violation()
         self.trace.add("PASS" if not self.history.tolerated_seen else
                        f"PASS with {len(self.history.tolerated_seen)} tolerated violations of known engine issues")
+
+    # hooks for a world built on this one (no-ops here: they draw nothing, so this world's traces stay as they are)
+    def _header(self) -> list[str]:
+        return ["bksim sim: one bookie (BookieEngine) on SimDisk + SimKeyValueStore + SimClock", *self.plan.describe()]
+
+    async def _restart_if_crashed(self) -> None:
+        """Between steps: restart a bookie that crashed inside an operation (here crashes come from the driver)."""
+
+    def _liveness_begins(self) -> None:
+        """The faults stop (before the drain)."""
+
+    async def _before_final_audit(self) -> None:
+        """Every operation answered; the end-of-run audit comes next."""
 
     def raise_violation(self) -> None:
         if self.violation is not None:
