@@ -47,6 +47,7 @@ def run_chaos(tmp_path, repo_root, scenario: str, seed: int) -> tuple[int, dict,
     ("entrylog-flip", 7, ["stop bookie", "flipped byte"]),
     ("bookie-lost", 7, ["kill -9 bookie", "lost for good"]),
     ("disk-damage-repair", 7, ["kill -9 bookie", "wiped"]),
+    ("gc-under-faults", 11, ["kill -9 bookie", "during compaction"]),
 ])
 def test_a_short_scenario_passes_every_check(tmp_path, repo_root, scenario, seed, fault_words):
     status, report, stderr = run_chaos(tmp_path, repo_root, scenario, seed)
@@ -72,6 +73,10 @@ def test_a_short_scenario_passes_every_check(tmp_path, repo_root, scenario, seed
         text = open(os.path.join(report["run_dir"], "report.txt")).read()
         assert text.count("rereplication: ") == len(rereplication), text
         assert any("every entry on its Qw bookies with identical bytes" in e["what"] for e in report["timeline"])
+    if scenario == "gc-under-faults":  # bookies killed while compacting, their copies verified, ledgers deleted
+        checks = [e["what"] for e in report["timeline"] if e["kind"] == "check"]
+        assert any("start-up: " in c for c in checks) and any("identical bytes" in c for c in checks), checks
+        assert sum(w.get("deleted", 0) for w in report["ledger_writers"]) > 0
     assert all(n > 0 for n in report["recovery"]["tail_acks"].values())
     run_dir = report["run_dir"]
     assert os.path.exists(os.path.join(run_dir, "report.txt")) and os.path.exists(os.path.join(run_dir, "report.json"))
