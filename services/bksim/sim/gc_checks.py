@@ -16,7 +16,7 @@ Invariants, each raised as InvariantViolation(name, detail):
   vanish only after a listing that began after both the deletion and the entry's last acknowledged add (the
   generation rule: a ledger touched after a round's generation is not deleted by that round).
 - DeletedStaysDeleted: after a round reported deleting ledger L (listing at tick R), a read submitted later
-  returns an entry of L only if an add of that entry could have come back: one answered after R, one never
+  returns an entry of L (or a ReadLac names it as the last entry held) only if an add of that entry could have come back: one answered after R, one never
   answered (its incarnation crashed: its journal record may be above the mark the round persisted), or one
   answered IO_ERROR (a failed journal: written, maybe, never synced). Journal replay of such an add re-creates
   L until the next round deletes it again (engine docstring); nothing else of L is ever served again.
@@ -109,12 +109,20 @@ class GcHistory(BookieHistory):
 
     def check_lac_answer(self, ledger: LedgerHistory, submitted: int, status: S, lac: int, last_entry_id: int,
                          what: str) -> None:
-        if ledger.ledger_id not in self.meta_deleted_at:
+        lid = ledger.ledger_id
+        if lid not in self.meta_deleted_at:
             self._live_check = True
             try:
                 super().check_lac_answer(ledger, submitted, status, lac, last_entry_id, what)
             finally:
                 self._live_check = False
+            return
+        deletion = self.gc_deleted.get(lid)
+        if status is S.OK and last_entry_id >= 0 and deletion is not None and deletion[1] < submitted and \
+                not self._may_return(lid, last_entry_id, deletion[0]):
+            self.violate("DeletedStaysDeleted", f"{what}: ReadLac of ledger {lid} says it holds entries up to "
+                         f"{last_entry_id} after a garbage-collection round (listing at tick {deletion[0]}, reported "
+                         f"at tick {deletion[1]}) deleted it, and no add of that entry could bring it back")
 
     def _check_deleted_read(self, ledger: LedgerHistory, entry_id: int, submitted: int, status: S, data: bytes,
                             what: str) -> None:
