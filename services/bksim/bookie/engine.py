@@ -826,32 +826,23 @@ class BookieEngine:
 
     async def compact_log(self, log_id: int, throttle=None) -> dict:
         """Copy the live entries of sealed log `log_id` into a new log and delete it (bookie/compaction.py).
-        `throttle(nbytes)` is awaited after each copied entry (the rate limit). Returns {"log_id", "new_log_id",
-        "entries", "bytes_copied", "bytes_freed", "kept_old"}."""
+        `throttle(nbytes)` is awaited after each copied run of records (the rate limit). Returns {"log_id",
+        "new_log_id", "entries", "bytes_copied", "bytes_freed", "kept_old"}."""
         step = self._fault_hook
         old_meta = self._log_meta.get(log_id)
         assert old_meta is not None and log_id != self._entry_logger.current_log_id, \
             f"entry log {log_id:x} is not a sealed log"
         logger = self._entry_logger
         writer = CompactionWriter(self._disk, logger.directory, logger.next_log_id(), log_id)
-        copied: list[tuple[int, int, index_fmt.Location, index_fmt.Location]] = []
         scan: dict = {}
         try:
-            for offset, lid, eid, _length, entry in logger.records(logger.path(log_id), self._ledgers.__contains__,
-                                                                   scan):
-                if entry is None:
-                    continue  # its ledger is deleted
-                was = self._locations.get(lid, eid)
-                if was is None or was.log_id != log_id or was.offset != offset:
-                    continue  # re-added elsewhere since: this record is dead
-                copied.append((lid, eid, was, writer.append(lid, entry)))
-                await writer.write_out()
-                if throttle is not None:
-                    await throttle(4 + len(entry))
+            copied = await compaction.copy_live(self._disk, logger.path(log_id), log_id, self._ledgers,
+                                                self._locations, writer, throttle, scan)
             new_path = await writer.seal(step) if writer.entries else None
-        except (OSError, asyncio.CancelledError):
-            # an I/O error (a full disk) or a stop: the index never saw the new log, so it goes now; anything
-            # else is treated as the crash it stands for (fault hooks), and start-up deals with the file
+        except (OSError, FormatError, asyncio.CancelledError):
+            # an I/O error (a full disk), a record changed under the copy, or a stop: the index never saw the
+            # new log, so it goes now; anything else is treated as the crash it stands for (fault hooks), and
+            # start-up deals with the file
             writer.discard()
             raise
         if new_path is None:
@@ -859,13 +850,13 @@ class BookieEngine:
         else:
             logger.set_alias(writer.new_log_id, new_path)
         async with self._checkpoint_lock:
-            puts = [(index_fmt.location_key(lid, eid), index_fmt.encode_location(new))
-                    for lid, eid, was, new in copied if self._locations.get(lid, eid) == was]
+            puts = await compaction.index_moves(self._locations, copied)
             if puts:
                 await self._locations.put_batch(puts)
             step("compact_index")
             if scan.get("clean") and index_fmt.UNKNOWN_LEDGER not in old_meta:
-                left = [lid for lid in old_meta if lid in self._ledgers and self._locations.points_into(lid, log_id)]
+                left = await compaction.ledgers_pointing_into(
+                    self._locations, log_id, [lid for lid in old_meta if lid in self._ledgers])
             else:  # the scan did not see every record: only the whole index can say nothing points here
                 left = ["(some)"] if self._locations.any_in_log(log_id) else []
         if left:
