@@ -144,6 +144,11 @@ def register(subparsers) -> None:
     p.add_argument("--ensemble", type=int, default=3, help="the data ledgers' E (default 3)")
     p.add_argument("--write-quorum", type=int, default=2, help="the data ledgers' Qw (default 2)")
     p.add_argument("--ack-quorum", type=int, default=2, help="the data ledgers' Qa (default 2)")
+    p.add_argument("--standalone-workers", type=int, default=0,
+                   help="run autorecovery in this many `bksim autorecovery run` processes instead of inside every "
+                        "bookie (default 0: inside the bookies, autorecovery.enabled)")
+    p.add_argument("--worker-nice", type=int, default=rereplication.WORKER_NICE_DEFAULT,
+                   help=f"the standalone workers' nice level, 0..19 (default {rereplication.WORKER_NICE_DEFAULT})")
     _run_options(p)
     p.set_defaults(func=cmd_rereplication, records=0, group=1)
 
@@ -455,6 +460,8 @@ def cmd_rereplication(args) -> int:
         raise ConfigError(f"--ensemble must be <= {rereplication.BOOKIES - 1}: a replacement outside it is needed")
     if args.seconds <= 0 or args.writer_rate <= 0:
         raise ConfigError("--seconds and --writer-rate must be > 0")
+    if args.standalone_workers < 0 or not 0 <= args.worker_nice <= 19:
+        raise ConfigError("--standalone-workers must be >= 0 and --worker-nice within 0..19")
     config = cfgload.load(args.config)
     data_shape = rereplication.Shape(args.ensemble, args.write_quorum, args.ack_quorum)
 
@@ -462,13 +469,16 @@ def cmd_rereplication(args) -> int:
         log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
         results, targets = rereplication.measure(workdir, size, args.record_bytes, args.seconds, args.writer_rate,
                                                  data_shape, idle, config, config_path=args.config, keep=args.keep,
-                                                 log=log)
+                                                 log=log, standalone_workers=args.standalone_workers,
+                                                 worker_nice=args.worker_nice)
         return results, [], targets
 
     return _run("rereplication", args, measure,
                 shape=f"{args.size} of closed {data_shape} ledgers ({args.record_bytes} B entries) on 5 bookies, one "
                       f"lost for good (kill -9); ledger-write E=3 Qw=3 Qa=2 closed loop and a concurrent writer at "
-                      f"{args.writer_rate:,.0f} entries/s, {args.seconds:g} s each")
+                      f"{args.writer_rate:,.0f} entries/s, {args.seconds:g} s each; autorecovery "
+                      + (f"in {args.standalone_workers} standalone process(es) at nice {args.worker_nice}"
+                         if args.standalone_workers else "inside every bookie"))
 
 
 # ---------------------------------------------------------------------------------------------- shared
