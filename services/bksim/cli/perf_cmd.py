@@ -1,5 +1,6 @@
 """`bksim perf ...`: the benchmarks (fsync-baseline, journal-append, grpc-baseline, bookie-add, ledger-write,
-recovery, cursor-holes, produce, consume, failover, audit, rereplication): their arguments, wired to bksim.perf.
+recovery, cursor-holes, produce, consume, failover, audit, rereplication, compaction, soak): their arguments,
+wired to bksim.perf.
 
 Each runs through perf/harness.py and prints a header with the machine facts, the CPU idle fraction before every measurement, and a table of
 records/s, MB/s and per-record p50/p99/p99.9 latency; `--json` prints one JSON object instead (the human
@@ -151,6 +152,40 @@ def register(subparsers) -> None:
                    help=f"the standalone workers' nice level, 0..19 (default {rereplication.WORKER_NICE_DEFAULT})")
     _run_options(p)
     p.set_defaults(func=cmd_rereplication, records=0, group=1)
+
+    from bksim.perf import compaction as perf_compaction, soak as perf_soak
+
+    p = sub.add_parser("compaction", help="entry-log compaction in an in-process engine: live MB/s copied vs a raw "
+                       "scan of the same log, and a concurrent writer's add p99 without and during compaction")
+    p.add_argument("--log-mb", type=int, default=64, help="entry log size in MiB (default 64)")
+    p.add_argument("--live", type=float, default=0.25, help="live fraction of the compacted log (default 0.25)")
+    p.add_argument("--entry-size", "--record-bytes", dest="record_bytes", type=int, default=1024,
+                   help="bytes per entry, header included (default 1024)")
+    p.add_argument("--writer-rate", type=float, default=perf_compaction.WRITER_RATE_DEFAULT,
+                   help=f"adds/s of the concurrent writer (open loop; default "
+                        f"{perf_compaction.WRITER_RATE_DEFAULT:,.0f})")
+    p.add_argument("--seconds", type=float, default=SECONDS_DEFAULT,
+                   help=f"the writer's phase without compaction (default {SECONDS_DEFAULT:g})")
+    p.add_argument("--during-logs", type=int, default=4,
+                   help="logs compacted (rate-limited, one after the other) while the writer runs (default 4)")
+    p.add_argument("--config", default=None, help="bksim configuration file (default: the usual lookup)")
+    _run_options(p)
+    p.set_defaults(func=cmd_compaction, records=0, group=1)
+
+    p = sub.add_parser("soak", help="disk usage of every bookie over time under produce+consume on a topic with "
+                       "retention 0, small entry logs and frequent GC/compaction: table, PNG chart, bound verdict")
+    p.add_argument("--minutes", type=float, default=3.0, help="how long to produce and consume (default 3)")
+    p.add_argument("--png", default=None, help="draw the chart to this PNG file (matplotlib)")
+    p.add_argument("--rate", type=float, default=perf_soak.RATE_DEFAULT,
+                   help=f"messages/s produced (default {perf_soak.RATE_DEFAULT:,.0f})")
+    p.add_argument("--message-size", "--record-bytes", dest="record_bytes", type=int,
+                   default=perf_soak.MESSAGE_BYTES_DEFAULT,
+                   help=f"payload bytes per message (default {perf_soak.MESSAGE_BYTES_DEFAULT})")
+    p.add_argument("--sample-s", type=float, default=perf_soak.SAMPLE_S_DEFAULT,
+                   help=f"seconds between disk-usage samples (default {perf_soak.SAMPLE_S_DEFAULT:g})")
+    p.add_argument("--config", default=None, help="bksim configuration file (default: the usual lookup)")
+    _run_options(p)
+    p.set_defaults(func=cmd_soak, records=0, group=1)
 
     from bksim.perf import consume as perf_consume, produce as perf_produce
 
@@ -479,6 +514,49 @@ def cmd_rereplication(args) -> int:
                       f"{args.writer_rate:,.0f} entries/s, {args.seconds:g} s each; autorecovery "
                       + (f"in {args.standalone_workers} standalone process(es) at nice {args.worker_nice}"
                          if args.standalone_workers else "inside every bookie"))
+
+
+def cmd_compaction(args) -> int:
+    from bksim.cli import config as cfgload
+    from bksim.model.errors import ConfigError
+    from bksim.perf import compaction as perf_compaction
+
+    try:
+        shape = perf_compaction.Shape(args.log_mb, args.live, args.record_bytes, args.writer_rate, args.seconds,
+                                      args.during_logs)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    config = cfgload.load(args.config)
+
+    def measure(workdir: str, idle: Callable[[str], float]):
+        log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
+        return perf_compaction.measure(workdir, shape, idle, config, log=log)
+
+    rate = config.bookie.compaction_rate_bytes_per_s
+    return _run("compaction", args, measure,
+                shape=f"in-process engine (real files, RocksDB), entry logs of {args.log_mb} MiB, {args.record_bytes} B "
+                      f"entries, live {args.live:g}; scan and compaction of one log (unthrottled), then a writer at "
+                      f"{args.writer_rate:,.0f} adds/s alone and while {args.during_logs} more logs are compacted at "
+                      + (f"{rate / 2**20:g} MiB/s" if rate else "no rate limit") + "; writer phase without")
+
+
+def cmd_soak(args) -> int:
+    from bksim.cli import config as cfgload
+    from bksim.model.errors import ConfigError
+    from bksim.perf import soak
+
+    if args.minutes <= 0 or args.rate <= 0 or args.sample_s <= 0 or args.record_bytes < 1:
+        raise ConfigError("need --minutes > 0, --rate > 0, --sample-s > 0 and --message-size >= 1")
+    config = cfgload.load(args.config)
+    args.seconds = args.minutes * 60.0
+
+    def measure(workdir: str, idle: Callable[[str], float]):
+        log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
+        return soak.measure(workdir, config, minutes=args.minutes, rate=args.rate, message_bytes=args.record_bytes,
+                            sample_s=args.sample_s, idle=idle, png=args.png, config_path=args.config, keep=args.keep,
+                            log=log)
+
+    return _run("soak", args, measure, shape=soak.describe(args.rate, args.record_bytes))
 
 
 # ---------------------------------------------------------------------------------------------- shared
