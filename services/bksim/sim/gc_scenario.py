@@ -9,7 +9,7 @@ Owns, besides what the bookie world owns:
 - the metadata store (ledger_source.SimLedgerSource, a simulator fake of gc.py's LedgerSource): each ledger is
   created there before it is written; the workload deletes ledgers from it, mostly ones no writer writes any
   more, sometimes one still being written (its writer goes on: those adds may vanish with the ledger); its
-  listing fails, breaks off midway or lags (plan.GcPlan);
+  listing fails, breaks off midway, lags, or (with verification on) answers a stale state (plan.GcPlan);
 - the workload's extra operations (plan.GC_OP_WEIGHTS): a writer rolling to a new ledger, a deletion from the
   metadata, and rounds "gc", "minor" and "major" submitted like any other client operation (rounds never
   overlap: a round submitted during another waits for it);
@@ -85,13 +85,15 @@ class GcWorld(BookieWorld):
             rng_for(plan.seed, "metadata"), self.clock, self.trace.add, self.history.listing_started,
             failure_probability=gc_plan.listing_failure_probability,
             partial_probability=gc_plan.listing_partial_probability, page_ledgers=gc_plan.listing_page_ledgers,
-            lag_ms_max=gc_plan.listing_lag_ms_max, exists_failure_probability=gc_plan.exists_failure_probability)
+            lag_ms_max=gc_plan.listing_lag_ms_max, exists_failure_probability=gc_plan.exists_failure_probability,
+            stale_ms_max=gc_plan.listing_stale_ms_max)
         self.collector: GarbageCollector | None = None
         self._armed = [[step, k] for step, k in gc_plan.crash_points]  # crash points not reached yet
         self._step_faults = True
         self.stats.update({k: 0 for k in (
             "gc_rounds", "gc_rounds_stopped", "ledgers_deleted_from_metadata", "ledgers_deleted_by_gc",
-            "logs_deleted", "logs_compacted", "entries_copied", "listings", "metadata_failures")})
+            "kept_by_verification", "logs_deleted", "logs_compacted", "entries_copied", "listings",
+            "metadata_failures")})
         self.stats.update({f"crash_at_{step}": 0 for step in CRASH_STEPS})
 
     # -- the run (BookieWorld.run, through its hooks) ----------------------------------------------------
@@ -225,6 +227,7 @@ class GcWorld(BookieWorld):
         s["gc_rounds"] += 1
         s["gc_rounds_stopped"] += report.error is not None
         s["ledgers_deleted_by_gc"] += len(report.ledgers_deleted)
+        s["kept_by_verification"] += report.kept_by_verify
         s["logs_deleted"] += len(report.logs_deleted)
         s["logs_compacted"] += len(report.logs_compacted)
         s["entries_copied"] += report.entries_copied

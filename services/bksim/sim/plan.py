@@ -417,6 +417,9 @@ class GcPlan:
     entry_log_bytes_max: int  # small: logs roll often, so there are sealed logs to delete and compact
     delete_open_probability: float  # a deletion takes a ledger its writer is still writing
     crash_points: tuple[tuple[str, int], ...]
+    # with verification on only: half the listings answer with the store's state up to this long before they
+    # were asked (a ZooKeeper server behind the leader), which the generation rule cannot cover
+    listing_stale_ms_max: float
 
     @classmethod
     def from_seed(cls, seed: int, steps: tuple[str, ...]) -> "GcPlan":
@@ -425,18 +428,20 @@ class GcPlan:
         points = [(steps[seed % len(steps)], r.randint(1, 2))]
         for _ in range(r.randint(0, GC_CRASH_POINTS_EXTRA_MAX)):
             points.append((r.choice(steps), r.randint(1, 3)))
-        return cls(listing_failure_probability=r.choice([0.0, 0.1, 0.3]),
-                   listing_partial_probability=r.choice([0.0, 0.1, 0.3]),
-                   listing_page_ledgers=r.choice([1, 4, 16]),
-                   listing_lag_ms_max=r.choice([0.0, 5.0, 30.0]),
-                   exists_failure_probability=r.choice([0.0, 0.1]),
-                   gc_verify_metadata=r.random() < 0.5,
-                   minor_compaction_threshold=minor,
-                   major_compaction_threshold=r.choice([m for m in (0.5, 0.8, 1.0) if m >= minor]),
-                   compaction_rate_bytes_per_s=r.choice([0, 0, 256 * KiB]),
-                   entry_log_bytes_max=r.choice([2 * KiB, 8 * KiB, 16 * KiB]),
-                   delete_open_probability=r.choice([0.0, 0.2, 0.5]),
-                   crash_points=tuple(points))
+        knobs = dict(listing_failure_probability=r.choice([0.0, 0.1, 0.3]),
+                     listing_partial_probability=r.choice([0.0, 0.1, 0.3]),
+                     listing_page_ledgers=r.choice([1, 4, 16]),
+                     listing_lag_ms_max=r.choice([0.0, 5.0, 30.0]),
+                     exists_failure_probability=r.choice([0.0, 0.1]),
+                     gc_verify_metadata=r.random() < 0.5,
+                     minor_compaction_threshold=minor,
+                     major_compaction_threshold=r.choice([m for m in (0.5, 0.8, 1.0) if m >= minor]),
+                     compaction_rate_bytes_per_s=r.choice([0, 0, 256 * KiB]),
+                     entry_log_bytes_max=r.choice([2 * KiB, 8 * KiB, 16 * KiB]),
+                     delete_open_probability=r.choice([0.0, 0.2, 0.5]),
+                     crash_points=tuple(points))
+        stale_ms = r.choice([0.0, 20.0])  # drawn last: the knobs above stay what they were without it
+        return cls(**knobs, listing_stale_ms_max=stale_ms if knobs["gc_verify_metadata"] else 0.0)
 
     def bookie_plan(self, plan: BookiePlan) -> BookiePlan:
         return dataclasses.replace(plan, entry_log_bytes_max=self.entry_log_bytes_max)
