@@ -90,6 +90,25 @@ perf: deps  ## every benchmark with its same-run ratio (prints figures; not a pa
 	$(BKSIM) perf failover --session-timeout-ms 4000
 	$(BKSIM) perf audit --size $(AUDIT_SIZE)
 	$(BKSIM) perf rereplication --size $(PERF_REREPLICATION_SIZE) --seconds $(PERF_SECONDS)
+	$(BKSIM) perf compaction --log-mb $(COMPACTION_LOG_MB) --live $(COMPACTION_LIVE) --seconds $(PERF_SECONDS)
+	$(BKSIM) perf soak --minutes $(PERF_SOAK_MINUTES) --png $(SOAK_PNG)
+
+# `make perf-compaction` (COMPACTION_LOG_MB=64, COMPACTION_LIVE=0.25): compaction's live MB/s against a raw scan of
+# the same entry log, and a writer's add p99 without and during compaction, in one in-process engine.
+COMPACTION_LOG_MB ?= 64
+COMPACTION_LIVE ?= 0.25
+.PHONY: perf-compaction
+perf-compaction: deps
+	$(BKSIM) perf compaction --log-mb $(COMPACTION_LOG_MB) --live $(COMPACTION_LIVE) --seconds $(PERF_SECONDS)
+
+# `make perf-soak` (SOAK_MINUTES=3): the bookies' disk usage under produce+consume on a retention-0 topic, as a
+# table and a chart in $(SOAK_PNG); `make perf` runs it for PERF_SOAK_MINUTES (1).
+SOAK_MINUTES ?= 3
+PERF_SOAK_MINUTES ?= 1
+SOAK_PNG ?= $(RUN_DIR)/perf/soak.png
+.PHONY: perf-soak
+perf-soak: deps
+	$(BKSIM) perf soak --minutes $(SOAK_MINUTES) --png $(SOAK_PNG)
 
 # `make perf-rereplication` (REREPLICATION_SIZE=1GB): a bookie lost for good and autorecovery's copy alone; `make perf`
 # runs it at PERF_REREPLICATION_SIZE (256MB, under 2 minutes).

@@ -25,7 +25,8 @@ the gRPC hop would add the same constant to both writer phases.
    TokenBucket a bookie's garbage collector uses: its burst is one second's worth, so the first MiBs go at once).
    Target: p99 during <= 2x p99 without. The "during" phase lasts as long as those compactions.
 
-Reported with the results: the live fraction of the log as the engine counts it, the log's bytes, the bytes copied
+Reported with the results: the 1-minute load average as each measurement started (the machine is shared), the
+live fraction of the log as the engine counts it, the log's bytes, the bytes copied
 and freed, the writer's adds and the compaction's duration and rate limit in the "during" phase.
 """
 from __future__ import annotations
@@ -102,14 +103,21 @@ async def _measure(workdir: str, shape: Shape, idle: Callable[[str], float], con
         log(f"# fill: {len(engine.gc_ledger_ids())} of {LEDGERS} ledgers live, sealed logs "
             + ", ".join(f"{i:x} ({stats[i]['bytes'] / MB:.1f} MB, live {stats[i]['live_ratio']:.3f})"
                         for i in [first, *others]) + f" in {time.monotonic() - started:.1f} s")
-        scan = _scan(engine, first, shape, idle("entrylog-scan"))
-        compacted = await _compact(engine, first, shape, stats[first], idle("compaction"))
+        loads: dict[str, float] = {}
+
+        def ready(name: str) -> float:  # the idle guard, then the 1-minute load average as the measurement starts
+            fraction = idle(name)
+            loads[name] = os.getloadavg()[0]
+            return fraction
+
+        scan = _scan(engine, first, shape, ready("entrylog-scan"))
+        compacted = await _compact(engine, first, shape, stats[first], ready("compaction"))
         ledger = _WriterLedger(shape.entry_bytes)
-        without = await _writer(engine, ledger, shape, shape.seconds, None, idle("writer-without-compaction"))
+        without = await _writer(engine, ledger, shape, shape.seconds, None, ready("writer-without-compaction"))
         rate = bookie_config.compaction_rate_bytes_per_s
         bucket = TokenBucket(clock, rate, rate) if rate > 0 else None
         during = await _writer(engine, ledger, shape, 0.0, lambda: _compact_all(engine, others, bucket),
-                               idle("writer-during-compaction"))
+                               ready("writer-during-compaction"))
         during.extra["compaction_rate_mb_per_s"] = rate / MB if rate else 0.0
     finally:
         await engine.close()
@@ -117,6 +125,8 @@ async def _measure(workdir: str, shape: Shape, idle: Callable[[str], float], con
     if bad:
         raise RuntimeError(f"the engine logged failures: {bad[:3]}")
     results = [scan, compacted, without, during]
+    for r in results:
+        r.extra["load_avg_1m"] = loads[r.name]
     return results, [ratio(compacted, scan, TARGET_RATIO)], targets(results)
 
 

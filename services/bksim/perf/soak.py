@@ -104,7 +104,8 @@ def measure(workdir: str, config: Config, *, minutes: float, rate: float, messag
         log(f"# chart: {png}")
     result = make_result("soak", message_bytes, BATCH, elapsed, latencies, cpu_idle,
                          {"latency": "send due time -> received", "rate_target_per_s": rate, **load, **pids,
-                          "samples": len(samples)})
+                          "samples": len(samples),
+                          "load_avg_1m_max": max((s["load_avg_1m"] for s in samples), default=0.0)})
     target = {"target": f"entry-log bytes <= live + {SLACK_LOGS} x {LOG_BYTES // MiB} MiB on every bookie "
                         f"(from {GC_WAIT_MS / 1000:g} s on)", "value": verdict["value"], "met": verdict["met"],
               "samples": samples}
@@ -123,7 +124,7 @@ def _run(cluster: LedgerCluster, producer, consumer, seconds: float, rate: float
     filler = (b"bksim-soak-" * (message_bytes // 11 + 1))[:message_bytes - _STAMP.size]
     total = int(rate * seconds)
     stop = threading.Event()
-    state = {"sent": 0, "received": 0, "error": None}
+    state = {"sent": 0, "received": 0, "error": None, "consumed_ns": 0}
     start_ns = clock_ns()
     step_ns = 1e9 / rate
     latencies = LatencyRecorder()
@@ -151,6 +152,7 @@ def _run(cluster: LedgerCluster, producer, consumer, seconds: float, rate: float
                 latencies.add(max(0, clock_ns() - _STAMP.unpack_from(m.data())[0]) / 1e9)
                 consumer.acknowledge(m)
                 state["received"] += 1
+            state["consumed_ns"] = clock_ns()
         except Exception as e:  # noqa: BLE001 - reported below
             state["error"] = f"consumer: {e}"
 
@@ -163,12 +165,13 @@ def _run(cluster: LedgerCluster, producer, consumer, seconds: float, rate: float
     try:
         next_at = time.monotonic()
         while True:
+            finished = bool(state["error"]) or not any(t.is_alive() for t in threads)  # then this sample is the last
             samples.append(_sample(cluster, clients, (clock_ns() - start_ns) / 1e9, state))
             s = samples[-1]
             log(f"# t={s['t_s']:.0f} s: " + ", ".join(f"{b['name']} {b['entrylog_bytes'] / MB:.1f} MB "
                                                        f"(live {b['live_bytes'] / MB:.1f})" for b in s["bookies"])
                 + f"; sent {state['sent']:,}, received {state['received']:,}")
-            if state["error"] or not any(t.is_alive() for t in threads):
+            if finished:
                 break
             cluster.check_alive()
             next_at += sample_s
@@ -181,7 +184,7 @@ def _run(cluster: LedgerCluster, producer, consumer, seconds: float, rate: float
             c.close()
     if state["error"]:
         raise RuntimeError(state["error"])
-    elapsed = (clock_ns() - start_ns) / 1e9
+    elapsed = (state["consumed_ns"] - start_ns) / 1e9  # first due send .. last message received
     if state["received"] != total:
         raise RuntimeError(f"received {state['received']:,} of {total:,} messages")
     return samples, latencies, elapsed, {"sent": state["sent"], "received": state["received"]}
@@ -203,7 +206,8 @@ def _sample(cluster: LedgerCluster, clients: dict, t_s: float, state: dict) -> d
             first = page["next_log_id"]
         out.append({"name": b.name, "entrylog_bytes": entrylogs, "index_bytes": index, "live_bytes": live,
                     "logs": logs})
-    return {"t_s": round(t_s, 1), "sent": state["sent"], "received": state["received"], "bookies": out}
+    return {"t_s": round(t_s, 1), "sent": state["sent"], "received": state["received"],
+            "load_avg_1m": os.getloadavg()[0], "bookies": out}
 
 
 def _dir_bytes(path: str) -> int:
@@ -235,12 +239,13 @@ def bound(samples: list[dict]) -> dict:
 
 def table(samples: list[dict], names: list[str]) -> list[str]:
     head = f"{'t s':>6}  " + "  ".join(f"{n + ' MB':>11} {'live':>6} {'index':>6}" for n in names) + \
-        f"  {'sent':>9} {'received':>9}"
-    lines = ["# disk usage per bookie: entry-log MB, live MB by the bookie's count, RocksDB index MB", head]
+        f"  {'sent':>9} {'received':>9} {'load':>5}"
+    lines = ["# disk usage per bookie: entry-log MB, live MB by the bookie's count, RocksDB index MB; the machine's "
+             "1-minute load average", head]
     for s in samples:
         cells = "  ".join(f"{b['entrylog_bytes'] / MB:>11.1f} {b['live_bytes'] / MB:>6.1f} {b['index_bytes'] / MB:>6.1f}"
                           for b in s["bookies"])
-        lines.append(f"{s['t_s']:>6.0f}  {cells}  {s['sent']:>9,} {s['received']:>9,}")
+        lines.append(f"{s['t_s']:>6.0f}  {cells}  {s['sent']:>9,} {s['received']:>9,} {s['load_avg_1m']:>5.1f}")
     return lines
 
 

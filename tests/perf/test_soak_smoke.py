@@ -1,0 +1,45 @@
+"""Smoke test of `bksim perf soak` for a few seconds: the samples table, the chart and the bound verdict are there
+and hang together (never a speed, nor whether the bound held in so short a run)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from bksim.adapters import processes
+
+RUN_TIMEOUT_S = 150.0
+RATE = 200
+SECONDS = 12
+
+
+def test_soak_samples_every_bookie_and_draws_the_chart(tmp_path, repo_root):
+    base, png = tmp_path / "perf", tmp_path / "chart" / "soak.png"
+    argv = [sys.executable, "-m", "bksim.cli.main", "perf", "soak", "--json", "--idle-min", "0", "--idle-wait-s", "0",
+            "--dir", str(base), "--minutes", str(SECONDS / 60), "--rate", str(RATE), "--sample-s", "3",
+            "--png", str(png)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=repo_root, env=env)
+    assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+    report = json.loads(done.stdout)
+    assert report["benchmark"] == "soak"
+    assert "# disk usage per bookie" in done.stderr and "rec/s" in done.stderr
+    assert list(base.iterdir()) == [], f"temp files left behind: {list(base.iterdir())}"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    [result] = report["results"]
+    assert result["name"] == "soak" and result["records"] == result["received"] == result["sent"] == RATE * SECONDS
+    [target] = report["targets"]
+    assert isinstance(target["met"], bool) and "largest excess over live" in target["value"]
+    samples = target["samples"]
+    assert len(samples) >= SECONDS // 3 and [s["t_s"] for s in samples] == sorted(s["t_s"] for s in samples)
+    for s in samples:
+        assert [b["name"] for b in s["bookies"]] == ["bookie-1", "bookie-2", "bookie-3"]
+        for b in s["bookies"]:
+            assert b["entrylog_bytes"] >= 0 and b["live_bytes"] >= 0 and b["index_bytes"] > 0
+    # data reached the bookies' entry logs (a checkpoint a second): some sample saw bytes on some bookie
+    assert max(b["entrylog_bytes"] for s in samples for b in s["bookies"]) > 0
+    assert samples[-1]["received"] == RATE * SECONDS
+    for pid in [result["broker_pid"], result["zookeeper_pid"], *map(int, result["bookie_pids"].split(","))]:
+        assert not processes.is_alive(pid)
