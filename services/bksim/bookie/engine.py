@@ -836,8 +836,12 @@ class BookieEngine:
         writer = CompactionWriter(self._disk, logger.directory, logger.next_log_id(), log_id)
         scan: dict = {}
         try:
-            copied = await compaction.copy_live(self._disk, logger.path(log_id), log_id, self._ledgers,
-                                                self._locations, writer, throttle, scan)
+            # the ledgers to copy, as a set taken now: a ledger deleted meanwhile has lost its index entries, so none
+            # of its entries is moved (step 3); a ledger created meanwhile has nothing in a sealed log
+            live = (set(self._ledgers.ledger_ids()) if index_fmt.UNKNOWN_LEDGER in old_meta
+                    else {lid for lid in old_meta if lid in self._ledgers})
+            copied = await compaction.copy_live(self._disk, logger.path(log_id), log_id, live, self._locations,
+                                                writer, throttle, scan)
             new_path = await writer.seal(step) if writer.entries else None
         except (OSError, FormatError, asyncio.CancelledError):
             # an I/O error (a full disk), a record changed under the copy, or a stop: the index never saw the
