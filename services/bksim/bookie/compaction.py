@@ -16,10 +16,12 @@ Compacting old log O into new log N (names in formats/entry_log.py; N is a fresh
    have landed), deletes O, renames N to ``N.log``.
 3. Under the engine's checkpoint lock (no checkpoint writes locations meanwhile): one synced index batch; each
    copied entry moves to N only if the index still points at its record in O (its encoded location, compared
-   byte for byte) (an entry re-added since, or a
-   ledger deleted since, keeps what it has). Then a check that no live ledger of O still has a location in O;
-   if one has (O's scan stopped early on a damaged record), O is kept and N becomes an ordinary log.
-   Fault step ``compact_index``.
+   byte for byte; an entry re-added since, or a ledger deleted since, keeps what it has). Then a check that no
+   live ledger of O still has a location in O; if one has, O is kept and N becomes an ordinary log. When the walk
+   of step 1 reached O's end or its map, the check reads the index at the entries of the records it saw (an
+   index entry naming O for any other entry names no record of it: its reads fail before O goes as after);
+   when the walk stopped early on a damaged record, the whole index is read (records past the damage are
+   unknown). Fault step ``compact_index``.
 4. Delete O, fsync the directory. Fault step ``compact_delete``.
 5. Rename N to ``N.log``, fsync the directory. Fault step ``compact_rename``.
 6. Entry-log metadata: N's ledger map in, O's out, one synced batch. Fault step ``compact_meta``. A crash before
@@ -104,10 +106,10 @@ async def live_records(disk: Disk, path: str, live: Container[int], outcome: dic
 
 async def copy_live(disk: Disk, path: str, log_id: int, live: Container[int], locations: LocationIndex,
                     writer: "CompactionWriter", throttle: Callable | None, outcome: dict
-                    ) -> dict[int, list[tuple[int, bytes, bytes]]]:
+                    ) -> tuple[dict[int, list[tuple[int, bytes, bytes]]], dict[int, list[int]]]:
     """Step 1: append to `writer` the records of log `log_id` (at `path`) whose ledger is in `live` and at which the
-    index points, in runs of consecutive records. Returns ledger id -> [(entry id, its encoded location in the old
-    log, in the new)] for step 3. `throttle(nbytes)` is awaited after each run. Raises FormatError if a record read
+    index points, in runs of consecutive records. Returns (ledger id -> [(entry id, its encoded location in the old
+    log, in the new)], ledger id -> the entry ids of every record of it the walk saw) for step 3. `throttle(nbytes)` is awaited after each run. Raises FormatError if a record read
     back differs from what the header walk saw (the caller discards the new log)."""
     found = await live_records(disk, path, live, outcome)
     wanted: dict[int, list[int]] = {}
@@ -135,7 +137,7 @@ async def copy_live(disk: Disk, path: str, log_id: int, live: Container[int], lo
         run_end = offset + 4 + length
     if run:
         await _copy_run(disk, path, writer, run, run_start, run_end, copied, throttle)
-    return copied
+    return copied, wanted
 
 
 def _current_locations(locations: LocationIndex, ledger_id: int, entry_ids: list[int]) -> dict[int, bytes]:
@@ -191,13 +193,14 @@ async def index_moves(locations: LocationIndex, copied: dict[int, list[tuple[int
     return puts
 
 
-async def ledgers_pointing_into(locations: LocationIndex, log_id: int, ledger_ids) -> list[int]:
-    """Step 3's last check: the ledgers of `ledger_ids` with a location in log `log_id` (each ledger's locations
-    read through). After the batch nothing adds a location in a sealed log, so the event loop may run between
-    ledgers."""
+async def ledgers_pointing_into(locations: LocationIndex, log_id: int, seen: dict[int, list[int]]) -> list[int]:
+    """Step 3's last check after a walk that saw every record of log `log_id`: the ledgers whose index entries for
+    the records seen (`seen`: ledger id -> entry ids, from copy_live) still name that log. After the batch nothing
+    adds a location in a sealed log, so the event loop may run between ledgers."""
+    prefix = index_fmt.LOG_META_KEY.pack(log_id)  # a location value starts with its log id, packed alike
     left = []
-    for lid in ledger_ids:
-        if locations.points_into(lid, log_id):
+    for lid, eids in seen.items():
+        if any(value[:4] == prefix for value in _current_locations(locations, lid, eids).values()):
             left.append(lid)
         await asyncio.sleep(0)
     return left

@@ -840,8 +840,8 @@ class BookieEngine:
             # of its entries is moved (step 3); a ledger created meanwhile has nothing in a sealed log
             live = (set(self._ledgers.ledger_ids()) if index_fmt.UNKNOWN_LEDGER in old_meta
                     else {lid for lid in old_meta if lid in self._ledgers})
-            copied = await compaction.copy_live(self._disk, logger.path(log_id), log_id, live, self._locations,
-                                                writer, throttle, scan)
+            copied, seen = await compaction.copy_live(self._disk, logger.path(log_id), log_id, live,
+                                                      self._locations, writer, throttle, scan)
             new_path = await writer.seal(step) if writer.entries else None
         except (OSError, FormatError, asyncio.CancelledError):
             # an I/O error (a full disk), a record changed under the copy, or a stop: the index never saw the
@@ -859,8 +859,7 @@ class BookieEngine:
                 await self._locations.put_batch(puts)
             step("compact_index")
             if scan.get("clean") and index_fmt.UNKNOWN_LEDGER not in old_meta:
-                left = await compaction.ledgers_pointing_into(
-                    self._locations, log_id, [lid for lid in old_meta if lid in self._ledgers])
+                left = await compaction.ledgers_pointing_into(self._locations, log_id, seen)
             else:  # the scan did not see every record: only the whole index can say nothing points here
                 left = ["(some)"] if self._locations.any_in_log(log_id) else []
         if left:

@@ -13,7 +13,6 @@ import dataclasses
 from typing import Iterator
 
 from bksim.formats import index as fmt
-from bksim.model.errors import FormatError
 from bksim.ports.kv import KeyValueStore
 
 
@@ -66,27 +65,6 @@ class LocationIndex:
             if close is not None:
                 close()
         return out
-
-    def points_into(self, ledger_id: int, log_id: int) -> bool:
-        """Whether any location of the ledger is in entry log `log_id` (compaction's last check). Reads every
-        location of the ledger: keys and values are compared as bytes (the ledger id and log id lead them)."""
-        ledger_prefix = fmt.LEDGER_KEY.pack(ledger_id)
-        log_prefix = fmt.LOG_META_KEY.pack(log_id)
-        key_bytes, value_bytes = fmt.LOCATION_KEY.size, fmt.LOCATION_VALUE.size
-        items = self._store.items_from(fmt.location_key(ledger_id, 0))
-        try:
-            for key, value in items:
-                if len(key) != key_bytes or len(value) != value_bytes:
-                    raise FormatError(f"location record of {len(key)}/{len(value)} bytes")
-                if key[:8] != ledger_prefix:
-                    return False
-                if value[:4] == log_prefix:
-                    return True
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
-        return False
 
     def encoded_range(self, ledger_id: int, first_entry: int, last_entry: int) -> dict[int, bytes]:
         """Entry id -> encoded location of the ledger's indexed entries in [first_entry, last_entry], read from one
