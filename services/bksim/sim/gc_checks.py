@@ -13,8 +13,10 @@ Invariants, each raised as InvariantViolation(name, detail):
   NO_ENTRY / NO_LEDGER, never other bytes, IO_ERROR only on a ledger whose entry-log record the world damaged
   (the bookie world's AllAckedEntriesAreReadable, UnknownIsNeverNo and NoOutOfOrderEntries, under this name)
   while its ledger is in the metadata; once the ledger is deleted from the metadata, an acknowledged entry may
-  vanish only after a listing that began after both the deletion and the entry's last acknowledged add (the
-  generation rule: a ledger touched after a round's generation is not deleted by that round).
+  vanish only in a round whose listing began after the entry's last acknowledged add (the generation rule: a
+  ledger touched after a round's generation is not deleted by that round) and which read the metadata after the
+  deletion: its listing began after it, or its verification read found the ledger gone (a stale listing may
+  miss a ledger that still existed when the round began).
 - DeletedStaysDeleted: after a round reported deleting ledger L (listing at tick R), a read submitted later
   returns an entry of L (or a ReadLac names it as the last entry held) only if an add of that entry could have come back: one answered after R, one never
   answered (its incarnation crashed: its journal record may be above the mark the round persisted), or one
@@ -51,6 +53,7 @@ class GcHistory(BookieHistory):
         self.meta_deleted_at: dict[int, int] = {}
         self.listings: list[int] = []  # ticks, ascending
         self.gc_deleted: dict[int, tuple[int, int]] = {}  # ledger -> (listing tick, report tick) of the last round
+        self._absent_in_round: dict[int, list[int]] = {}  # ledger -> listing ticks of rounds that verified it gone
         self._attempts: dict[tuple[int, int], list[AddAttempt]] = {}
         self._acks: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (submitted, answered) of OK adds
         self._live_check = False
@@ -65,6 +68,10 @@ class GcHistory(BookieHistory):
         tick = self.next_tick()
         self.listings.append(tick)
         return tick
+
+    def verified_absent(self, ledger_id: int) -> None:
+        """A round's verification read found the ledger gone (rounds never overlap: the last listing is its own)."""
+        self._absent_in_round.setdefault(ledger_id, []).append(self.listings[-1])
 
     def deleted_from_metadata(self, ledger: LedgerHistory) -> None:
         self.meta_deleted_at[ledger.ledger_id] = self.next_tick()
@@ -170,9 +177,12 @@ class GcHistory(BookieHistory):
         return max((s for s, answered in self._acks.get((lid, entry_id), ()) if answered < before), default=-1)
 
     def _may_be_gone(self, lid: int, entry_id: int, read_submitted: int) -> bool:
-        """Some listing began after the ledger left the metadata and after the entry's last acknowledged add."""
-        after = max(self.meta_deleted_at[lid], self._last_ack_submitted(lid, entry_id, read_submitted))
-        return any(after < tick < read_submitted for tick in reversed(self.listings))
+        """Some round listed after the entry's last acknowledged add, and after the ledger left the metadata or
+        with a verification that found it gone."""
+        acked = self._last_ack_submitted(lid, entry_id, read_submitted)
+        after = max(self.meta_deleted_at[lid], acked)
+        return any(after < tick < read_submitted for tick in reversed(self.listings)) or \
+            any(acked < tick < read_submitted for tick in self._absent_in_round.get(lid, ()))
 
     def _may_return(self, lid: int, entry_id: int, listing: int) -> bool:
         """An add of the entry whose journal record may be above the mark of the round that listed at `listing`."""

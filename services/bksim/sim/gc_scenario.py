@@ -21,7 +21,7 @@ Owns, besides what the bookie world owns:
   bookie world's faults stay: crashes at random moments and during start-up, torn tails, bit flips.
 
 Phases: the safety phase (`plan.steps` steps with faults); the liveness phase: the store answers every listing
-at once, every operation finishes, then a final round "gc" and a round "major" must succeed, after which no
+at once, every operation finishes, a checkpoint, then a final round "gc" and a round "major" must succeed, after which no
 entry log but the one being written holds only deleted ledgers' bytes and no compaction file is left
 (SpaceReclaimed); an audit; a clean stop whose restart replays nothing; a last audit.
 
@@ -83,6 +83,7 @@ class GcWorld(BookieWorld):
             tolerated, lambda v: self.trace.add(f"TOLERATED (known engine issue) {v}"))
         self.source = SimLedgerSource(
             rng_for(plan.seed, "metadata"), self.clock, self.trace.add, self.history.listing_started,
+            on_absent=self.history.verified_absent,
             failure_probability=gc_plan.listing_failure_probability,
             partial_probability=gc_plan.listing_partial_probability, page_ledgers=gc_plan.listing_page_ledgers,
             lag_ms_max=gc_plan.listing_lag_ms_max, exists_failure_probability=gc_plan.exists_failure_probability,
@@ -238,7 +239,9 @@ class GcWorld(BookieWorld):
         return error.startswith("ConnectionLossError") and FAILURE_MARK in error
 
     async def _final_rounds(self) -> None:
-        """The liveness phase's rounds: no fault, so each must finish."""
+        """The liveness phase's rounds: no fault, so each must finish. A checkpoint first empties the write cache,
+        so no log rolls after the rounds looked (the log being written is the only one they leave alone)."""
+        await self.engine.checkpoint()
         for kind in FINAL_ROUNDS:
             report = await self.collector.run(kind)
             self._note_deletions(report)

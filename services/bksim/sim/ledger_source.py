@@ -17,7 +17,8 @@ deletes ledgers here; ids are never reused) and the store's faults, drawn from t
 Every failure raises ConnectionLossError ("simulated" in its message): never an empty or short answer.
 
 `on_listing()` is called at the start of each listing, synchronously with the garbage collector's generation
-read; the world records the tick (gc_checks: which rounds could delete what).
+read, and `on_absent(ledger_id)` when a verification read answers that a ledger is gone; the world records both
+(gc_checks: which rounds could delete what).
 
 Must not: answer a failure as an absence, or use randomness from anything but its rng.
 """
@@ -38,10 +39,11 @@ FAILURE_MARK = "simulated"
 
 class SimLedgerSource:
     def __init__(self, rng: random.Random, clock: Clock, note: Callable[[str], None],
-                 on_listing: Callable[[], int], *, failure_probability: float, partial_probability: float,
+                 on_listing: Callable[[], int], *, on_absent: Callable[[int], None] = lambda ledger_id: None,
+                 failure_probability: float, partial_probability: float,
                  page_ledgers: int, lag_ms_max: float, exists_failure_probability: float,
                  stale_ms_max: float = 0.0) -> None:
-        self._rng, self._clock, self._note, self._on_listing = rng, clock, note, on_listing
+        self._rng, self._clock, self._note, self._on_listing, self._on_absent = rng, clock, note, on_listing, on_absent
         self._failure_probability, self._partial_probability = failure_probability, partial_probability
         self._page_ledgers, self._lag_ms_max = page_ledgers, lag_ms_max
         self._exists_failure_probability = exists_failure_probability
@@ -102,7 +104,10 @@ class SimLedgerSource:
         await self._clock.sleep_ms(r.uniform(0.0, READ_MS_MAX))
         if self.faults and r.random() < self._exists_failure_probability:
             self._fail(f"verification read of ledger {ledger_id} failed")
-        return ledger_id in self.present
+        if ledger_id in self.present:
+            return True
+        self._on_absent(ledger_id)
+        return False
 
     def _fail(self, what: str) -> None:
         self.failures += 1
