@@ -25,6 +25,7 @@ the load's figures; the disk figures are in the samples table and the JSON ("sam
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 import threading
@@ -32,7 +33,7 @@ import time
 import uuid
 from typing import Callable
 
-from bksim.adapters.bookie_client import SyncBookieClient
+from bksim.adapters.bookie_client import BookieClient
 from bksim.adapters.broker_client import BrokerClient
 from bksim.client import Client, InitialPosition, SubscriptionType
 from bksim.model.config import Config
@@ -160,28 +161,14 @@ def _run(cluster: LedgerCluster, producer, consumer, seconds: float, rate: float
                threading.Thread(target=consume, name="soak-consumer", daemon=True)]
     for t in threads:
         t.start()
-    clients = {b.name: SyncBookieClient(b.address) for b in cluster.bookies}
-    samples: list[dict] = []
-    try:
-        next_at = time.monotonic()
-        while True:
-            finished = bool(state["error"]) or not any(t.is_alive() for t in threads)  # then this sample is the last
-            samples.append(_sample(cluster, clients, (clock_ns() - start_ns) / 1e9, state))
-            s = samples[-1]
-            log(f"# t={s['t_s']:.0f} s: " + ", ".join(f"{b['name']} {b['entrylog_bytes'] / MB:.1f} MB "
-                                                       f"(live {b['live_bytes'] / MB:.1f})" for b in s["bookies"])
-                + f"; sent {state['sent']:,}, received {state['received']:,}")
-            if finished:
-                break
-            cluster.check_alive()
-            next_at += sample_s
-            time.sleep(max(0.0, next_at - time.monotonic()))
+    try:  # the sampler runs on an event loop of its own; Ctrl-C or SIGTERM cancel it at an await
+        samples = run_interruptible(_sample_loop(cluster, threads, state, start_ns, sample_s, log))
     finally:
         stop.set()
+        if any(t.is_alive() for t in threads):
+            consumer.close()  # interrupted: a receive() waiting for a message returns now
         for t in threads:
             t.join(RECEIVE_TIMEOUT_MS / 1000)
-        for c in clients.values():
-            c.close()
     if state["error"]:
         raise RuntimeError(state["error"])
     elapsed = (state["consumed_ns"] - start_ns) / 1e9  # first due send .. last message received
@@ -190,14 +177,38 @@ def _run(cluster: LedgerCluster, producer, consumer, seconds: float, rate: float
     return samples, latencies, elapsed, {"sent": state["sent"], "received": state["received"]}
 
 
-def _sample(cluster: LedgerCluster, clients: dict, t_s: float, state: dict) -> dict:
+async def _sample_loop(cluster: LedgerCluster, threads: list[threading.Thread], state: dict, start_ns: int,
+                       sample_s: float, log: Callable[[str], None]) -> list[dict]:
+    """A sample every `sample_s` s until both threads are done (the last sample is taken after they are)."""
+    clients = {b.name: BookieClient(b.address, deadline_s=CALL_DEADLINE_S) for b in cluster.bookies}
+    samples: list[dict] = []
+    try:
+        next_at = time.monotonic()
+        while True:
+            finished = bool(state["error"]) or not any(t.is_alive() for t in threads)  # then this sample is the last
+            s = await _sample(cluster, clients, (time.perf_counter_ns() - start_ns) / 1e9, state)
+            samples.append(s)
+            log(f"# t={s['t_s']:.0f} s: " + ", ".join(f"{b['name']} {b['entrylog_bytes'] / MB:.1f} MB "
+                                                       f"(live {b['live_bytes'] / MB:.1f})" for b in s["bookies"])
+                + f"; sent {state['sent']:,}, received {state['received']:,}")
+            if finished:
+                return samples
+            cluster.check_alive()
+            next_at += sample_s
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+    finally:
+        for c in clients.values():
+            await c.close()
+
+
+async def _sample(cluster: LedgerCluster, clients: dict, t_s: float, state: dict) -> dict:
     out = []
     for b in cluster.bookies:
         entrylogs = _dir_bytes(os.path.join(b.ledger_dir, "entrylogs"))
         index = _dir_bytes(os.path.join(b.ledger_dir, "index"))
         live, logs, first = 0, 0, 0
         while True:  # every page of the bookie's entry logs
-            page = clients[b.name].entry_log_stats(first)
+            page = await clients[b.name].entry_log_stats(first)
             for stat in page["logs"]:
                 live += stat["live_bytes"]
                 logs += 1
