@@ -13,7 +13,8 @@ Compacting old log O into new log N (names in formats/entry_log.py; N is a fresh
    From here on reads resolve N through this name (EntryLogger alias) until step 5.
    A crash from here to step 5: start-up finishes the compaction (`recover`): it moves to N the location of
    every record of N whose index entry still names O (the batch of step 3 is atomic: all or nothing of it may
-   have landed), deletes O, renames N to ``N.log``.
+   have landed), deletes O unless a location still points into it (a compaction that kept O at step 3 leaves
+   the same file), renames N to ``N.log``.
 3. Under the engine's checkpoint lock (no checkpoint writes locations meanwhile): one synced index batch; each
    copied entry moves to N only if the index still points at its record in O (its encoded location, compared
    byte for byte; an entry re-added since, or a ledger deleted since, keeps what it has). Then a check that no
@@ -281,11 +282,13 @@ async def recover(disk: Disk, logger: EntryLogger, locations: LocationIndex,
         if puts:
             await locations.put_batch(puts)
         old_path = os.path.join(logger.directory, fmt.entry_log_file_name(old_id))
-        if disk.exists(old_path):
+        kept = locations.any_in_log(old_id)  # a compaction that kept its old log (step 3) crashed before step 5
+        if disk.exists(old_path) and not kept:
             disk.remove(old_path)
         disk.rename(path, os.path.join(logger.directory, fmt.entry_log_file_name(new_id)))
         await disk.sync_dir(logger.directory)
-        done.append(f"finished the compaction of entry log {old_id:x} into {new_id:x} ({len(puts)} locations moved)")
+        done.append(f"finished the compaction of entry log {old_id:x} into {new_id:x} ({len(puts)} locations moved"
+                    + (", the old log kept: the index still points into it)" if kept else ")"))
     for line in done:
         log(f"start-up: {line}")
     return done

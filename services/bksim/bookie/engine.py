@@ -125,9 +125,16 @@ class BookieEngine:
         self._persisted_mark = read_lastmark(self._disk, self.ledger_dir)
         self._disk.makedirs(self._entry_logger.directory)
         await compaction.recover(self._disk, self._entry_logger, self._locations, self._log)
+        # a crash between deleting a log and dropping its metadata record (gc_log_delete, compact_delete) leaves the
+        # record; the log opened next may take that id (ids are above every log on disk): drop such records first
+        on_disk = set(self._entry_logger.log_ids())
+        stale = [log_id for log_id in self._log_meta.log_ids() if log_id not in on_disk]
+        if stale:
+            await self._log_meta.write({}, stale)
         await self._entry_logger.open()
         self.replay_report = await replay(self._disk, self.journal_dir, self._persisted_mark, self.instance_id,
                                           self._apply_record, self.config.journal_skip_corruption, self._log)
+        self._adopt_unrecorded_ledgers()
         await self.checkpoint(mark=self.replay_report.end)
         await self._journal.open(after_id=self.replay_report.end.journal_id)
         self._journal.start()
@@ -161,6 +168,16 @@ class BookieEngine:
         for task in self._tasks:
             task.cancel()
         self._close_storage()
+
+    def _adopt_unrecorded_ledgers(self) -> None:
+        """A crash between checkpoint steps 5 (locations, synced) and 6 (ledger index) leaves locations of a ledger
+        whose record never became durable (nothing of it acknowledged: its journal records were lost too). Garbage
+        collection and compaction know ledgers by their records: without one the ledger is never compared with
+        the metadata, and compaction takes its records for a deleted ledger's and deletes the log they are in.
+        Start-up gives each such ledger a record (flushed by the start checkpoint)."""
+        for ledger_id in self._locations.ledger_ids():
+            if ledger_id not in self._ledgers:
+                self._ledgers.update(ledger_id)
 
     def _close_storage(self) -> None:
         self._entry_logger.close()
@@ -774,6 +791,10 @@ class BookieEngine:
             self._read_cache.drop_ledgers(gone)
             if keys:
                 await self._locations.delete_batch(keys)
+            # again: a read while the batch was written may have cached an entry, or the LAC of the last one
+            self._read_cache.drop_ledgers(gone)
+            for lid in doomed:
+                self._base_lac.pop(lid, None)
             step("gc_index_delete")
             await self._ledgers.flush()
             step("gc_ledger_delete")

@@ -47,6 +47,24 @@ class LocationIndex:
             if close is not None:
                 close()  # a generator over a RocksDB iterator: release it now
 
+    def ledger_ids(self) -> list[int]:
+        """Every ledger with a location, ascending: one seek per ledger, not a read of every entry."""
+        out: list[int] = []
+        key = b""
+        while True:
+            items = self._store.items_from(key)
+            try:
+                first = next(iter(items), None)
+            finally:
+                close = getattr(items, "close", None)
+                if close is not None:
+                    close()
+            if first is None:
+                return out
+            ledger_id = fmt.decode_location_key(first[0])[0]
+            out.append(ledger_id)
+            key = fmt.location_key(ledger_id + 1, 0)
+
     async def put_batch(self, items: list[tuple[bytes, bytes]]) -> None:
         """Write encoded (location key, location value) pairs in one synced batch."""
         await self._store.write(items, [], sync=True)
