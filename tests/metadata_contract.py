@@ -243,6 +243,18 @@ async def check_ledger_metadata_znodes(h: Harness) -> None:
     assert first not in listed and long_id not in listed
 
 
+async def check_sync_then_read_sees_another_sessions_write(h: Harness) -> None:
+    s, r = h.store, h.root
+    await s.create(r)
+    other = await h.new_session()
+    await other.create(f"{r}/made-elsewhere", b"x")
+    await s.sync(r)
+    assert await s.exists(f"{r}/made-elsewhere") == 0
+    await h.expire(other)
+    with pytest.raises(SessionExpiredError):
+        await other.sync(r)
+
+
 CONTRACT: list[Callable[[Harness], Awaitable[None]]] = [
     check_create_get_set_versions,
     check_cas_bad_version,
@@ -256,4 +268,5 @@ CONTRACT: list[Callable[[Harness], Awaitable[None]]] = [
     check_ephemeral_can_be_deleted_and_has_no_children,
     check_allocate_ledger_id,
     check_ledger_metadata_znodes,
+    check_sync_then_read_sees_another_sessions_write,
 ]

@@ -107,6 +107,9 @@ class ZkMetadataStore:
         stat = await self._read(path, self._client.exists_async, path)
         return None if stat is None else stat.version
 
+    async def sync(self, path: str) -> None:
+        await self._read(path, self._client.sync_async, path)
+
     # -- internals ------------------------------------------------------------------------------------------
 
     async def _read(self, path: str, method: Callable[..., Any], *args: Any) -> Any:
@@ -227,6 +230,9 @@ class RenewingZkMetadataStore:
 
     async def exists(self, path: str) -> int | None:
         return await (await self._current()).exists(path)
+
+    async def sync(self, path: str) -> None:
+        return await (await self._current()).sync(path)
 
     def close(self) -> None:
         self._store.close()

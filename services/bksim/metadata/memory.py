@@ -147,6 +147,9 @@ class InMemoryMetadataStore:
     async def exists(self, path: str) -> int | None:
         return self._exists(self.default_session.session_id, path)
 
+    async def sync(self, path: str) -> None:
+        self._sync(self.default_session.session_id, path)
+
     # -- operations (synchronous; every one first checks its session) ---------------------------------------
 
     def _check_session(self, session_id: int) -> _Session:
@@ -252,6 +255,10 @@ class InMemoryMetadataStore:
         node = self._nodes.get(path)
         return None if node is None else node.version
 
+    def _sync(self, session_id: int, path: str) -> None:
+        self._check_session(session_id)  # one copy of the data: every read is already up to date
+        validate_path(path)
+
 
 class SessionView:
     """One session on an InMemoryMetadataStore: a MetadataStore whose ephemeral nodes die with it."""
@@ -284,3 +291,6 @@ class SessionView:
 
     async def exists(self, path: str) -> int | None:
         return self._store._exists(self.session_id, path)
+
+    async def sync(self, path: str) -> None:
+        self._store._sync(self.session_id, path)

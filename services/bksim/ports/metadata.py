@@ -63,3 +63,7 @@ class MetadataStore(Protocol):
 
     async def exists(self, path: str) -> int | None:
         """The node's version, or None if it does not exist."""
+
+    async def sync(self, path: str) -> None:
+        """ZooKeeper's sync: reads this store issues afterwards see every write committed anywhere before the
+        call began (a session on a lagging server catches up first). A no-op where reads are linearizable."""

@@ -376,6 +376,9 @@ class CheckedStore:
     async def exists(self, path: str) -> int | None:
         return await self._inner.exists(path)
 
+    async def sync(self, path: str) -> None:
+        await self._inner.sync(path)
+
 
 def _segment_last(metadata: LedgerMetadata, position: int) -> int | None:
     """The last entry id of segment `position`; None for the open end of a ledger that is not CLOSED."""

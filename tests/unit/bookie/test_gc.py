@@ -204,6 +204,29 @@ def test_metadata_source_refuses_another_cluster_and_lists_ledgers(engines):
     asyncio.run(scenario())
 
 
+def test_metadata_source_syncs_before_it_lists(engines):
+    """The bookie's ZooKeeper session may be on a server behind the leader: the listing must follow a sync, or
+    a ledger created and written just before the round could be missing from it (and from the second read)."""
+    calls = []
+
+    class Recording(InMemoryMetadataStore):
+        async def sync(self, path):
+            calls.append(("sync", path))
+            await super().sync(path)
+
+        async def children(self, path):
+            calls.append(("children", path))
+            return await super().children(path)
+
+    async def scenario():
+        store = Recording()
+        await store.create(INSTANCEID, b"cluster-a", make_parents=True)
+        await MetadataLedgerSource(store, "cluster-a").ledger_ids()
+        assert calls[0] == ("sync", "/ledgers") and ("children", "/ledgers") in calls[1:]
+
+    asyncio.run(scenario())
+
+
 def test_compaction_keeps_live_entries_byte_identical_and_frees_the_old_logs(engines):
     async def scenario():
         e = await engines.started(**SMALL)
