@@ -89,14 +89,16 @@ APPEND_BATCH = 20
 
 
 @contextlib.contextmanager
-def local_cluster(run_dir: str, cwd: str, bookies: int, child_env: dict[str, str]):
+def local_cluster(run_dir: str, cwd: str, bookies: int, child_env: dict[str, str],
+                  bookie_env: dict[int, dict[str, str]] | None = None):
     """A private ZooKeeper, `bookies` bookies and one broker from the local-cluster launcher, with `zk` (a kazoo
-    session of the test's); everything stopped by pid at the end."""
+    session of the test's); `bookie_env`: extra environment of bookie i (0-based); everything stopped by pid at
+    the end."""
     c = LocalCluster(run_dir, inherit_bksim_env=False, cwd=cwd, child_env=child_env)
     try:
         c.start_zookeeper(tick_time_ms=200, heap_mb=128)
-        for _ in range(bookies):
-            c.add_bookie()
+        for i in range(bookies):
+            c.add_bookie(env=(bookie_env or {}).get(i))
         c.add_broker()
         c.start(c.nodes, serving=True)
         c.zk = c.kazoo()

@@ -27,12 +27,11 @@ import sys
 
 import pytest
 
-from bksim.adapters.local_cluster import LocalCluster
 from bksim.chaos import disk, wipe
 from bksim.metadata.paths import ledger_path
 from helpers import wait_until
-from integration.test_autorecovery import (CLI_TIMEOUT_S, ENV, cli, live_bookies, marks, metadata, replica_problems,
-                                           settle, write_ledgers)
+from integration.test_autorecovery import (CLI_TIMEOUT_S, ENV, cli, live_bookies, local_cluster, marks, metadata,
+                                           replica_problems, settle, write_ledgers)
 
 ENV_DAMAGE = {**ENV, "BKSIM_AUTORECOVERY_LOST_BOOKIE_RECOVERY_DELAY_MS": "600000"}
 SLOW_CHECKPOINTS = {"BKSIM_BOOKIE_FLUSH_INTERVAL_MS": "600000"}  # its entries stay in its journal only
@@ -43,20 +42,8 @@ LEDGER_TRIES_MAX = 10  # ledgers written until one's ensemble names a wanted boo
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     run_dir = str(tmp_path_factory.mktemp("autorecovery-damage"))
-    c = LocalCluster(run_dir, inherit_bksim_env=False, cwd=run_dir, child_env=ENV_DAMAGE)
-    try:
-        c.start_zookeeper(tick_time_ms=200, heap_mb=128)
-        for i in range(5):
-            c.add_bookie(env=SLOW_CHECKPOINTS if i == 0 else None)
-        c.add_broker()
-        c.start(c.nodes, serving=True)
-        c.zk = c.kazoo()
+    with local_cluster(run_dir, run_dir, 5, ENV_DAMAGE, bookie_env={0: SLOW_CHECKPOINTS}) as c:
         yield c
-    finally:
-        if getattr(c, "zk", None) is not None:
-            c.zk.stop()
-            c.zk.close()
-        c.stop_all(bookie_grace_s=10, broker_grace_s=10)
 
 
 def ledger_naming(cluster, bookie_id: str, entries: int) -> int:

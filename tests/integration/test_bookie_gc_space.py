@@ -177,7 +177,8 @@ def _produce_consume_and_sample(broker: str, bookies: list[BookieProcess]):
             while produced < due:
                 producer.send_async(payload, None)
                 produced += 1
-            time.sleep(0.02)  # the schedule: the next messages and sample are due then
+            # the workload's pace (PRODUCE_RATE, SAMPLE_S), not a synchronisation: idle until the next send or sample
+            time.sleep(max(0.0, min(due / PRODUCE_RATE, next_sample) - (time.monotonic() - t0)))
         samples.append((round(time.monotonic() - t0, 1), [dir_bytes(entrylog_dir(b)) for b in bookies]))
         producer.flush(30.0)
         stop.set()

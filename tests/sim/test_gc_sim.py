@@ -26,6 +26,7 @@ from bksim.sim.gc_scenario import CRASH_STEPS, gc_plans, run_gc_sim
 from bksim.sim.known_issues import KNOWN_INVARIANTS
 from bksim.sim.ledger_source import SimLedgerSource
 from bksim.sim.plan import GcPlan
+from helpers import wait_until_async
 
 SWEEP_SEEDS = 800  # about 42 s here (about 53 ms a seed of 200 steps): the ~60 s budget, with room
 SWEEP_STEPS = 200
@@ -127,7 +128,8 @@ def test_a_lagging_listing_answers_the_state_it_was_asked_in():
         source.create(1)
         source.create(2)
         listing = asyncio.ensure_future(source.ledger_ids())
-        await asyncio.sleep(0)  # the listing began (its tick recorded) and waits for its answer
+        # the listing began (its tick recorded) and waits for its answer
+        await wait_until_async(lambda: listings, 1, interval_s=0, message="the listing to begin")
         assert listings == [0]
         source.create(3)  # created while the listing runs: not in its answer
         source.delete(1)  # deleted meanwhile: still in it

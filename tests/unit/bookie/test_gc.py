@@ -21,6 +21,7 @@ from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import INSTANCEID
 from bksim.model.errors import ConnectionLossError
 from bksim.model.status import StatusCode as S
+from helpers import wait_until_async
 
 from .conftest import KEY, entry
 
@@ -344,18 +345,12 @@ def test_periodic_loop_runs_rounds_and_disk_full_triggers_a_major_round(engines)
         assert gc.due_kind() == "gc"
         gc.start()
         try:
-            for _ in range(200):
-                if gc.totals["ledgers_deleted"]:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until_async(lambda: gc.totals["ledgers_deleted"], 5, message="a periodic round deleting")
             assert gc.totals["ledgers_deleted"] == 1 and gc.totals["logs_compacted"] == 0
             e.set_disk_usage(100, 1)  # 99% used: read-only
             assert e.disk_full and gc.due_kind() == "major"
             gc.note_disk_state()
-            for _ in range(200):
-                if gc.totals["logs_compacted"]:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until_async(lambda: gc.totals["logs_compacted"], 5, message="a disk-full round compacting")
             assert gc.totals["logs_compacted"] >= 1
             assert e.set_disk_usage(100, 50) and not e.read_only  # freed: writable again below the low-water mark
         finally:
