@@ -110,7 +110,8 @@ def test_a_bookie_read_only_for_disk_usage_is_writable_again_once_deleted_ledger
         async with BookieClient(bookie.address) as client:
             stream = client.add_stream()
             entry_id = 0
-            while used_fraction(small_fs) < 0.55:
+            while True:  # until the bookie's own disk check refuses (a checkpoint can drop a journal in between)
+                assert used_fraction(small_fs) < 0.9, f"still writable at {used_fraction(small_fs):.2f} used"
                 batch = [(encode_entry(ledger_id, entry_id + i, entry_id + i - 1, 0, b"x" * 16_000), KEY, 0)
                          for i in range(16)]
                 result = await stream.add(entry_id, batch)
@@ -124,7 +125,7 @@ def test_a_bookie_read_only_for_disk_usage_is_writable_again_once_deleted_ledger
         await delete_ledger_metadata(store, ledger_id)
         await wait_until_async(lambda: zk.exists(registration_path(bookie.bookie_id, False)) is not None, 20.0,
                                message="the bookie registered writable again")
-        assert used_fraction(small_fs) < 0.3
+        assert used_fraction(small_fs) < 0.3, bookie.log_tail(15)
         async with BookieClient(bookie.address) as client:
             assert (await client.read_entry(ledger_id, 0)).status == StatusCode.NO_LEDGER
 

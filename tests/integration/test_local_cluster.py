@@ -55,7 +55,9 @@ def test_only_a_registration_of_the_current_incarnation_counts(cluster):
     assert cluster.registered_now({"pid": 4242, "ctime": 0}, node)
     assert not cluster.registered_now({"pid": 4241, "ctime": 2_000_000}, node)  # a predecessor's node
     assert not cluster.registered_now({"ctime": 900_000}, node)  # no pid, created before the spawn
-    assert cluster.registered_now({"ctime": 1_000_000}, node)
+    assert not cluster.registered_now({"ctime": 999_990}, node)  # ... even just before it
+    assert not cluster.registered_now({"ctime": 1_000_000}, node)
+    assert cluster.registered_now({"ctime": 1_000_001}, node)
     assert not cluster.registered_now(None, node)
     node.spawned_ms = None  # adopted from its pid file: any node without a pid counts
     assert cluster.registered_now({"ctime": 0}, node)

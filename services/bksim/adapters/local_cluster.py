@@ -56,7 +56,6 @@ ZOOKEEPER_STOP_TIMEOUT_S = 10.0
 HEALTH_DEADLINE_S = 1.0  # one gRPC health check of a starting broker
 ZK_CONNECT_TIMEOUT_S = 5.0
 POLL_S = 0.05
-CTIME_SLACK_MS = 50  # ZooKeeper runs on this machine: its ctime and our wall clock are the same clock
 
 
 class ClusterError(BksimError):
@@ -331,7 +330,9 @@ class LocalCluster:
             return False
         if "pid" in doc:
             return doc["pid"] == node.pid
-        return node.spawned_ms is None or doc["ctime"] >= node.spawned_ms - CTIME_SLACK_MS
+        # ZooKeeper runs on this machine: its ctime and our wall clock are the same clock, and a successor starts
+        # (a Python process: tens of ms) well after the spawn, while its predecessor registered before it
+        return node.spawned_ms is None or doc["ctime"] > node.spawned_ms
 
     def wait_ready(self, nodes: Iterable[Node], timeout_s: float = READY_TIMEOUT_S, serving: bool = False,
                    timeout_hint: str = "") -> dict[str, float]:

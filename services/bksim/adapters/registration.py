@@ -9,7 +9,9 @@ lets `bksim cluster up` tell a restarted bookie's node from its dead predecessor
 
 Invariants:
 - At most one registration node of this bookie exists when calls return; `switch_state` creates the new
-  node before deleting the old one, so the bookie is never absent from both lists.
+  node and deletes the old one in one ZooKeeper transaction, so no reader ever sees the bookie in both
+  lists or in neither (when the new path is still held by a previous incarnation's session, it waits that
+  out, then creates the new node before deleting the old one).
 - A registration node left by a previous incarnation (kill -9: its session is still alive on the server
   until it expires) is waited out, never deleted: deleting it could hide a second process running with
   the same bookie id. The wait is bounded by `registration_wait_ms_max`.
@@ -176,13 +178,15 @@ class Registration:
         self._log(f"registered at {registration_path(self.bookie_id, read_only)}")
 
     def switch_state(self, read_only: bool) -> None:
-        """Move the registration to the writable or read-only list: create the new node, then delete the old."""
+        """Move the registration to the writable or read-only list: one transaction creates the new node and
+        deletes the old."""
         with self._lock:
             self._read_only = read_only
             if not self._wanted:
                 return
-            self._ensure_node(read_only)
-            self._remove_node(not read_only)
+            if not self._move_node(read_only):
+                self._ensure_node(read_only)
+                self._remove_node(not read_only)
         self._log(f"registration moved to {registration_path(self.bookie_id, read_only)}")
 
     def deregister(self) -> None:
@@ -227,6 +231,23 @@ class Registration:
             if stat is not None:
                 time.sleep(delay)  # bounded by the deadline above
                 delay = min(delay * 2, RETRY_DELAY_S_MAX)
+
+    def _move_node(self, read_only: bool) -> bool:
+        """Create our node at the `read_only` path and delete ours at the other in one transaction; False (and
+        nothing changed) when the old node is not ours or the new path is taken."""
+        old = registration_path(self.bookie_id, not read_only)
+        stat = self._client.retry(self._client.exists, old)
+        if stat is None or stat.ephemeralOwner != self._client.client_id[0]:
+            return False
+
+        def commit() -> list:  # a fresh transaction per attempt: kazoo commits one only once
+            move = self._client.transaction()
+            move.create(registration_path(self.bookie_id, read_only), self._data(read_only), ephemeral=True)
+            move.delete(old, version=stat.version)
+            return move.commit()
+
+        # a retry after a lost reply finds its own node made: it fails whole, and the caller's fallback sees ours
+        return not any(isinstance(r, Exception) for r in self._client.retry(commit))
 
     def _remove_node(self, read_only: bool) -> None:
         path = registration_path(self.bookie_id, read_only)
