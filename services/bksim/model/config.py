@@ -50,6 +50,12 @@ class ZooKeeperConfig:
                                        "loss (outcome unknown)")
     read_tries_max: int = option(3, "tries in all for a metadata read after connection losses; writes are "
                                  "never retried blindly")
+    digest_credentials_file: str = option("", "file holding USER:PASSWORD (one line): every ZooKeeper client of "
+                                              "the cluster authenticates with it and every znode it creates gets a "
+                                              "digest ACL for that user (ZooKeeper's digest scheme, BookKeeper's "
+                                              "zkEnableSecurity); empty = open ACLs")
+    secure_port: int = option(0, "ZooKeeper's TLS client port (secureClientPort, Netty); with it set, the cluster's "
+                                 "clients connect there using the security.tls_* files; 0 = plaintext port only")
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +217,42 @@ class AutoRecoveryConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    """TLS on gRPC links, token authentication and authorization at brokers (PROTOCOL.md §8). Keys, passwords
+    and tokens are read from the files named here (or the environment), never from the command line."""
+    tls_enabled: bool = option(False, "every gRPC server of this process serves TLS only (plaintext refused) and its "
+                                      "clients (broker -> bookie, autorecovery and admin -> bookie, CLI -> broker "
+                                      "or bookie) connect with TLS 1.2+")
+    tls_ca_file: str = option("", "PEM file of the CA(s) a peer's certificate must chain to")
+    tls_cert_file: str = option("", "PEM certificate chain this process presents (server, and client for mTLS)")
+    tls_key_file: str = option("", "PEM private key of tls_cert_file (unencrypted; keep it mode 0600)")
+    tls_client_auth: bool = option(False, "mutual TLS: servers require a client certificate signed by the CA "
+                                          "(BookKeeper's tlsClientAuthentication)")
+    tls_hostname_verification: bool = option(True, "clients check that the server's certificate names the host "
+                                                   "they dialled (BookKeeper's tlsHostnameVerificationEnabled)")
+    tls_refresh_interval_ms: int = option(60_000, "how often certificate and key files are checked; a changed file "
+                                                  "is used for new connections (BookKeeper's "
+                                                  "tlsCertFilesRefreshDurationSeconds); 0 = never reload")
+    bookie_authorized_roles: str = option("", "comma-separated roles: a bookie serves only clients whose "
+                                              "certificate carries one of them (needs tls_client_auth; BookKeeper's "
+                                              "authorizedRoles with BookieAuthZFactory); empty = any client")
+    auth_enabled: bool = option(False, "brokers require a signed token (JWT, role = sub) on every call and answer "
+                                       "UNAUTHENTICATED without one (Pulsar's authenticationEnabled)")
+    authorization_enabled: bool = option(False, "brokers check the caller's role against super-users, tenant "
+                                                "admins and grants: PERMISSION_DENIED naming role and action "
+                                                "(Pulsar's authorizationEnabled)")
+    token_secret_key_file: str = option("", "file of the HS256 secret key that signs and checks tokens "
+                                              "(Pulsar's tokenSecretKey)")
+    token_public_key_file: str = option("", "PEM public key (RS256 or ES256) that checks tokens (Pulsar's "
+                                              "tokenPublicKey)")
+    token_file: str = option("", "file of the token this process presents to brokers (the CLI, tools and "
+                                 "brokers calling brokers); BKSIM_TOKEN in the environment does the same")
+    super_user_roles: str = option("", "comma-separated roles that may do anything: create tenants, set tenant "
+                                       "admins, use the raw ledger API (Pulsar's superUserRoles)")
+    ledger_roles: str = option("", "comma-separated roles besides the super-users allowed the raw ledger API")
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     zookeeper: ZooKeeperConfig = field(default_factory=ZooKeeperConfig)
@@ -218,6 +260,7 @@ class Config:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     topic: TopicConfig = field(default_factory=TopicConfig)
     autorecovery: AutoRecoveryConfig = field(default_factory=AutoRecoveryConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def validate(self) -> "Config":
         b = self.bookie
@@ -288,11 +331,25 @@ class Config:
                  f"0..100 (a percent of the closed ledgers' entries)")
         _require(self.zookeeper.operation_timeout_ms > 0, "zookeeper.operation_timeout_ms must be > 0")
         _require(self.zookeeper.read_tries_max >= 1, "zookeeper.read_tries_max must be >= 1")
+        _require(0 <= self.zookeeper.secure_port < 65536, "zookeeper.secure_port must be within 0..65535")
+        sec = self.security
+        _require(sec.tls_refresh_interval_ms >= 0, "security.tls_refresh_interval_ms must be >= 0")
+        if sec.tls_enabled or self.zookeeper.secure_port:
+            _require(bool(sec.tls_ca_file and sec.tls_cert_file and sec.tls_key_file),
+                     "TLS (security.tls_enabled or zookeeper.secure_port) needs security.tls_ca_file, tls_cert_file "
+                     "and tls_key_file (`bksim certs create --out DIR` makes them)")
+        _require(not sec.bookie_authorized_roles or (sec.tls_enabled and sec.tls_client_auth),
+                 "security.bookie_authorized_roles needs security.tls_enabled and security.tls_client_auth: the "
+                 "role comes from the client's certificate")
+        _require(not sec.auth_enabled or bool(sec.token_secret_key_file or sec.token_public_key_file),
+                 "security.auth_enabled needs security.token_secret_key_file or token_public_key_file")
+        _require(not sec.authorization_enabled or sec.auth_enabled,
+                 "security.authorization_enabled needs security.auth_enabled: a grant names an authenticated role")
         return self
 
 
 SECTIONS = {"cluster": ClusterConfig, "zookeeper": ZooKeeperConfig, "bookie": BookieConfig, "broker": BrokerConfig,
-            "topic": TopicConfig, "autorecovery": AutoRecoveryConfig}
+            "topic": TopicConfig, "autorecovery": AutoRecoveryConfig, "security": SecurityConfig}
 
 
 def parse_address_overrides(text: str) -> dict[str, str]:
