@@ -8,6 +8,8 @@ Layers, bottom to top (a module imports only from its own row or below):
                                               and chaos may import client (the topic client over gRPC), and
                                               chaos may import adapters (it drives real processes), and client
                                               may import adapters (shared gRPC channel helpers)
+    security                                  certificates, TLS credentials, tokens, authorization (touches
+                                              files and grpc, so not pure)
     topics | autorecovery                     managed ledgers, cursors, subscriptions over the ledger client;
                                               the auditor and replication workers (autorecovery never
                                               imports bookie or topics)
@@ -37,6 +39,7 @@ RANK = {
     "formats": 1, "ports": 1, "ledger": 1,
     "bookie": 2, "metadata": 2, "broker": 2,
     "topics": 3, "autorecovery": 3,
+    "security": 3.5,  # its own row between topics|autorecovery and adapters: adapters, client and cli use it
     "adapters": 4, "sim": 4, "audit": 4, "chaos": 4, "perf": 4, "gen": 4, "client": 4,
     "cli": 5, "<root>": 5,  # bksim/__init__.py, bksim/__main__.py
 }

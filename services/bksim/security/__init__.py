@@ -1,0 +1,1 @@
+"""Security: certificates and TLS for gRPC links, tokens and authorization (PROTOCOL.md §8)."""
