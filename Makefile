@@ -13,7 +13,7 @@ PIP_PKGS = $(PIP_RUNTIME) $(PIP_DEV)
 ZK_JAR := /usr/share/java/zookeeper.jar
 STAMP := $(VENV)/.bksim-installed
 
-.PHONY: deps venv zookeeper proto up down status init test test-unit test-integration clean
+.PHONY: deps venv zookeeper proto interop-deps ruby-grpc up down status init test test-unit test-integration clean
 
 # The `bksim` command from the venv. The configuration is deploy/bksim.toml, or $BKSIM_CONFIG, with
 # BKSIM_<SECTION>_<OPTION> environment overrides (e.g. `BKSIM_CLUSTER_BOOKIES=0 make up`).
@@ -45,6 +45,18 @@ $(GEN_DIR)/.stamp: $(PROTOS) $(STAMP)
 	sed -i 's/^import \(.*_pb2\) as/from bksim.gen import \1 as/' $(GEN_DIR)/*_pb2_grpc.py
 	touch $(GEN_DIR)/__init__.py $@
 
+# interop-deps: Debian's Ruby gRPC (ruby-grpc, ruby-grpc-tools) and Ruby stubs of proto/*.proto in $(RUBY_GEN_DIR),
+# for tests/interop (a client in another language through the protos; docs/clients.md).
+RUBY_GEN_DIR := build/ruby
+interop-deps: $(RUBY_GEN_DIR)/.stamp
+ruby-grpc:
+	ruby -e 'require "grpc"' 2>/dev/null && command -v grpc_tools_ruby_protoc >/dev/null || { apt-get update && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ruby-grpc ruby-grpc-tools; }
+$(RUBY_GEN_DIR)/.stamp: $(PROTOS) | ruby-grpc
+	mkdir -p $(RUBY_GEN_DIR)
+	grpc_tools_ruby_protoc -Iproto --ruby_out=$(RUBY_GEN_DIR) --grpc_out=$(RUBY_GEN_DIR) $(PROTOS)
+	touch $@
+
 # ---- cluster -------------------------------------------------------------------------------------------
 up: deps
 	$(BKSIM) cluster up
@@ -59,7 +71,7 @@ init: venv proto
 	$(BKSIM) cluster init
 
 # ---- tests ---------------------------------------------------------------------------------------------
-test: deps compose-tools
+test: deps compose-tools interop-deps
 	$(PYTEST) tests
 
 test-unit: deps
