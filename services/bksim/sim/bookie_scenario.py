@@ -331,7 +331,7 @@ class BookieWorld:
         op = _Op(self._next_op, f"op#{self._next_op} {what}", self.engine, self.history.next_tick())
         self.stats["ops"] += 1
         self.trace.add(op.label)
-        task = asyncio.get_running_loop().create_task(self._client(op, coro_fn(op)), name=op.label)
+        task = asyncio.get_running_loop().create_task(self._client(op, coro_fn), name=op.label)
         self.inflight[op.op_id] = task
         task.add_done_callback(lambda t: self._done(op.op_id))
 
@@ -355,9 +355,9 @@ class BookieWorld:
             self._audit_answers[text.split(" ", 1)[0]] += 1
         return True
 
-    async def _client(self, op: _Op, coro: Coroutine[Any, Any, None]) -> None:
-        try:
-            await asyncio.wait_for(coro, OP_TIMEOUT_MS / 1000.0)
+    async def _client(self, op: _Op, coro_fn: Callable[[_Op], Coroutine[Any, Any, None]]) -> None:
+        try:  # the operation's coroutine is made here: a task cancelled before it ran leaves none unawaited
+            await asyncio.wait_for(coro_fn(op), OP_TIMEOUT_MS / 1000.0)
         except asyncio.CancelledError:
             raise
         except Exception as e:
