@@ -47,6 +47,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from bksim.adapters.bookie_admin import BookieAdminServicer
+from bksim.adapters.grpc_input import MalformedRequests
 from bksim.bookie.requests import AddAdmission, AddStreamAdmission, read_batch_refusal, read_entries
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.model.config import BookieConfig
@@ -303,7 +304,8 @@ class BookieServer:
     async def start(self) -> int:
         """Bind host:port (0 = any free port), start serving and the disk monitor. Returns the bound port."""
         self.check_disk()  # the first state is known before the first request
-        server = grpc.aio.server(options=server_options(self._config))
+        server = grpc.aio.server(options=server_options(self._config),
+                                 interceptors=[MalformedRequests()])  # unparsable: INVALID_ARGUMENT
         bookie_pb2_grpc.add_BookieServicer_to_server(self.servicer, server)
         bookie_pb2_grpc.add_BookieAdminServicer_to_server(self.admin, server)  # adapters/bookie_admin.py
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

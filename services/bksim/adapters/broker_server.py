@@ -27,6 +27,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from bksim.adapters.broker_client import GRPC_CODE_NAME
+from bksim.adapters.grpc_input import MalformedRequests
 from bksim.broker.ledgers import LedgerService
 from bksim.gen import broker_pb2, broker_pb2_grpc
 from bksim.metadata.ledger_metadata import LedgerMetadata
@@ -266,7 +267,8 @@ class BrokerServer:
         self.port = 0
 
     async def start(self) -> int:
-        server = grpc.aio.server(options=server_options(self.config))
+        server = grpc.aio.server(options=server_options(self.config),
+                                 interceptors=[MalformedRequests()])  # unparsable: INVALID_ARGUMENT
         broker_pb2_grpc.add_BrokerServicer_to_server(self.servicer, server)
         names = [SERVICE_NAME]
         if self.topics_servicer is not None:
