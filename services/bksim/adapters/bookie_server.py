@@ -34,6 +34,11 @@ with the server and stops it first on shutdown; each disk check tells it the dis
 just gone read-only for disk usage collects and compacts at once (and goes writable again through the
 engine's low-water mark once that freed enough).
 
+TLS (security/tls.py): given a SecurityConfig with tls_enabled, the server listens with TLS only (a plaintext
+client fails its handshake), reloads changed certificate files for new connections, requires a client
+certificate with tls_client_auth, and with bookie_authorized_roles refuses every call of a client whose
+certificate's role is not allowed (PERMISSION_DENIED; UNAUTHENTICATED without a certificate).
+
 Must not: block the event loop (no ZooKeeper calls here: read-only flips go to a callback), log keys.
 """
 from __future__ import annotations
@@ -50,9 +55,10 @@ from bksim.adapters.bookie_admin import BookieAdminServicer
 from bksim.adapters.grpc_input import MalformedRequests
 from bksim.bookie.requests import AddAdmission, AddStreamAdmission, read_batch_refusal, read_entries
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
-from bksim.model.config import BookieConfig
+from bksim.model.config import BookieConfig, SecurityConfig
 from bksim.model.errors import BksimError
 from bksim.model.status import FLAG_FENCE, StatusCode
+from bksim.security.tls import add_port, server_interceptors
 
 SERVICE_NAME = bookie_pb2.DESCRIPTOR.services_by_name["Bookie"].full_name
 ADMIN_SERVICE_NAME = bookie_pb2.DESCRIPTOR.services_by_name["BookieAdmin"].full_name
@@ -284,9 +290,12 @@ class BookieServer:
 
     def __init__(self, engine, config: BookieConfig, bookie_id: str, *, disk, clock,
                  journal_dir: str, ledger_dir: str, log: Callable[[str], None] = print,
-                 on_read_only_change: Callable[[bool], Awaitable[None]] | None = None, gc=None) -> None:
+                 on_read_only_change: Callable[[bool], Awaitable[None]] | None = None, gc=None,
+                 security: SecurityConfig | None = None) -> None:
         self._engine = engine
         self.gc = gc  # a bookie.gc.GarbageCollector, or None (no garbage collection)
+        self._security = security  # None or tls_enabled off: plaintext
+        self.tls_reloader = None  # security.tls.CertificateReloader when serving TLS
         self._config = config
         self._disk = disk
         self._clock = clock
@@ -305,7 +314,8 @@ class BookieServer:
         """Bind host:port (0 = any free port), start serving and the disk monitor. Returns the bound port."""
         self.check_disk()  # the first state is known before the first request
         server = grpc.aio.server(options=server_options(self._config),
-                                 interceptors=[MalformedRequests()])  # unparsable: INVALID_ARGUMENT
+                                 interceptors=[*server_interceptors(self._security),  # certificate roles
+                                               MalformedRequests()])  # unparsable: INVALID_ARGUMENT
         bookie_pb2_grpc.add_BookieServicer_to_server(self.servicer, server)
         bookie_pb2_grpc.add_BookieAdminServicer_to_server(self.admin, server)  # adapters/bookie_admin.py
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -314,7 +324,7 @@ class BookieServer:
                                              reflection.SERVICE_NAME), server)
         address = f"{self._config.host}:{self._config.port}"
         try:
-            port = server.add_insecure_port(address)
+            port, self.tls_reloader = add_port(server, address, self._security, self._log)
         except RuntimeError:
             port = 0
         if port == 0:
