@@ -43,6 +43,7 @@ from typing import Callable, Iterable, Mapping
 from bksim.adapters import processes
 from bksim.adapters.ports import free_port
 from bksim.adapters.zookeeper_server import MAIN_CLASS as ZOOKEEPER_MAIN_CLASS
+from bksim.adapters.zk_client import OPEN, ZkSecurity, ZkTls, new_client
 from bksim.adapters.zookeeper_server import ZooKeeperError, ZooKeeperServer
 from bksim.model.errors import BksimError
 
@@ -128,8 +129,11 @@ class LocalCluster:
 
     def __init__(self, run_dir: str, *, host: str = HOST, config_path: str | None = None,
                  child_env: Mapping[str, str] | None = None, inherit_bksim_env: bool = True, cwd: str | None = None,
-                 log: Callable[[str], None] = lambda line: None) -> None:
+                 log: Callable[[str], None] = lambda line: None, zk_security: ZkSecurity = OPEN) -> None:
+        """`zk_security`: how this cluster's own ZooKeeper clients (readiness, `kazoo()`) authenticate; the
+        children read theirs from their configuration (file and BKSIM_ environment)."""
         self.run_dir = os.path.abspath(run_dir)
+        self.zk_security = zk_security
         self.host = host
         self.config_path = config_path
         self.child_env = dict(child_env or {})
@@ -169,14 +173,17 @@ class LocalCluster:
 
     # -- ZooKeeper ---------------------------------------------------------------------------------------
     def zookeeper_server(self, port: int | None = None, *, host: str | None = None, tick_time_ms: int = 200,
-                         heap_mb: int = 256, data_dir: str | None = None) -> ZooKeeperServer:
-        """This cluster's ZooKeeper (not started): `port` None picks a free one."""
+                         heap_mb: int = 256, data_dir: str | None = None, secure_port: int = 0,
+                         tls: ZkTls | None = None, client_auth: bool = False) -> ZooKeeperServer:
+        """This cluster's ZooKeeper (not started): `port` None picks a free one; `secure_port` (with the server's
+        `tls` files) adds a TLS client port."""
         host = host or self.host
         if self.zookeeper is None:
             self.zookeeper = ZooKeeperServer(
                 host, port or free_port(host), os.path.abspath(data_dir or os.path.join(self.run_dir, "zookeeper")),
                 tick_time_ms, heap_mb, self.log_path("zookeeper"), pid_path=self.pid_path("zookeeper"),
-                cfg_path=os.path.join(self.run_dir, "zoo.cfg"))
+                cfg_path=os.path.join(self.run_dir, "zoo.cfg"), secure_port=secure_port, tls=tls,
+                client_auth=client_auth, security=self.zk_security)
         return self.zookeeper
 
     def attach_zookeeper(self, server: ZooKeeperServer) -> None:
@@ -222,15 +229,16 @@ class LocalCluster:
 
     @property
     def zk_connect(self) -> str:
+        """Where this cluster's clients connect: the TLS port when its security has TLS, else the plaintext one."""
+        if self.zk_security.tls is not None and self.zookeeper.secure_port:
+            return self.zookeeper.secure_connect
         return self.zookeeper.connect
 
     def kazoo(self, timeout_s: float = ZK_CONNECT_TIMEOUT_S):
         """A started kazoo client on this cluster's ZooKeeper (the caller stops it)."""
-        from kazoo.client import KazooClient
-
         quiet = logging.getLogger("bksim.local_cluster.kazoo")
         quiet.setLevel(logging.CRITICAL)
-        client = KazooClient(hosts=self.zk_connect, timeout=timeout_s, logger=quiet)
+        client = new_client(self.zk_connect, self.zk_security, timeout=timeout_s, logger=quiet)
         try:
             client.start(timeout=2 * timeout_s)
         except Exception as e:
@@ -244,6 +252,8 @@ class LocalCluster:
         env = {k: v for k, v in os.environ.items() if self.inherit_bksim_env or not k.startswith("BKSIM_")}
         env.update({"BKSIM_CLUSTER_RUN_DIR": self.run_dir, "BKSIM_ZOOKEEPER_HOST": self.zookeeper.host,
                     "BKSIM_ZOOKEEPER_PORT": str(self.zookeeper.port), "PYTHONUNBUFFERED": "1"})
+        if self.zookeeper.secure_port:
+            env["BKSIM_ZOOKEEPER_SECURE_PORT"] = str(self.zookeeper.secure_port)
         env.update(self.child_env)
         return env
 

@@ -35,10 +35,12 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
+from bksim.adapters.zk_client import OPEN, ZkSecurity, client_hosts, new_client, security_from_config
 from bksim.bookie import cookie as cookies
 from bksim.bookie.cookie import Cookie
 from bksim.metadata.paths import AVAILABLE, BROKERS_AVAILABLE, COOKIES, INSTANCEID, READONLY, READONLY_CHILD
 from bksim.metadata.paths import LEDGERS_ROOT as LEDGERS
+from bksim.model.config import Config
 from bksim.model.errors import BksimError, CookieError
 
 STATE_WRITABLE = "writable"
@@ -54,10 +56,11 @@ class RegistrationError(BksimError):
 
 
 def connect(hosts: str, session_timeout_ms: int, connect_timeout_s: float,
-            logger: logging.Logger | None = None) -> KazooClient:
-    """A started kazoo client: reconnects forever with a short back-off; commands retried a bounded number of times."""
-    client = KazooClient(
-        hosts=hosts, timeout=session_timeout_ms / 1000.0,
+            logger: logging.Logger | None = None, *, security: ZkSecurity = OPEN) -> KazooClient:
+    """A started kazoo client: reconnects forever with a short back-off; commands retried a bounded number of times.
+    `security`: digest authentication and ACL, TLS (adapters/zk_client.py)."""
+    client = new_client(
+        hosts, security, timeout=session_timeout_ms / 1000.0,
         connection_retry={"max_tries": -1, "delay": RETRY_DELAY_S, "backoff": 2, "max_delay": RETRY_DELAY_S_MAX},
         command_retry={"max_tries": COMMAND_TRIES_MAX, "delay": RETRY_DELAY_S, "backoff": 2,
                        "max_delay": RETRY_DELAY_S_MAX},
@@ -68,6 +71,13 @@ def connect(hosts: str, session_timeout_ms: int, connect_timeout_s: float,
         client.close()
         raise RegistrationError(f"cannot connect to ZooKeeper at {hosts} within {connect_timeout_s:.1f}s") from None
     return client
+
+
+def connect_config(config: Config, connect_timeout_s: float, hosts: str | None = None,
+                   logger: logging.Logger | None = None) -> KazooClient:
+    """`connect` to the configured ZooKeeper (or `hosts`) with the configured digest credentials and TLS."""
+    return connect(hosts or client_hosts(config), config.zookeeper.session_timeout_ms, connect_timeout_s, logger,
+                   security=security_from_config(config))
 
 
 def _quiet_logger() -> logging.Logger:

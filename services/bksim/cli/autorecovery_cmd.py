@@ -137,11 +137,11 @@ async def _run_session(config: Config, owner_id: str, stop: asyncio.Event, log: 
     from bksim.autorecovery.marks import UnderReplicationMarks
     from bksim.autorecovery.worker import ReplicationWorker
     from bksim.broker.ledgers import LedgerService
-    from bksim.cli.bookie_cmd import ZK_CONNECT_TIMEOUT_S, _close_zk, zk_hosts
+    from bksim.cli.bookie_cmd import ZK_CONNECT_TIMEOUT_S, _close_zk
 
     zk_bound_s = config.zookeeper.session_timeout_ms / 1000
     connecting = asyncio.ensure_future(registration.call_bounded(
-        lambda: registration.connect(zk_hosts(config), config.zookeeper.session_timeout_ms, ZK_CONNECT_TIMEOUT_S),
+        lambda: registration.connect_config(config, ZK_CONNECT_TIMEOUT_S),
         ZK_CONNECT_TIMEOUT_S + zk_bound_s))
     stopper = asyncio.ensure_future(stop.wait())
     await asyncio.wait({connecting, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -236,10 +236,9 @@ async def tools(config: Config) -> AsyncIterator[dict]:
     from bksim.adapters.clock import SystemClock
     from bksim.adapters.zk_metadata import ZkMetadataStore
     from bksim.autorecovery.marks import UnderReplicationMarks
-    from bksim.cli.bookie_cmd import ZK_CONNECT_TIMEOUT_S, _close_zk, zk_hosts
+    from bksim.cli.bookie_cmd import ZK_CONNECT_TIMEOUT_S, _close_zk
 
-    client = await asyncio.to_thread(registration.connect, zk_hosts(config), config.zookeeper.session_timeout_ms,
-                                     ZK_CONNECT_TIMEOUT_S)
+    client = await asyncio.to_thread(registration.connect_config, config, ZK_CONNECT_TIMEOUT_S)
     store = transport = None
     try:
         store = ZkMetadataStore(client, operation_timeout_ms=config.zookeeper.operation_timeout_ms,

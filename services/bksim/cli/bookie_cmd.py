@@ -145,7 +145,9 @@ def make_log(bookie_id: str) -> Callable[[str], None]:
 
 
 def zk_hosts(config: Config) -> str:
-    return f"{config.zookeeper.host}:{config.zookeeper.port}"
+    from bksim.adapters.zk_client import client_hosts
+
+    return client_hosts(config)
 
 
 # -- bookie run -----------------------------------------------------------------------------------------
@@ -175,7 +177,7 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
     autorecovery_stop = asyncio.Event()
     try:
         connected = await _until_stopped(stop, asyncio.to_thread(
-            registration.connect, zk_hosts(config), config.zookeeper.session_timeout_ms, ZK_CONNECT_TIMEOUT_S))
+            registration.connect_config, config, ZK_CONNECT_TIMEOUT_S))
         if connected is _STOPPED:
             return 0
         client = connected
@@ -297,7 +299,7 @@ def cmd_format(args) -> int:
     from bksim.adapters.bookie_cookies import format_bookie
 
     config = resolve(cfgload.load(getattr(args, "config", None)))
-    client = registration.connect(zk_hosts(config), config.zookeeper.session_timeout_ms, ZK_CONNECT_TIMEOUT_S)
+    client = registration.connect_config(config, ZK_CONNECT_TIMEOUT_S)
     try:
         done = format_bookie(client, config, force=args.force, delete_cookie=args.delete_cookie)
     finally:
@@ -456,7 +458,7 @@ def cmd_list(args) -> int:
     from bksim.adapters import registration
 
     config = cfgload.load(getattr(args, "config", None))
-    client = registration.connect(zk_hosts(config), config.zookeeper.session_timeout_ms, ZK_CONNECT_TIMEOUT_S)
+    client = registration.connect_config(config, ZK_CONNECT_TIMEOUT_S)
     try:
         names = registration.list_bookies(client)
         rows = {kind: [dict(registration.read_registration(client, bookie_id, kind == "readonly")

@@ -29,7 +29,7 @@ from datetime import datetime
 from typing import Callable
 
 from bksim.cli import config as cfgload
-from bksim.cli.bookie_cmd import ZK_CONNECT_TIMEOUT_S, _close_zk, _until_stopped, _STOPPED, zk_hosts
+from bksim.cli.bookie_cmd import ZK_CONNECT_TIMEOUT_S, _close_zk, _until_stopped, _STOPPED
 from bksim.model.config import Config, parse_address_overrides
 from bksim.model.errors import ConfigError, MetadataError, NodeExistsError
 
@@ -117,7 +117,7 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
     client = store = transport = service = server = topics = None
     try:
         connected = await _until_stopped(stop, asyncio.to_thread(
-            registration.connect, zk_hosts(config), config.zookeeper.session_timeout_ms, ZK_CONNECT_TIMEOUT_S))
+            registration.connect_config, config, ZK_CONNECT_TIMEOUT_S))
         if connected is _STOPPED:
             return 0
         client = connected
@@ -214,7 +214,7 @@ def cmd_list(args) -> int:
     from bksim.metadata.paths import BROKERS_AVAILABLE
 
     config = cfgload.load(getattr(args, "config", None))
-    client = registration.connect(zk_hosts(config), config.zookeeper.session_timeout_ms, ZK_CONNECT_TIMEOUT_S)
+    client = registration.connect_config(config, ZK_CONNECT_TIMEOUT_S)
     try:
         rows = []
         if client.exists(BROKERS_AVAILABLE):

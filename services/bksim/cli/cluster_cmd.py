@@ -71,10 +71,14 @@ def broker_argv(config_file: str | None) -> list[str]:
 
 def cluster_of(config: Config, config_file: str | None = None) -> LocalCluster:
     """The configured cluster's processes (declared, not started): ZooKeeper, bookie-1.., broker-1.."""
-    cluster = LocalCluster(config.cluster.run_dir, config_path=config_file, log=_say)
+    from bksim.adapters.zk_client import security_from_config
+
+    security = security_from_config(config)
+    cluster = LocalCluster(config.cluster.run_dir, config_path=config_file, log=_say, zk_security=security)
     zk = config.zookeeper
     cluster.zookeeper_server(zk.port, host=zk.host, tick_time_ms=zk.tick_time_ms, heap_mb=zk.heap_mb,
-                             data_dir=zk.data_dir or None)
+                             data_dir=zk.data_dir or None, secure_port=zk.secure_port, tls=security.tls,
+                             client_auth=config.security.tls_client_auth)
     c = config.cluster
     for i in range(c.bookies):
         cluster.add_bookie(c.bookie_port_base + i, host=config.bookie.host, argv=bookie_argv(config_file))
@@ -86,9 +90,8 @@ def cluster_of(config: Config, config_file: str | None = None) -> LocalCluster:
 def connect_zookeeper(config: Config):
     from bksim.adapters import registration
 
-    connect = f"{config.zookeeper.host}:{config.zookeeper.port}"
     try:
-        return registration.connect(connect, config.zookeeper.session_timeout_ms, ZK_CONNECT_TIMEOUT_S)
+        return registration.connect_config(config, ZK_CONNECT_TIMEOUT_S)
     except registration.RegistrationError as e:
         raise ClusterError(f"{e} (is it running? `bksim cluster up` starts it)") from None
 

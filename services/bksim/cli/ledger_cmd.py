@@ -162,11 +162,12 @@ def password_of(args) -> bytes:
 def find_broker(config: Config) -> tuple[str, str]:
     """(address, where it came from): the first broker registered in ZooKeeper, else the configured default."""
     from bksim.adapters import registration
+    from bksim.adapters.zk_client import client_hosts
 
     fallback = f"{config.broker.host}:{config.cluster.broker_port_base}"
-    zk = f"{config.zookeeper.host}:{config.zookeeper.port}"
+    zk = client_hosts(config)
     try:
-        client = registration.connect(zk, config.zookeeper.session_timeout_ms, ZK_LOOKUP_TIMEOUT_S)
+        client = registration.connect_config(config, ZK_LOOKUP_TIMEOUT_S)
     except registration.RegistrationError:
         return fallback, f"ZooKeeper {zk} not reachable; using the default broker address"
     try:

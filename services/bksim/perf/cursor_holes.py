@@ -120,8 +120,8 @@ class InProcessBroker:
         from bksim.adapters.zk_metadata import ZkMetadataStore
         from bksim.broker.ledgers import LedgerService
 
-        client = await asyncio.to_thread(registration.connect, zk_hosts, config.zookeeper.session_timeout_ms,
-                                         ZK_CONNECT_TIMEOUT_S)
+        client = await asyncio.to_thread(registration.connect_config, config, ZK_CONNECT_TIMEOUT_S,
+                                         zk_hosts)
         store = ZkMetadataStore(client, operation_timeout_ms=config.zookeeper.operation_timeout_ms,
                                 read_tries_max=config.zookeeper.read_tries_max)
         r = config.broker
