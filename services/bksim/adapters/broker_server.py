@@ -14,6 +14,10 @@ queue of unanswered requests is bounded (APPEND_QUEUE_MAX); when full the reader
 control pushes back. The first failure ends the stream with its status; requests without a response have an
 unknown outcome.
 
+TLS (security/tls.py): given a SecurityConfig with tls_enabled, the server listens with TLS only (a plaintext
+client fails its handshake), reloads changed certificate files for new connections and, with tls_client_auth,
+requires a client certificate signed by the CA.
+
 Must not: block the event loop, log passwords or payloads.
 """
 from __future__ import annotations
@@ -31,9 +35,10 @@ from bksim.adapters.grpc_input import MalformedRequests
 from bksim.broker.ledgers import LedgerService
 from bksim.gen import broker_pb2, broker_pb2_grpc
 from bksim.metadata.ledger_metadata import LedgerMetadata
-from bksim.model.config import BrokerConfig
+from bksim.model.config import BrokerConfig, SecurityConfig
 from bksim.model.errors import LedgerError
 from bksim.model.status import LedgerStatus
+from bksim.security.tls import add_port
 
 SERVICE_NAME = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
 APPEND_QUEUE_MAX = 1024  # unanswered AppendRequests per stream before the reader stops reading
@@ -254,7 +259,7 @@ class BrokerServer:
     reflection. Both services share one bound on concurrent RPCs."""
 
     def __init__(self, service: LedgerService, config: BrokerConfig, log: Callable[[str], None],
-                 topics=None) -> None:
+                 topics=None, security: SecurityConfig | None = None) -> None:
         self.config = config
         self.servicer = BrokerServicer(service, config, log)
         self.topics_servicer = None
@@ -265,6 +270,8 @@ class BrokerServer:
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
         self.port = 0
+        self._security = security  # None or tls_enabled off: plaintext
+        self.tls_reloader = None  # security.tls.CertificateReloader when serving TLS
 
     async def start(self) -> int:
         server = grpc.aio.server(options=server_options(self.config),
@@ -279,7 +286,8 @@ class BrokerServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection((*names, reflection.SERVICE_NAME, "grpc.health.v1.Health"), server)
         self._health_names = ["", *names]
-        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        self.port, self.tls_reloader = add_port(server, f"{self.config.host}:{self.config.port}", self._security,
+                                                self._log)
         if self.port == 0:
             raise OSError(f"broker cannot bind {self.config.host}:{self.config.port}")
         await server.start()
