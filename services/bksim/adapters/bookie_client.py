@@ -12,6 +12,10 @@ Operator calls (the BookieAdmin service, adapters/bookie_admin.py): `run_gc`, `g
 return plain dicts (the proto's field names; `error` None when a round completed). A refusal raises
 `BookieAdminError` (its `code`: INVALID_ARGUMENT, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, ...; nothing changed);
 no answer (refused connection, deadline, the bookie shutting down) raises `BookieUnreachable`.
+
+TLS: `tls` (a security.tls.ChannelSecurity, from `channel_security(config.security)`) makes the channel TLS
+with the CA, the client certificate for mutual TLS and hostname verification; None is plaintext. A failed
+handshake (plaintext server, foreign CA, wrong name, missing client certificate) is UNAVAILABLE: no answer.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from bksim.model.config import ADD_WINDOW_MAX  # default unanswered AddRequests 
 from bksim.model.config import FRAME_BYTES_MAX  # the bookie's default frame_bytes_max, what a client receives
 from bksim.model.errors import BksimError, BookieUnreachable
 from bksim.model.status import FLAG_FENCE, StatusCode
+from bksim.security.tls import ChannelSecurity, open_channel
 
 DEADLINE_S = 5.0  # default deadline of unary calls and of waiting for one add response
 GC_DEADLINE_S = 600.0  # default deadline of RunGc: a round with compaction copies at compaction_rate_bytes_per_s
@@ -242,13 +247,14 @@ class AddStream:
 class BookieClient:
     """Calls to one bookie at `address` ("host:port"). Use as `async with BookieClient(addr) as c:`."""
 
-    def __init__(self, address: str, *, deadline_s: float = DEADLINE_S, frame_bytes_max: int = FRAME_BYTES_MAX) -> None:
+    def __init__(self, address: str, *, deadline_s: float = DEADLINE_S, frame_bytes_max: int = FRAME_BYTES_MAX,
+                 tls: ChannelSecurity | None = None) -> None:
         self.address = address
         self.deadline_s = deadline_s
-        self._channel = grpc.aio.insecure_channel(address, options=[
+        self._channel = open_channel(address, [
             ("grpc.max_receive_message_length", frame_bytes_max),
             ("grpc.max_send_message_length", -1),  # let the bookie decide what is too big
-        ])
+        ], tls)
         self._stub = bookie_pb2_grpc.BookieStub(self._channel)
         self._admin = bookie_pb2_grpc.BookieAdminStub(self._channel)
 
@@ -377,13 +383,13 @@ class BookieClient:
 class SyncBookieClient:
     """Blocking wrapper: each call runs the async client on a private event loop."""
 
-    def __init__(self, address: str, *, deadline_s: float = DEADLINE_S) -> None:
+    def __init__(self, address: str, *, deadline_s: float = DEADLINE_S, tls: ChannelSecurity | None = None) -> None:
         self._loop = asyncio.new_event_loop()
-        self._client = self._loop.run_until_complete(self._make(address, deadline_s))
+        self._client = self._loop.run_until_complete(self._make(address, deadline_s, tls))
 
     @staticmethod
-    async def _make(address: str, deadline_s: float) -> BookieClient:
-        return BookieClient(address, deadline_s=deadline_s)
+    async def _make(address: str, deadline_s: float, tls: ChannelSecurity | None) -> BookieClient:
+        return BookieClient(address, deadline_s=deadline_s, tls=tls)
 
     def _run(self, coroutine):
         return self._loop.run_until_complete(coroutine)
