@@ -34,6 +34,11 @@ Invariants:
   holds entries of the ledger).
 - After `close()` every call raises BookieUnreachable; close itself is bounded by `timeout_ms`.
 
+TLS: with `tls` (security.tls.ChannelSecurity) every channel is TLS (the CA, the broker's certificate for
+bookies that require one, hostname verification against the address the resolver gave); a failed handshake is
+UNAVAILABLE like a refused connection, and retires the channel the same way. The files are read when a
+channel is made, so a channel made after they changed presents the new certificate.
+
 Cost: per add, one AddRequest (one AddEntry per entry; besides, per entry only a size sum for batches of
 more than one entry, and a status mapping when some status is not OK), one future and one timer; no task
 per call.
@@ -54,6 +59,7 @@ from bksim.metadata.paths import bookie_path
 from bksim.model.errors import BookieUnreachable, MetadataError, NoNodeError
 from bksim.model.status import FLAG_FENCE, StatusCode
 from bksim.ports.metadata import MetadataStore
+from bksim.security.tls import ChannelSecurity, open_channel
 
 log = logging.getLogger("bksim.bookie_transport")
 
@@ -182,13 +188,13 @@ class _Channel:
     """One gRPC channel to one bookie, with a subchannel pool of its own (see the module docstring)."""
     __slots__ = ("address", "channel", "stub")
 
-    def __init__(self, address: str, frame_bytes_max: int) -> None:
+    def __init__(self, address: str, frame_bytes_max: int, tls: ChannelSecurity | None = None) -> None:
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=[
+        self.channel = open_channel(address, [
             ("grpc.max_receive_message_length", frame_bytes_max),
             ("grpc.max_send_message_length", -1),  # the bookie decides what is too big (RESOURCE_EXHAUSTED)
             ("grpc.use_local_subchannel_pool", 1),
-        ])
+        ], tls)
         self.stub = bookie_pb2_grpc.BookieStub(self.channel)
 
     async def close(self) -> None:
@@ -214,13 +220,14 @@ class GrpcBookieTransport:
     that large (keep it above the bookies' entry_bytes_max). One event loop only."""
 
     def __init__(self, resolve: Resolve, *, timeout_ms: float, add_window_max: int,
-                 frame_bytes_max: int = FRAME_BYTES_MAX) -> None:
+                 frame_bytes_max: int = FRAME_BYTES_MAX, tls: ChannelSecurity | None = None) -> None:
         assert timeout_ms > 0 and add_window_max > 0 and frame_bytes_max > _REQUEST_OVERHEAD
         self._resolve = resolve
         self._forget: Callable[[str], None] | None = getattr(resolve, "forget", None)
         self._timeout_s = timeout_ms / 1000.0
         self._window_max = add_window_max
         self._frame_bytes_max = frame_bytes_max
+        self._tls = tls  # None: plaintext channels
         self._request_bytes_max = frame_bytes_max - _REQUEST_OVERHEAD
         self._channels: dict[str, _Channel] = {}
         self._connecting: dict[str, asyncio.Task] = {}  # bookie -> resolve + channel, shared by its callers
@@ -469,7 +476,7 @@ class GrpcBookieTransport:
                 raise BookieUnreachable(bookie, f"cannot resolve its address: {type(e).__name__}: {e}") from None
             if self._closed:
                 raise BookieUnreachable(bookie, "the bookie transport is closed")
-            channel = _Channel(address, self._frame_bytes_max)
+            channel = _Channel(address, self._frame_bytes_max, self._tls)
             self._channels[bookie] = channel
             self.stats["channels_opened"] += 1
             return channel
