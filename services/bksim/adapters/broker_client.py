@@ -17,6 +17,9 @@ each response / message (not for the whole stream, which may be long); `window_m
 AppendRequests per stream; messages received at most RECEIVE_BYTES_MAX.
 
 `SyncBrokerClient` wraps the same calls for the CLI and tests that are not async.
+
+TLS: `tls` (a security.tls.ChannelSecurity, from `channel_security(config.security)`) makes the channel TLS;
+None is plaintext. A failed handshake is UNAVAILABLE (`from_broker` False).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import grpc
 from bksim.gen import broker_pb2, broker_pb2_grpc
 from bksim.model.errors import BksimError
 from bksim.model.status import LedgerStatus
+from bksim.security.tls import ChannelSecurity, open_channel
 
 # LedgerStatus -> the gRPC status the broker ends a call with (the table at the top of proto/broker.proto)
 GRPC_CODE_NAME = {
@@ -285,14 +289,14 @@ class BrokerClient:
     """Calls to one broker at `address` ("host:port"). Use as `async with BrokerClient(addr) as c:`."""
 
     def __init__(self, address: str, *, deadline_s: float = DEADLINE_S,
-                 recover_deadline_s: float = RECOVER_DEADLINE_S) -> None:
+                 recover_deadline_s: float = RECOVER_DEADLINE_S, tls: ChannelSecurity | None = None) -> None:
         self.address = address
         self.deadline_s = deadline_s
         self.recover_deadline_s = recover_deadline_s
-        self._channel = grpc.aio.insecure_channel(address, options=[
+        self._channel = open_channel(address, [
             ("grpc.max_receive_message_length", RECEIVE_BYTES_MAX),
             ("grpc.max_send_message_length", -1),  # the broker decides what is too big
-        ])
+        ], tls)
         self._stub = broker_pb2_grpc.BrokerStub(self._channel)
 
     async def __aenter__(self) -> "BrokerClient":
@@ -422,14 +426,15 @@ class SyncBrokerClient:
     """Blocking wrapper: each call runs the async client on a private event loop. `with SyncBrokerClient(a) as c:`."""
 
     def __init__(self, address: str, *, deadline_s: float = DEADLINE_S,
-                 recover_deadline_s: float = RECOVER_DEADLINE_S) -> None:
+                 recover_deadline_s: float = RECOVER_DEADLINE_S, tls: ChannelSecurity | None = None) -> None:
         self.address = address
         self._loop = asyncio.new_event_loop()
-        self._client = self._loop.run_until_complete(self._make(address, deadline_s, recover_deadline_s))
+        self._client = self._loop.run_until_complete(self._make(address, deadline_s, recover_deadline_s, tls))
 
     @staticmethod
-    async def _make(address: str, deadline_s: float, recover_deadline_s: float) -> BrokerClient:
-        return BrokerClient(address, deadline_s=deadline_s, recover_deadline_s=recover_deadline_s)
+    async def _make(address: str, deadline_s: float, recover_deadline_s: float,
+                    tls: ChannelSecurity | None) -> BrokerClient:
+        return BrokerClient(address, deadline_s=deadline_s, recover_deadline_s=recover_deadline_s, tls=tls)
 
     def __enter__(self) -> "SyncBrokerClient":
         return self
