@@ -9,6 +9,10 @@ Bounds: a unary call waits at most `operation_timeout_s`; it tries each service 
 when the broker did not answer (transport failure) — a broker's refusal is raised at once. A received gRPC
 message is at most RECEIVE_BYTES_MAX bytes. `Backoff` gives increasing, jittered waits between reconnect
 attempts, bounded by a number of attempts and an overall deadline.
+
+TLS: `Connections(..., tls=...)` takes a security.tls.ChannelSecurity (CA, optional client certificate for
+mutual TLS, hostname verification) or a CA file path (server authentication only); every broker channel is
+then TLS. None is plaintext. A failed handshake counts as a broker that did not answer (UNAVAILABLE).
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import grpc
 from bksim.client.errors import ClientError, from_rpc_error
 from bksim.gen import topic_pb2, topic_pb2_grpc
 from bksim.model.status import TopicStatus
+from bksim.security.tls import ChannelSecurity, open_channel
 
 log = logging.getLogger("bksim.client")
 
@@ -163,8 +168,10 @@ class Backoff:
 class Connections:
     """Channels and stubs by broker address, lookups and unary calls (all on the loop thread)."""
 
-    def __init__(self, addresses: list[str], operation_timeout_s: float) -> None:
+    def __init__(self, addresses: list[str], operation_timeout_s: float,
+                 tls: ChannelSecurity | str | None = None) -> None:
         self.addresses = addresses
+        self.tls = ChannelSecurity(tls) if isinstance(tls, str) else tls  # a str is the CA file
         self.operation_timeout_s = operation_timeout_s
         self._channels: dict[str, tuple[grpc.aio.Channel, topic_pb2_grpc.TopicsStub]] = {}
         self._preferred = 0  # index of the service address that answered last
@@ -172,11 +179,11 @@ class Connections:
     def stub(self, address: str) -> topic_pb2_grpc.TopicsStub:
         entry = self._channels.get(address)
         if entry is None:
-            channel = grpc.aio.insecure_channel(address, options=[
+            channel = open_channel(address, [
                 ("grpc.max_receive_message_length", RECEIVE_BYTES_MAX),
                 ("grpc.max_send_message_length", -1),  # the broker decides what is too big
                 ("grpc.enable_retries", 0),
-            ])
+            ], self.tls)
             entry = (channel, topic_pb2_grpc.TopicsStub(channel))
             self._channels[address] = entry
         return entry[1]
