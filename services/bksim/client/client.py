@@ -7,6 +7,10 @@ answer); producers and consumers connect to the owner of each topic (or partitio
 
 Every blocking call is bounded by `operation_timeout_ms` (producing and consuming have their own bounds:
 send timeout, receive timeout). Errors: ClientError with the broker's TopicStatus name and text.
+
+TLS: `tls` is a CA file path (the brokers' certificates must chain to it and name the dialled host) or a
+security.tls.ChannelSecurity (also a client certificate and key, for brokers with mutual TLS):
+`Client("127.0.0.1:6650", tls="run/tls/ca.pem")`.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ class Client:
 
     def __init__(self, service_url=SERVICE_URL_DEFAULT, *, operation_timeout_ms: int = OPERATION_TIMEOUT_MS_DEFAULT,
                  backoff_initial_ms: int = BACKOFF_INITIAL_MS_DEFAULT, backoff_max_ms: int = BACKOFF_MAX_MS_DEFAULT,
-                 reconnect_attempts_max: int = RECONNECT_ATTEMPTS_MAX_DEFAULT) -> None:
+                 reconnect_attempts_max: int = RECONNECT_ATTEMPTS_MAX_DEFAULT, tls=None) -> None:
         if operation_timeout_ms <= 0 or backoff_initial_ms <= 0 or backoff_max_ms < backoff_initial_ms \
                 or reconnect_attempts_max < 1:
             raise ClientError(TopicStatus.BAD_REQUEST,
@@ -51,7 +55,7 @@ class Client:
         self._children: list = []
         self._closed = False
         self._loop = LoopThread()
-        self._conns = Connections(self.addresses, self._operation_timeout_s)
+        self._conns = Connections(self.addresses, self._operation_timeout_s, tls)
 
     def _backoff(self) -> Backoff:
         return Backoff(*self._backoff_args)
