@@ -206,7 +206,8 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
                                            read_tries_max=config.zookeeper.read_tries_max)
         gc = GarbageCollector(engine, MetadataLedgerSource(gc_store, instance_id), b, clock, log)
         server = BookieServer(engine, b, b.bookie_id, disk=disk, clock=clock, journal_dir=b.journal_dir,
-                              ledger_dir=b.ledger_dir, log=log, on_read_only_change=report_state, gc=gc)
+                              ledger_dir=b.ledger_dir, log=log, on_read_only_change=report_state, gc=gc,
+                              security=config.security)
         port = await server.start()
         log(f"gRPC server listening on {b.host}:{port} (health SERVING, reflection on)")
         if await _until_stopped(stop, asyncio.to_thread(reg.register, engine.read_only)) is _STOPPED:
@@ -343,10 +344,17 @@ def bookie_address(args) -> str:
     return args.bookie
 
 
-async def _ask(address: str, call):
+def client_tls(args):
+    """The TLS of this command's channels from the configuration's security.* (None: plaintext)."""
+    from bksim.security.tls import channel_security
+
+    return channel_security(cfgload.load(getattr(args, "config", None)).security)
+
+
+async def _ask(address: str, call, tls=None):
     from bksim.adapters.bookie_client import BookieClient
 
-    async with BookieClient(address) as client:
+    async with BookieClient(address, tls=tls) as client:
         try:
             return await call(client)
         except BookieUnreachable as e:
@@ -356,7 +364,7 @@ async def _ask(address: str, call):
 
 def cmd_gc(args) -> int:
     address = bookie_address(args)
-    report = asyncio.run(_ask(address, lambda c: c.run_gc(args.kind, deadline_s=args.timeout_s)))
+    report = asyncio.run(_ask(address, lambda c: c.run_gc(args.kind, deadline_s=args.timeout_s), client_tls(args)))
     if args.json:
         print(json.dumps({"bookie": address, **report}, sort_keys=True))
     else:
@@ -386,7 +394,7 @@ def _ids(ids: list[int], count: int) -> str:
 
 def cmd_gc_status(args) -> int:
     address = bookie_address(args)
-    status = asyncio.run(_ask(address, lambda c: c.gc_status(deadline_s=GC_STATUS_DEADLINE_S)))
+    status = asyncio.run(_ask(address, lambda c: c.gc_status(deadline_s=GC_STATUS_DEADLINE_S), client_tls(args)))
     if args.json:
         head = {k: v for k, v in status.items() if k not in ("last", "entry_logs")}
         print(json.dumps({"kind": "status", "bookie": address, **head}, sort_keys=True))
@@ -466,7 +474,9 @@ def cmd_list(args) -> int:
                 for kind, ids in names.items()}
     finally:
         _close_zk(client)
-    asyncio.run(_fill_info([r for kind in rows.values() for r in kind]))
+    from bksim.security.tls import channel_security
+
+    asyncio.run(_fill_info([r for kind in rows.values() for r in kind], channel_security(config.security)))
     if args.json:
         print(json.dumps(rows, indent=2, sort_keys=True))
     else:
@@ -474,7 +484,7 @@ def cmd_list(args) -> int:
     return 0
 
 
-async def _fill_info(rows: list[dict]) -> None:
+async def _fill_info(rows: list[dict], tls=None) -> None:
     from bksim.adapters.bookie_client import BookieClient
 
     async def one(row: dict) -> None:
@@ -482,7 +492,7 @@ async def _fill_info(rows: list[dict]) -> None:
         if not host or not port:
             row["info"], row["error"] = None, "registration has no address"
             return
-        async with BookieClient(f"{host}:{port}", deadline_s=LIST_INFO_DEADLINE_S) as client:
+        async with BookieClient(f"{host}:{port}", deadline_s=LIST_INFO_DEADLINE_S, tls=tls) as client:
             try:
                 row["info"], row["error"] = await client.info(), None
             except BookieUnreachable as e:
