@@ -31,7 +31,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from bksim.adapters.broker_client import GRPC_CODE_NAME
-from bksim.adapters.grpc_input import MalformedRequests
+from bksim.adapters.grpc_input import MalformedRequests, bounded_details
 from bksim.broker.ledgers import LedgerService
 from bksim.gen import broker_pb2, broker_pb2_grpc
 from bksim.metadata.ledger_metadata import LedgerMetadata
@@ -68,7 +68,7 @@ def metadata_message(ledger_id: int, md: LedgerMetadata, version: int = -1) -> b
 
 async def _abort(context, error: LedgerError):
     context.set_trailing_metadata(((STATUS_KEY, error.status),))
-    await context.abort(GRPC_CODE.get(error.status, grpc.StatusCode.UNKNOWN), error.message)
+    await context.abort(GRPC_CODE.get(error.status, grpc.StatusCode.UNKNOWN), bounded_details(error.message))
 
 
 class _Admission:

@@ -113,3 +113,16 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
         if cached is None or cached[0] is not handler:  # another interceptor may answer per call
             cached = self._handlers[method] = (handler, checked_handler(handler))
         return cached[1]
+
+
+# The longest status message a server sends. The message travels as the grpc-message trailer, percent-encoded
+# (up to 12 bytes per character), and a client drops trailers above 16 KiB: a refusal quoting a client's long
+# input would reach the client as RESOURCE_EXHAUSTED "metadata size exceeds hard limit" instead of the reason.
+DETAILS_CHARS_MAX = 1024
+
+
+def bounded_details(message: str) -> str:
+    """`message` cut to DETAILS_CHARS_MAX characters (saying how much was cut)."""
+    if len(message) <= DETAILS_CHARS_MAX:
+        return message
+    return f"{message[:DETAILS_CHARS_MAX - 40]}... ({len(message)} characters, cut)"

@@ -18,6 +18,7 @@ from typing import Callable
 
 import grpc
 
+from bksim.adapters.grpc_input import bounded_details
 from bksim.topics.errors import TopicError
 from bksim.topics.positions import Position
 from bksim.topics.service import TopicService
@@ -54,7 +55,8 @@ def _error_message(e: TopicError) -> topic_pb2.Error:
 async def _abort(context, e: TopicError):
     trailer = ((STATUS_KEY, e.status),) + (((OWNER_KEY, e.owner_address),) if e.owner_address else ())
     context.set_trailing_metadata(trailer)
-    await context.abort(getattr(grpc.StatusCode, TOPIC_GRPC_CODE_NAME.get(e.status, "UNKNOWN")), e.message)
+    await context.abort(getattr(grpc.StatusCode, TOPIC_GRPC_CODE_NAME.get(e.status, "UNKNOWN")),
+                        bounded_details(e.message))
 
 
 class _Admit:

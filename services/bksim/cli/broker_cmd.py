@@ -108,6 +108,7 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
     from bksim.adapters.clock import SystemClock
     from bksim.adapters.zk_metadata import RenewingZkMetadataStore
     from bksim.broker.ledgers import LedgerService
+    from bksim.security.tls import channel_security
 
     r = config.broker
     loop = asyncio.get_running_loop()
@@ -137,11 +138,12 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
             log(f"bookie address overrides: {', '.join(f'{k} -> {v}' for k, v in sorted(overrides.items()))}")
         transport = GrpcBookieTransport(registration_resolver(store, overrides=overrides),
                                         timeout_ms=r.bookie_timeout_ms,
-                                        add_window_max=r.add_window_max)
+                                        add_window_max=r.add_window_max,
+                                        tls=channel_security(config.security))
         service = LedgerService(store=store, transport=transport, rng=random.SystemRandom(), clock=SystemClock(),
                                 config=r, log=log)
         topics = make_topic_service(config, store, service, SystemClock(), log)
-        server = BrokerServer(service, r, log, topics=topics)
+        server = BrokerServer(service, r, log, topics=topics, security=config.security)
         port = await server.start()
         topics.start()
         log(f"gRPC server listening on {r.host}:{port} (health SERVING, reflection on)")
