@@ -42,6 +42,7 @@ from typing import AsyncIterator, Callable
 from bksim.cli import config as cfgload
 from bksim.model.config import Config, parse_address_overrides
 from bksim.model.errors import SessionExpiredError
+from bksim.security.tls import channel_security
 
 DAEMON_TASK_STOP_S = 2.0  # the auditor and worker loops end at their next wait; past this they are cancelled
 RESTART_BACKOFF_S = 1.0
@@ -159,7 +160,8 @@ async def _run_session(config: Config, owner_id: str, stop: asyncio.Event, log: 
         r, a = config.broker, config.autorecovery
         transport = GrpcBookieTransport(
             registration_resolver(store, overrides=parse_address_overrides(r.bookie_address_overrides)),
-            timeout_ms=r.bookie_timeout_ms, add_window_max=r.add_window_max)
+            timeout_ms=r.bookie_timeout_ms, add_window_max=r.add_window_max,
+            tls=channel_security(config.security))
         clock, rng = SystemClock(), random.SystemRandom()
         ledgers = LedgerService(store=store, transport=transport, rng=rng, clock=clock, config=r, log=log)
         marks = UnderReplicationMarks(store, clock)
@@ -246,7 +248,8 @@ async def tools(config: Config) -> AsyncIterator[dict]:
         r = config.broker
         transport = GrpcBookieTransport(
             registration_resolver(store, overrides=parse_address_overrides(r.bookie_address_overrides)),
-            timeout_ms=r.bookie_timeout_ms, add_window_max=r.add_window_max)
+            timeout_ms=r.bookie_timeout_ms, add_window_max=r.add_window_max,
+            tls=channel_security(config.security))
         clock = SystemClock()
         yield {"store": store, "transport": transport, "clock": clock, "marks": UnderReplicationMarks(store, clock)}
     finally:
