@@ -186,6 +186,7 @@ class _Session:
 
     def __init__(self, args) -> None:
         from bksim.adapters.broker_client import SyncBrokerClient
+        from bksim.security.tls import channel_security
 
         self.config = cfgload.load(getattr(args, "config", None))
         self.password = password_of(args)
@@ -193,7 +194,7 @@ class _Session:
             self.address, self.source = args.broker, "--broker"
         else:
             self.address, self.source = find_broker(self.config)
-        self.client = SyncBrokerClient(self.address)
+        self.client = SyncBrokerClient(self.address, tls=channel_security(self.config.security))
 
     def __enter__(self) -> "_Session":
         return self
