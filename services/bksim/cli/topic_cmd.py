@@ -161,8 +161,9 @@ def broker_addresses(args) -> list[str]:
 
 def _client(args):
     from bksim.client import Client
+    from bksim.security.tls import channel_security
 
-    return Client(broker_addresses(args))
+    return Client(broker_addresses(args), tls=channel_security(cfgload.load(getattr(args, "config", None)).security))
 
 
 def _print_json(value) -> None:
