@@ -10,10 +10,15 @@ Used by `bksim cluster up|down|status`, the chaos runs, the benchmarks and the i
       <run_dir>/bookie-<i>/ledgers       bookie i's entry logs and index
       <run_dir>/logs/<name>.log          stdout+stderr of each process (zookeeper, bookie-<i>, broker-<i>)
       <run_dir>/pids/<name>.pid          pid of each process
+      <tls_dir>/                         with TLS: ca.pem, <name>.pem, <name>-key.pem (security/certs.py),
+                                         made when absent; `bksim cluster up --tls` uses <run_dir>/tls
 
 - the command line (`python -m bksim.cli.main [--config F] bookie|broker run`) and the environment of each
   child: BKSIM_ overrides only (ZooKeeper address, port, id, directories), on top of the caller's environment
-  (with or without its own BKSIM_ variables);
+  (with or without its own BKSIM_ variables); with a `tls_dir`, every child serves and dials TLS
+  (BKSIM_SECURITY_TLS_ENABLED, _CA_FILE, and its own _CERT_FILE / _KEY_FILE: bookie-<i>.pem, broker-<i>.pem), and
+  the cluster's own gRPC clients (broker health) present `client.pem`; other security.* settings (mutual TLS,
+  authorized roles, refresh) come from the caller's environment or `child_env`;
 - readiness with deadlines: ZooKeeper serves (a kazoo client reads `/`); a bookie or broker is registered in
   ZooKeeper by *this* incarnation (the node names its pid, or names none and was created after the spawn: a
   kill -9'd predecessor's node lives until its session expires); a broker, when asked, also answers gRPC
@@ -46,6 +51,8 @@ from bksim.adapters.zookeeper_server import MAIN_CLASS as ZOOKEEPER_MAIN_CLASS
 from bksim.adapters.zk_client import OPEN, ZkSecurity, ZkTls, new_client
 from bksim.adapters.zookeeper_server import ZooKeeperError, ZooKeeperServer
 from bksim.model.errors import BksimError
+from bksim.security import certs
+from bksim.security.tls import ChannelSecurity
 
 HOST = "127.0.0.1"
 CHILD_MARKER = "bksim.cli.main"  # every bookie and broker started here runs `python -m bksim.cli.main ...`
@@ -129,10 +136,17 @@ class LocalCluster:
 
     def __init__(self, run_dir: str, *, host: str = HOST, config_path: str | None = None,
                  child_env: Mapping[str, str] | None = None, inherit_bksim_env: bool = True, cwd: str | None = None,
-                 log: Callable[[str], None] = lambda line: None, zk_security: ZkSecurity = OPEN) -> None:
+                 log: Callable[[str], None] = lambda line: None, zk_security: ZkSecurity = OPEN,
+                 tls_dir: str | None = None) -> None:
         """`zk_security`: how this cluster's own ZooKeeper clients (readiness, `kazoo()`) authenticate; the
-        children read theirs from their configuration (file and BKSIM_ environment)."""
+        children read theirs from their configuration (file and BKSIM_ environment). `tls_dir`: gRPC over TLS
+        with the certificates there (made when absent), see the module docstring."""
         self.run_dir = os.path.abspath(run_dir)
+        self.tls_dir = os.path.abspath(tls_dir) if tls_dir else None
+        self.tls = None  # security.tls.ChannelSecurity of this cluster's own gRPC clients (None: plaintext)
+        if self.tls_dir:
+            client = certs.ensure(self.tls_dir, {certs.CLIENT_NAME: ((), ("client",))})[certs.CLIENT_NAME]
+            self.tls = ChannelSecurity(os.path.join(self.tls_dir, certs.CA_FILE), client.cert_file, client.key_file)
         self.zk_security = zk_security
         self.host = host
         self.config_path = config_path
@@ -254,8 +268,19 @@ class LocalCluster:
                     "BKSIM_ZOOKEEPER_PORT": str(self.zookeeper.port), "PYTHONUNBUFFERED": "1"})
         if self.zookeeper.secure_port:
             env["BKSIM_ZOOKEEPER_SECURE_PORT"] = str(self.zookeeper.secure_port)
+        if self.tls_dir:
+            env.update({"BKSIM_SECURITY_TLS_ENABLED": "true",
+                        "BKSIM_SECURITY_TLS_CA_FILE": os.path.join(self.tls_dir, certs.CA_FILE)})
         env.update(self.child_env)
         return env
+
+    def tls_env(self, name: str, host: str, role: str) -> dict[str, str]:
+        """With a tls_dir: process `name`'s certificate and key (made, naming `host` and carrying `role`, when
+        absent) as BKSIM_SECURITY_TLS_CERT_FILE / _KEY_FILE; else {}."""
+        if not self.tls_dir:
+            return {}
+        issued = certs.ensure(self.tls_dir, {name: ((host,), (role,))})[name]
+        return {"BKSIM_SECURITY_TLS_CERT_FILE": issued.cert_file, "BKSIM_SECURITY_TLS_KEY_FILE": issued.key_file}
 
     def add_bookie(self, port: int | None = None, *, host: str | None = None, argv: list[str] | None = None,
                    env: Mapping[str, str | None] | None = None, name: str | None = None) -> Node:
@@ -270,6 +295,7 @@ class LocalCluster:
                          "BKSIM_BOOKIE_BOOKIE_ID": f"{host}:{port}",
                          "BKSIM_BOOKIE_JOURNAL_DIR": os.path.join(home, "journal"),
                          "BKSIM_BOOKIE_LEDGER_DIR": os.path.join(home, "ledgers")})
+        node_env.update(self.tls_env(name, host, "bookie"))
         node = Node(name, "bookie", host, port, _overridden(node_env, env), self.log_path(name), self.pid_path(name),
                     argv or child_argv("bookie", self.config_path), home=home)
         self.bookies.append(node)
@@ -285,6 +311,7 @@ class LocalCluster:
         node_env = self.base_env()
         node_env.update({"BKSIM_BROKER_HOST": host, "BKSIM_BROKER_PORT": str(port),
                          "BKSIM_BROKER_BROKER_ID": f"{host}:{port}"})
+        node_env.update(self.tls_env(name, host, "broker"))
         node = Node(name, "broker", host, port, _overridden(node_env, env), self.log_path(name), self.pid_path(name),
                     argv or child_argv("broker", self.config_path))
         self.brokers.append(node)
@@ -371,7 +398,8 @@ class LocalCluster:
                         client = None
                     if self.registered_now(doc, node):
                         if node.kind == "broker" and serving:
-                            with SyncBrokerClient(node.address, deadline_s=HEALTH_DEADLINE_S) as broker:
+                            with SyncBrokerClient(node.address, deadline_s=HEALTH_DEADLINE_S,
+                                                  tls=self.tls) as broker:
                                 try:
                                     last[node.name] = broker.health()
                                 except BrokerCallError as e:
