@@ -39,6 +39,10 @@ name their module; a module raises only the errors of its own layer or below).
     │                               its answer, or the gRPC code when it did not answer
     │                               (adapters/broker_client.py)
     ├── ClientError(status)         a topic client call failed: a TopicStatus (client/errors.py)
+    ├── TokenError(reason)          a token or token key that cannot be used: missing, malformed, expired, bad
+    │                               signature, wrong algorithm; never holds the token (security/tokens.py)
+    ├── PermissionDenied            a role may not do an action on a resource (security/authz.py)
+    ├── GrantError                  a grant that cannot be stored: unknown action, bad role (security/authz.py)
     ├── RegistrationError           ZooKeeper unreachable, or it refused a bookie's registration
     │                               (adapters/registration.py)
     ├── ZooKeeperError              the ZooKeeper server did not start or become ready

@@ -76,3 +76,5 @@ class TopicStatus(enum.StrEnum):
     METADATA_ERROR = "METADATA_ERROR"
     TIMEOUT = "TIMEOUT"
     INTERNAL = "INTERNAL"
+    UNAUTHENTICATED = "UNAUTHENTICATED"  # no token, or one that does not verify
+    PERMISSION_DENIED = "PERMISSION_DENIED"  # the caller's role may not do this

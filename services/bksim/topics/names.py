@@ -2,8 +2,9 @@
 
     persistent://<tenant>/<namespace>/<local name>         a topic; a partition is <local name>-partition-<i>
 
-    /admin/tenants/<tenant>                                  {}
-    /admin/policies/<tenant>/<ns>                            namespace policies (retention, TTL, dedup)
+    /admin/tenants/<tenant>                                  {"adminRoles": [role, ...]}
+    /admin/policies/<tenant>/<ns>                            namespace policies (retention, TTL, dedup) and
+                                                             grants ("auth_policies", security/permissions.py)
     /admin/partitioned-topics/<tenant>/<ns>/persistent/<t>   {"partitions": N}
     /managed-ledgers/<tenant>/<ns>/persistent/<t>            managed ledger (ledger list, properties)
     /managed-ledgers/<tenant>/<ns>/persistent/<t>/<cursor>   cursor (cursor ledger id, mark-delete, ...)

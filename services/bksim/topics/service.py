@@ -64,10 +64,13 @@ class TopicService:
         self._watchdog = asyncio.get_running_loop().create_task(self._watch_ownership())
 
     # ---- tenants and namespaces ------------------------------------------------------------------------------
-    async def create_tenant(self, tenant: str) -> None:
+    async def create_tenant(self, tenant: str, admin_roles: list[str] | tuple[str, ...] = ()) -> None:
+        """A new tenant administered by `admin_roles` (Pulsar's TenantInfo.adminRoles; security/permissions.py
+        reads and changes them)."""
         check_name("tenant", tenant)
         try:
-            await self.store.create(tenant_path(tenant), b"{}", make_parents=True)
+            await self.store.create(tenant_path(tenant), json.dumps({"adminRoles": sorted(set(admin_roles))}).encode(),
+                                    make_parents=True)
         except NodeExistsError:
             raise TopicError(TopicStatus.ALREADY_EXISTS, f"tenant {tenant} already exists") from None
         except MetadataError as e:
