@@ -41,13 +41,22 @@ class Client:
 
     def __init__(self, service_url=SERVICE_URL_DEFAULT, *, operation_timeout_ms: int = OPERATION_TIMEOUT_MS_DEFAULT,
                  backoff_initial_ms: int = BACKOFF_INITIAL_MS_DEFAULT, backoff_max_ms: int = BACKOFF_MAX_MS_DEFAULT,
-                 reconnect_attempts_max: int = RECONNECT_ATTEMPTS_MAX_DEFAULT, tls=None) -> None:
+                 reconnect_attempts_max: int = RECONNECT_ATTEMPTS_MAX_DEFAULT, tls=None, token: str | None = None,
+                 token_file: str | None = None) -> None:
+        """`token` (or the token in `token_file`): the signed token (JWT) presented to brokers that require one
+        (security.auth_enabled); its role is what grants are checked against."""
         if operation_timeout_ms <= 0 or backoff_initial_ms <= 0 or backoff_max_ms < backoff_initial_ms \
                 or reconnect_attempts_max < 1:
             raise ClientError(TopicStatus.BAD_REQUEST,
                               "need operation_timeout_ms > 0, 0 < backoff_initial_ms <= backoff_max_ms "
                               "and reconnect_attempts_max >= 1")
         self.addresses = parse_service_url(service_url)
+        if token is None and token_file:
+            from bksim.security.tokens import TokenError, read_token_file
+            try:
+                token = read_token_file(token_file)
+            except TokenError as e:
+                raise ClientError(TopicStatus.BAD_REQUEST, e.message) from None
         self._operation_timeout_s = operation_timeout_ms / 1000.0
         self._backoff_args = (backoff_initial_ms / 1000.0, backoff_max_ms / 1000.0, reconnect_attempts_max,
                               self._operation_timeout_s)
@@ -55,7 +64,7 @@ class Client:
         self._children: list = []
         self._closed = False
         self._loop = LoopThread()
-        self._conns = Connections(self.addresses, self._operation_timeout_s, tls)
+        self._conns = Connections(self.addresses, self._operation_timeout_s, tls, token)
 
     def _backoff(self) -> Backoff:
         return Backoff(*self._backoff_args)
@@ -97,8 +106,33 @@ class Client:
                 self._children.remove(child)
 
     # -- admin -------------------------------------------------------------------------------------------------
-    def create_tenant(self, tenant: str) -> None:
-        self._call("CreateTenant", topic_pb2.CreateTenantRequest(tenant=tenant))
+    def create_tenant(self, tenant: str, admin_roles: list[str] | tuple[str, ...] = ()) -> None:
+        """Create a tenant administered by `admin_roles` (a super-user's call when authorization is on)."""
+        self._call("CreateTenant", topic_pb2.CreateTenantRequest(tenant=tenant, admin_roles=list(admin_roles)))
+
+    def get_tenant(self, tenant: str) -> dict:
+        """{"tenant", "admin_roles"}."""
+        r = self._call("GetTenant", topic_pb2.GetTenantRequest(tenant=tenant))
+        return {"tenant": r.tenant, "admin_roles": list(r.admin_roles)}
+
+    def set_tenant_admin_roles(self, tenant: str, admin_roles: list[str] | tuple[str, ...]) -> dict:
+        r = self._call("SetTenantAdminRoles", topic_pb2.SetTenantAdminRolesRequest(tenant=tenant,
+                                                                                   admin_roles=list(admin_roles)))
+        return {"tenant": r.tenant, "admin_roles": list(r.admin_roles)}
+
+    def grant_permission(self, namespace: str, role: str, actions, topic: str = "") -> dict:
+        """Grant `actions` ("produce", "consume") to `role` on a namespace, or on one of its topics; returns the
+        namespace's grants {"namespace_auth": {role: [action]}, "destination_auth": {topic: {role: [action]}}}."""
+        actions = [actions] if isinstance(actions, str) else list(actions)
+        return json.loads(self._call("GrantPermission", topic_pb2.GrantPermissionRequest(
+            namespace=namespace, topic=topic, role=role, actions=actions)).json)
+
+    def revoke_permission(self, namespace: str, role: str, topic: str = "") -> dict:
+        return json.loads(self._call("RevokePermission", topic_pb2.RevokePermissionRequest(
+            namespace=namespace, topic=topic, role=role)).json)
+
+    def permissions(self, namespace: str) -> dict:
+        return json.loads(self._call("GetPermissions", topic_pb2.GetPermissionsRequest(namespace=namespace)).json)
 
     def list_tenants(self) -> list[str]:
         return list(self._call("ListTenants", topic_pb2.ListTenantsRequest()).tenants)

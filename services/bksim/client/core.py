@@ -13,6 +13,9 @@ attempts, bounded by a number of attempts and an overall deadline.
 TLS: `Connections(..., tls=...)` takes a security.tls.ChannelSecurity (CA, optional client certificate for
 mutual TLS, hostname verification) or a CA file path (server authentication only); every broker channel is
 then TLS. None is plaintext. A failed handshake counts as a broker that did not answer (UNAVAILABLE).
+
+Tokens: `Connections(..., token=...)` sends "authorization: Bearer <token>" with every call (unary and
+streams) through its stubs (`_TokenStub`); the token is kept only there, never logged or put in an error.
 """
 from __future__ import annotations
 
@@ -165,12 +168,28 @@ class Backoff:
         return min(delay, self.remaining_s())
 
 
+class _TokenStub:
+    """A Topics stub whose every call carries the bearer token's metadata."""
+
+    def __init__(self, stub: topic_pb2_grpc.TopicsStub, metadata: tuple) -> None:
+        self._stub = stub
+        self._metadata = metadata
+
+    def __repr__(self) -> str:  # never the token
+        return "_TokenStub()"
+
+    def __getattr__(self, method: str):
+        call = getattr(self._stub, method)
+        return lambda *args, **kwargs: call(*args, metadata=self._metadata, **kwargs)
+
+
 class Connections:
     """Channels and stubs by broker address, lookups and unary calls (all on the loop thread)."""
 
     def __init__(self, addresses: list[str], operation_timeout_s: float,
-                 tls: ChannelSecurity | str | None = None) -> None:
+                 tls: ChannelSecurity | str | None = None, token: str | None = None) -> None:
         self.addresses = addresses
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.tls = ChannelSecurity(tls) if isinstance(tls, str) else tls  # a str is the CA file
         self.operation_timeout_s = operation_timeout_s
         self._channels: dict[str, tuple[grpc.aio.Channel, topic_pb2_grpc.TopicsStub]] = {}
@@ -184,7 +203,8 @@ class Connections:
                 ("grpc.max_send_message_length", -1),  # the broker decides what is too big
                 ("grpc.enable_retries", 0),
             ], self.tls)
-            entry = (channel, topic_pb2_grpc.TopicsStub(channel))
+            stub = topic_pb2_grpc.TopicsStub(channel)
+            entry = (channel, _TokenStub(stub, self._metadata) if self._metadata else stub)
             self._channels[address] = entry
         return entry[1]
 

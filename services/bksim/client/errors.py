@@ -23,7 +23,8 @@ STATUSES = frozenset(TopicStatus) - {TopicStatus.OK}
 # gRPC code -> TopicStatus when the broker did not answer with a "bksim-status" trailer
 _GRPC_TO_STATUS = {"UNAVAILABLE": TopicStatus.SERVICE_UNAVAILABLE, "DEADLINE_EXCEEDED": TopicStatus.TIMEOUT,
                    "RESOURCE_EXHAUSTED": TopicStatus.TOO_MANY_REQUESTS, "CANCELLED": TopicStatus.SERVICE_UNAVAILABLE,
-                   "UNKNOWN": TopicStatus.INTERNAL, "INTERNAL": TopicStatus.INTERNAL}
+                   "UNKNOWN": TopicStatus.INTERNAL, "INTERNAL": TopicStatus.INTERNAL,
+                   "UNAUTHENTICATED": TopicStatus.UNAUTHENTICATED, "PERMISSION_DENIED": TopicStatus.PERMISSION_DENIED}
 
 # What a producer or consumer survives by looking the topic up again and reconnecting.
 RETRIABLE = frozenset({TopicStatus.NOT_OWNER, TopicStatus.TOPIC_FENCED, TopicStatus.SERVICE_UNAVAILABLE,
