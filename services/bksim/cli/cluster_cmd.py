@@ -12,6 +12,13 @@ of the first process that did not make it within cluster.start_timeout_ms (at on
 `down` stops in the reverse order: brokers (they close the ledgers they write, which needs the bookies),
 bookies, ZooKeeper; each SIGTERM by pid, a bounded wait, then SIGKILL. `down` and `status` use only the pid
 files.
+
+`up --tls` runs every gRPC link over TLS with certificates under <run_dir>/tls (security/certs.py makes the
+CA, bookie-<i>, broker-<i> and client certificates when absent, and keeps them across runs); it writes
+<run_dir>/tls/client.env, the BKSIM_SECURITY_TLS_* lines with which other `bksim` commands talk to the
+cluster (`set -a; . .run/tls/client.env; set +a`). Mutual TLS, bookie authorized roles and the refresh
+interval come from security.* as usual. Without --tls, a configuration with security.tls_enabled is used as it
+is (its own files).
 """
 from __future__ import annotations
 
@@ -41,6 +48,8 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="cluster_command", required=True)
     up = sub.add_parser("up", help="start ZooKeeper, create the metadata layout, start cluster.bookies bookies "
                                    "and cluster.brokers brokers")
+    up.add_argument("--tls", action="store_true",
+                    help="TLS on every gRPC link, with certificates under <run_dir>/tls (made when absent)")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="stop the brokers, the bookies, then ZooKeeper (SIGTERM, bounded wait, "
                                        "SIGKILL)")
@@ -69,12 +78,18 @@ def broker_argv(config_file: str | None) -> list[str]:
     return child_argv("broker", config_file)
 
 
-def cluster_of(config: Config, config_file: str | None = None) -> LocalCluster:
-    """The configured cluster's processes (declared, not started): ZooKeeper, bookie-1.., broker-1.."""
+def cluster_of(config: Config, config_file: str | None = None, tls: bool = False) -> LocalCluster:
+    """The configured cluster's processes (declared, not started): ZooKeeper, bookie-1.., broker-1..; `tls`:
+    certificates under <run_dir>/tls (see the module docstring)."""
     from bksim.adapters.zk_client import security_from_config
 
     security = security_from_config(config)
-    cluster = LocalCluster(config.cluster.run_dir, config_path=config_file, log=_say, zk_security=security)
+    cluster = LocalCluster(config.cluster.run_dir, config_path=config_file, log=_say, zk_security=security,
+                           tls_dir=tls_dir(config) if tls else None)
+    if not tls and config.security.tls_enabled:
+        from bksim.security.tls import channel_security
+
+        cluster.tls = channel_security(config.security)  # the readiness checks dial the brokers over TLS
     zk = config.zookeeper
     cluster.zookeeper_server(zk.port, host=zk.host, tick_time_ms=zk.tick_time_ms, heap_mb=zk.heap_mb,
                              data_dir=zk.data_dir or None, secure_port=zk.secure_port, tls=security.tls,
@@ -85,6 +100,24 @@ def cluster_of(config: Config, config_file: str | None = None) -> LocalCluster:
     for i in range(c.brokers):
         cluster.add_broker(c.broker_port_base + i, host=config.broker.host, argv=broker_argv(config_file))
     return cluster
+
+
+def tls_dir(config: Config) -> str:
+    return os.path.join(os.path.abspath(config.cluster.run_dir), "tls")
+
+
+def write_client_env(cluster: LocalCluster) -> str:
+    """<tls_dir>/client.env: the settings with which `bksim` commands talk to this TLS cluster; its path."""
+    from bksim.security import certs
+
+    path = os.path.join(cluster.tls_dir, "client.env")
+    lines = {"BKSIM_SECURITY_TLS_ENABLED": "true",
+             "BKSIM_SECURITY_TLS_CA_FILE": os.path.join(cluster.tls_dir, certs.CA_FILE),
+             "BKSIM_SECURITY_TLS_CERT_FILE": certs.cert_path(cluster.tls_dir, certs.CLIENT_NAME),
+             "BKSIM_SECURITY_TLS_KEY_FILE": certs.key_path(cluster.tls_dir, certs.CLIENT_NAME)}
+    with open(path, "w") as f:
+        f.write("".join(f"{k}={v}\n" for k, v in lines.items()))
+    return path
 
 
 def connect_zookeeper(config: Config):
@@ -105,9 +138,12 @@ def _say(message: str) -> None:
 def cmd_up(args) -> int:
     config = loader.load(getattr(args, "config", None))
     loader.print_effective(config, "cluster up")
-    cluster = cluster_of(config, config_path(args))
+    cluster = cluster_of(config, config_path(args), tls=getattr(args, "tls", False))
     for path in (cluster.run_dir, cluster.logs_dir, cluster.pids_dir):
         os.makedirs(path, exist_ok=True)
+    if cluster.tls_dir:
+        _say(f"TLS: certificates in {cluster.tls_dir}; for other bksim commands: "
+             f"set -a; . {os.path.relpath(write_client_env(cluster))}; set +a")
     timeout_s = config.cluster.start_timeout_ms / 1000.0
     zk = config.zookeeper
     cluster.start_zookeeper(zk.port, host=zk.host, timeout_s=timeout_s)
