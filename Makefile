@@ -58,8 +58,9 @@ $(RUBY_GEN_DIR)/.stamp: $(PROTOS) | ruby-grpc
 	touch $@
 
 # ---- cluster -------------------------------------------------------------------------------------------
+# BKSIM_TLS=1 make up: every gRPC link over TLS, certificates made under <run_dir>/tls (bksim cluster up --tls)
 up: deps
-	$(BKSIM) cluster up
+	$(BKSIM) cluster up $(if $(filter 1 true yes,$(BKSIM_TLS)),--tls)
 
 down: venv proto
 	$(BKSIM) cluster down
