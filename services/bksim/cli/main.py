@@ -15,8 +15,8 @@ from bksim.model.errors import BksimError
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the status of a command killed by the signal, as `head` leaves it
 
 # family modules, in help order; each defines register(subparsers) -> None
-FAMILIES = ("audit_cmd", "autorecovery_cmd", "bookie_cmd", "broker_cmd", "chaos_cmd", "cluster_cmd", "compose_cmd",
-            "dump_cmd", "ledger_cmd", "metadata_cmd", "perf_cmd", "sim_cmd", "topic_cmd")
+FAMILIES = ("audit_cmd", "autorecovery_cmd", "bookie_cmd", "broker_cmd", "certs_cmd", "chaos_cmd", "cluster_cmd",
+            "compose_cmd", "dump_cmd", "ledger_cmd", "metadata_cmd", "perf_cmd", "sim_cmd", "topic_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:
