@@ -10,17 +10,13 @@ are what Ruby's consumer decodes from the stored entries, its acks leaving the s
 to the broker that does not own the topic, so its Lookup redirect is used; a refusal reaches Ruby with the
 broker's status from the "bksim-status" trailer.
 
-Every Ruby run is a subprocess with a timeout (and the client's own gRPC deadlines); nothing sleeps.
+Every Ruby run is a subprocess with a timeout (interop/ruby_harness.py); nothing sleeps.
 """
 from __future__ import annotations
 
-import base64
 import contextlib
 import io
 import json
-import os
-import random
-import subprocess
 import uuid
 
 import pytest
@@ -28,19 +24,16 @@ import pytest
 from bksim.cli.main import main as bksim_main
 from bksim.client import Client, InitialPosition
 from integration.broker_harness import BrokerCluster, BrokerConn
+from interop.ruby_harness import b64, ensure_ruby, payloads, ruby, unb64, write_json
 
 BOOKIES = 2  # the topics' default E = Qw = Qa = 2
 BROKERS = 2
-RUBY_TIMEOUT_S = 30.0   # one client.rb run, start to exit (its calls have 15 s deadlines of their own)
 RECEIVE_MS = 10_000
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CLIENT_RB = os.path.join(REPO, "tests", "interop", "client.rb")
 
 
 @pytest.fixture(scope="module")
 def cluster(zookeeper, tmp_path_factory):
-    # Debian's ruby-grpc and the Ruby stubs (quick when present; installs them on a fresh machine)
-    subprocess.run(["make", "-s", "interop-deps"], cwd=REPO, check=True, timeout=600)
+    ensure_ruby()
     c = BrokerCluster(zookeeper, tmp_path_factory.mktemp("interop"))
     try:
         c.settle(BOOKIES)
@@ -64,35 +57,12 @@ def ns(client):
     return f"{tenant}/ns"
 
 
-def ruby(*argv: str, broker: str, expect: int = 0) -> dict:
-    p = subprocess.run(["ruby", CLIENT_RB, "--broker", broker, *argv], capture_output=True, text=True,
-                       timeout=RUBY_TIMEOUT_S)
-    assert p.returncode == expect, f"client.rb {' '.join(argv)} exited {p.returncode}\n{p.stdout}\n{p.stderr}"
-    return json.loads(p.stdout)
-
-
 def bksim(*argv: str) -> str:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = bksim_main(list(argv))
     assert code == 0, f"bksim {' '.join(argv)} exited {code}: {err.getvalue()}"
     return out.getvalue()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def payloads(seed: int, n: int) -> list[bytes]:
-    """Binary payloads (every byte value, not UTF-8, one empty) of 0..1500 bytes."""
-    rng = random.Random(seed)
-    return [bytes(range(256)), b"", b"\xff\xfe\x00 not utf-8"] + [rng.randbytes(rng.randint(1, 1500))
-                                                                 for _ in range(n - 3)]
-
-
-def write_json(path, value) -> str:
-    path.write_text(json.dumps(value))
-    return str(path)
 
 
 def test_ledger_written_in_ruby_reads_back_in_python(cluster, tmp_path):
@@ -105,7 +75,7 @@ def test_ledger_written_in_ruby_reads_back_in_python(cluster, tmp_path):
                "--ack-quorum", "2", "--batch", "7", broker=broker)
     ledger_id = out["ledger_id"]
     assert [(a["first_entry_id"], a["count"]) for a in out["appends"]] == [(i, min(7, 40 - i)) for i in range(0, 40, 7)]
-    assert [base64.b64decode(e["payload_b64"]) for e in out["read"]] == data
+    assert [unb64(e["payload_b64"]) for e in out["read"]] == data
     assert out["closed"] == {"ledger_id": ledger_id, "state": "CLOSED", "last_entry_id": 39,
                              "length": sum(map(len, data)), "ensemble_size": 2, "write_quorum_size": 2,
                              "ack_quorum_size": 2}
@@ -115,7 +85,7 @@ def test_ledger_written_in_ruby_reads_back_in_python(cluster, tmp_path):
         assert (info.state, info.last_entry_id, info.length) == ("CLOSED", 39, sum(map(len, data)))
     rows = [json.loads(line) for line in bksim("ledger", "read", str(ledger_id), "--broker", broker, "--json",
                                                "--payload", "--password-file", str(tmp_path / "pw")).splitlines()]
-    assert [base64.b64decode(r["payload"]) for r in rows] == data
+    assert [unb64(r["payload"]) for r in rows] == data
 
 
 def test_ledger_written_in_python_reads_back_in_ruby(cluster, tmp_path):
@@ -128,7 +98,7 @@ def test_ledger_written_in_python_reads_back_in_ruby(cluster, tmp_path):
         conn.client.append(ledger_id, [data[:10], data[10:]], password=password)
         out = ruby("ledger-read", str(ledger_id), "--password-file", str(tmp_path / "pw"), broker=broker)
         assert out["last_add_confirmed"] == 24 and out["metadata"]["state"] == "OPEN"
-        assert [(e["entry_id"], base64.b64decode(e["payload_b64"])) for e in out["entries"]] == list(enumerate(data))
+        assert [(e["entry_id"], unb64(e["payload_b64"])) for e in out["entries"]] == list(enumerate(data))
         assert [e["ledger_length"] for e in out["entries"]] == [sum(map(len, data[:i + 1])) for i in range(25)]
         conn.close_ledger(ledger_id, password)
     # a refusal: the broker's LedgerStatus reaches Ruby through the "bksim-status" trailer
@@ -166,7 +136,7 @@ def test_messages_produced_in_ruby_consumed_in_python(cluster, client, ns, tmp_p
     lines = bksim("consume", topic, "--broker", ",".join(b.address for b in cluster.brokers), "-s", "cli",
                   "-n", str(len(data)), "--position", "earliest", "--json", "--timeout", "20").splitlines()
     rows = [json.loads(line) for line in lines]
-    assert [base64.b64decode(r["content_base64"]) if "content_base64" in r else r["content"].encode()
+    assert [unb64(r["content_base64"]) if "content_base64" in r else r["content"].encode()
             for r in rows] == data
     assert [r["message_id"] for r in rows] == out["message_ids"]
 
@@ -186,7 +156,7 @@ def test_messages_produced_in_python_consumed_in_ruby(cluster, client, ns):
     out = ruby("consume", topic, "--subscription", "rb", "--count", "12", "--type", "shared",
                broker=non_owner(cluster, client, topic))
     got = out["messages"]
-    assert [base64.b64decode(m["payload_b64"]) for m in got] == data
+    assert [unb64(m["payload_b64"]) for m in got] == data
     assert [m["message_id"] for m in got] == [str(mid) for mid in ids]
     assert [m["key"] for m in got] == ["same"] * 9 + [None] * 3
     assert [m["properties"] for m in got] == [{"i": str(i)} for i in range(12)]
