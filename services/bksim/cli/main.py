@@ -16,7 +16,7 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the status of a command killed by the s
 
 # family modules, in help order; each defines register(subparsers) -> None
 FAMILIES = ("audit_cmd", "autorecovery_cmd", "bookie_cmd", "broker_cmd", "certs_cmd", "chaos_cmd", "cluster_cmd",
-            "compose_cmd", "dump_cmd", "ledger_cmd", "metadata_cmd", "perf_cmd", "sim_cmd", "topic_cmd")
+            "compose_cmd", "dump_cmd", "ledger_cmd", "metadata_cmd", "perf_cmd", "security_cmd", "sim_cmd", "topic_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="bksim", description="A faithful, runnable Apache BookKeeper cluster")
     parser.add_argument("--config", help="TOML configuration file (default: $BKSIM_CONFIG or deploy/bksim.toml)")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help="file of the token to present to brokers (default: $BKSIM_TOKEN, then "
+                             "security.token_file); a token is never given on the command line")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in FAMILIES:
         importlib.import_module(f"bksim.cli.{name}").register(subparsers)

@@ -1,6 +1,6 @@
 """`bksim tenant|namespace|topic|produce|consume`: the topic layer from the command line, over bksim.client.
 
-    bksim tenant create NAME | list
+    bksim tenant create NAME [--admin-roles R1,R2] | list   (get, set-admin-roles: cli/security_cmd.py)
     bksim namespace create TENANT/NS [--retention MS|-1] [--retention-bytes B|-1] [--ttl MS] [--dedup|--no-dedup]
     bksim namespace get TENANT/NS | list TENANT
     bksim topic create TOPIC [--partitions N] | list TENANT/NS | delete TOPIC [--force] | lookup TOPIC
@@ -11,7 +11,8 @@
 
 Every command talks to the brokers named by `--broker HOST:PORT` (repeatable or comma-separated; any broker
 answers admin calls and lookups, the client follows redirects to a topic's owner); default: the brokers
-`bksim cluster up` starts, <broker.host>:<cluster.broker_port_base + i> for i < cluster.brokers. `--json`
+`bksim cluster up` starts, <broker.host>:<cluster.broker_port_base + i> for i < cluster.brokers. Brokers that
+require a token get the one of `--token-file FILE`, else $BKSIM_TOKEN, else security.token_file. `--json`
 prints data as JSON (one object; `consume` prints one object per message, one per line). A refusal prints
 `bksim: error: <TopicStatus>: <the broker's text>` and exits 2.
 
@@ -47,17 +48,21 @@ def register(subparsers) -> None:
                         help="broker(s) to ask (repeatable or comma-separated; default: the brokers of "
                              "`bksim cluster up`, <broker.host>:<cluster.broker_port_base + i>)")
     common.add_argument("--json", action="store_true", help="print JSON")
+    common.add_argument("--token-file", default=argparse.SUPPRESS, metavar="FILE",
+                        help="file of the token to present (default: $BKSIM_TOKEN, then security.token_file)")
 
     tenant = subparsers.add_parser("tenant", help="create and list tenants")
-    fam = tenant.add_subparsers(dest="tenant_command", required=True)
+    fam = tenant_family = tenant.add_subparsers(dest="tenant_command", required=True)
     p = fam.add_parser("create", parents=[common], help="create a tenant")
     p.add_argument("tenant")
+    p.add_argument("--admin-roles", default="", metavar="R1,R2",
+                   help="comma-separated roles that administer the tenant (namespaces, topics, grants)")
     p.set_defaults(func=cmd_tenant_create)
     p = fam.add_parser("list", parents=[common], help="list the tenants")
     p.set_defaults(func=cmd_tenant_list)
 
     ns = subparsers.add_parser("namespace", help="create, show and list namespaces (retention, TTL, dedup)")
-    fam = ns.add_subparsers(dest="namespace_command", required=True)
+    fam = namespace_family = ns.add_subparsers(dest="namespace_command", required=True)
     p = fam.add_parser("create", parents=[common], help="create TENANT/NS with its policies")
     p.add_argument("namespace", metavar="TENANT/NS")
     p.add_argument("--retention", type=int, default=0, metavar="MS",
@@ -77,7 +82,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_namespace_list)
 
     topic = subparsers.add_parser("topic", help="create, list, delete, look up topics and show their stats")
-    fam = topic.add_subparsers(dest="topic_command", required=True)
+    fam = topic_family = topic.add_subparsers(dest="topic_command", required=True)
     p = fam.add_parser("create", parents=[common], help="create a topic (persistent://tenant/ns/name)")
     p.add_argument("topic")
     p.add_argument("--partitions", type=_non_negative, default=0, metavar="N",
@@ -100,6 +105,8 @@ def register(subparsers) -> None:
                        help="ledgers and cursors (mark-delete, read position, acked ranges, batch indexes) (JSON)")
     p.add_argument("topic")
     p.set_defaults(func=cmd_topic_stats, internal=True)
+    from bksim.cli.security_cmd import register_permissions
+    register_permissions(tenant_family, namespace_family, topic_family, common)
 
     p = subparsers.add_parser("produce", parents=[common], help="publish messages to a topic")
     p.add_argument("topic")
@@ -160,10 +167,12 @@ def broker_addresses(args) -> list[str]:
 
 
 def _client(args):
+    from bksim.cli.security_cmd import client_token
     from bksim.client import Client
     from bksim.security.tls import channel_security
 
-    return Client(broker_addresses(args), tls=channel_security(cfgload.load(getattr(args, "config", None)).security))
+    return Client(broker_addresses(args), tls=channel_security(cfgload.load(getattr(args, "config", None)).security),
+                  token=client_token(args))
 
 
 def _print_json(value) -> None:
@@ -174,7 +183,7 @@ def _print_json(value) -> None:
 
 def cmd_tenant_create(args) -> int:
     with _client(args) as c:
-        c.create_tenant(args.tenant)
+        c.create_tenant(args.tenant, [r.strip() for r in args.admin_roles.split(",") if r.strip()])
     if args.json:
         _print_json({"tenant": args.tenant, "created": True})
     else:
