@@ -432,6 +432,8 @@ class BookieEngine:
     async def write_lac(self, ledger_id: int, lac: int, master_key: bytes) -> tuple[StatusCode, str]:
         if self._closing:
             return StatusCode.IO_ERROR, "bookie is shutting down"
+        if ledger_id < 0:
+            return StatusCode.BAD_REQUEST, f"invalid ledger id {ledger_id}"
         status, why = self._check_key(ledger_id, master_key)
         if status is not OK:
             return status, why
@@ -501,6 +503,8 @@ class BookieEngine:
         if self._closing:
             return StatusCode.IO_ERROR, b"", -1, "bookie is shutting down"
         self.stats["reads"] += 1
+        if ledger_id < 0:  # never a ledger (nor one in limbo)
+            return StatusCode.BAD_REQUEST, b"", -1, f"invalid ledger id {ledger_id}"
         if fence:
             status, why = await self._fence(ledger_id, master_key)
             if status is not OK:
@@ -531,6 +535,8 @@ class BookieEngine:
         """Returns (status, known LAC, last entry id stored here, message)."""
         if self._closing:
             return StatusCode.IO_ERROR, -1, -1, "bookie is shutting down"
+        if ledger_id < 0:
+            return StatusCode.BAD_REQUEST, -1, -1, f"invalid ledger id {ledger_id}"
         try:
             last = self._last_entry_id(ledger_id)
             if last < 0 and ledger_id <= self.limbo_ledger_id_max:

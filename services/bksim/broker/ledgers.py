@@ -7,8 +7,8 @@ simulator seed decides it), the placement quarantine (below), password checks (a
 client does on open), and the translation of every refusal into a LedgerError with a status a client can act
 on:
 
-    BAD_REQUEST         quorum sizes (need E >= Qw >= Qa >= 1), an oversized payload, a bad range (an empty
-                        payload is a valid entry, as in BookKeeper)
+    BAD_REQUEST         quorum sizes (need E >= Qw >= Qa >= 1), a negative ledger id, an oversized payload, a bad
+                        range (an empty payload is a valid entry, as in BookKeeper)
     NOT_ENOUGH_BOOKIES  fewer writable bookies than E (create, or no replacement during an ensemble change)
     NO_SUCH_LEDGER      no metadata for the id
     UNAUTHORIZED        wrong password
@@ -289,6 +289,8 @@ class LedgerService:
 
     # -- opening and recovery ---------------------------------------------------------------------------------
     async def metadata(self, ledger_id: int, password: bytes | None = None) -> tuple[LedgerMetadata, int]:
+        if ledger_id < 0:  # every call naming a ledger comes here first (ids are 0..2^63-1)
+            raise LedgerError(LedgerStatus.BAD_REQUEST, f"invalid ledger id {ledger_id}")
         try:
             metadata, version = await read_ledger_metadata(self.store, ledger_id)
         except NoNodeError:
