@@ -142,13 +142,23 @@ def test_anonymous_clients_read_and_write_nothing(secured):
 
 
 def test_wrong_credentials_are_refused(secured):
-    cluster, _bookie, _broker, ledger_id = secured
+    cluster, bookie, _broker, ledger_id = secured
     wrong = _client(cluster.zookeeper.connect, ZkSecurity(USER, "not-the-password"))
     try:
         with pytest.raises(NoAuthError):
             wrong.get(ledger_path(ledger_id))
         with pytest.raises(NoAuthError):
             wrong.create(f"{LEDGERS_ROOT}/intruder", b"x")
+        with pytest.raises(NoAuthError):
+            wrong.set(ledger_path(ledger_id), b"{}")
+        with pytest.raises(NoAuthError):
+            wrong.delete(f"{AVAILABLE}/{bookie.node_id}")
+        owner = cluster.kazoo()  # the cluster's own client: the right credentials
+        try:
+            assert owner.exists(f"{AVAILABLE}/{bookie.node_id}") is not None
+            assert owner.exists(f"{LEDGERS_ROOT}/intruder") is None
+        finally:
+            _stop(owner)
     finally:
         _stop(wrong)
 
