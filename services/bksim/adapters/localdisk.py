@@ -94,6 +94,9 @@ class LocalDisk:
     def remove(self, path: str) -> None:
         os.remove(path)
 
+    async def delete(self, path: str) -> None:
+        await asyncio.to_thread(os.remove, path)
+
     def rename(self, src: str, dst: str) -> None:
         shutil.move(src, dst)
 

@@ -178,7 +178,7 @@ class EntryLogger:
         assert log_id != self._log_id, "the log being written is never deleted"
         path = self.path(log_id)
         if self._disk.exists(path):
-            self._disk.remove(path)
+            await self._disk.delete(path)
             await self._disk.sync_dir(self._dir)
         self._aliases.pop(log_id, None)
 

@@ -239,6 +239,9 @@ class SimDisk:
             raise FileNotFoundError(path)
         del d.names[path]
 
+    async def delete(self, path: str) -> None:
+        self.remove(path)  # no thread in the simulation: the same step, at the same virtual instant
+
     def rename(self, src: str, dst: str) -> None:
         d = self._check()
         src, dst = _norm(src), _norm(dst)
