@@ -16,7 +16,9 @@ unknown outcome.
 
 TLS (security/tls.py): given a SecurityConfig with tls_enabled, the server listens with TLS only (a plaintext
 client fails its handshake), reloads changed certificate files for new connections and, with tls_client_auth,
-requires a client certificate signed by the CA.
+requires a client certificate signed by the CA. With security.auth_enabled an interceptor
+(security/broker_auth.py) requires a valid token on every Broker and Topics call; with authorization_enabled it
+also keeps the ledger API to super-users and ledger roles, and the Topics servicer checks each call's resource.
 
 Must not: block the event loop, log passwords or payloads.
 """
@@ -271,11 +273,18 @@ class BrokerServer:
         self._health = HealthServicer()
         self.port = 0
         self._security = security  # None or tls_enabled off: plaintext
+        self.auth = None  # security.broker_auth.AuthInterceptor with security.auth_enabled (keys read now)
+        if security is not None and security.auth_enabled:
+            from bksim.security.broker_auth import make_interceptor
+            self.auth = make_interceptor(security)
+            if self.topics_servicer is not None and self.auth.authorizer is not None:
+                self.topics_servicer.authorize_with(self.auth.authorizer)
         self.tls_reloader = None  # security.tls.CertificateReloader when serving TLS
 
     async def start(self) -> int:
         server = grpc.aio.server(options=server_options(self.config),
-                                 interceptors=[MalformedRequests()])  # unparsable: INVALID_ARGUMENT
+                                 interceptors=[*([self.auth] if self.auth else []),  # token first
+                                               MalformedRequests()])  # unparsable: INVALID_ARGUMENT
         broker_pb2_grpc.add_BrokerServicer_to_server(self.servicer, server)
         names = [SERVICE_NAME]
         if self.topics_servicer is not None:

@@ -7,6 +7,13 @@ go back in that order; at most `topic.producer_pending_max` Sends are unanswered
 reading and gRPC flow control pushes back); the Subscribe stream's outbox (bounded by the consumer's permits:
 the dispatcher never sends beyond them).
 
+Authorization (security.authorization_enabled; the caller's role comes from the token, security/broker_auth.py):
+every call is checked against its resource before it does anything (security/permissions.py): tenant creation,
+tenant admin roles and the tenant list need a super-user; namespaces, topics (create, delete, list, stats) and
+grants need an admin of the tenant; Produce needs `produce`, Subscribe `consume`, Lookup and GetTopic either,
+on the topic or its namespace. A streamed call is checked when it opens. Refusal: PERMISSION_DENIED naming the
+role and the action. Grants can be read and changed with authorization off too (then nothing is enforced).
+
 Must not: block the event loop, log payloads.
 """
 from __future__ import annotations
@@ -18,6 +25,9 @@ from typing import Callable
 
 import grpc
 
+from bksim.security.authz import Authorizer
+from bksim.security.broker_auth import caller_role
+from bksim.security.permissions import Permissions, check_admin_roles
 from bksim.adapters.grpc_input import bounded_details
 from bksim.topics.errors import TopicError
 from bksim.topics.positions import Position
@@ -40,7 +50,8 @@ TOPIC_GRPC_CODE_NAME = {
     TopicStatus.NOT_OWNER: "UNAVAILABLE", TopicStatus.TOPIC_FENCED: "UNAVAILABLE",
     TopicStatus.SERVICE_UNAVAILABLE: "UNAVAILABLE", TopicStatus.METADATA_ERROR: "UNAVAILABLE",
     TopicStatus.TOO_MANY_REQUESTS: "RESOURCE_EXHAUSTED", TopicStatus.TIMEOUT: "DEADLINE_EXCEEDED",
-    TopicStatus.INTERNAL: "INTERNAL",
+    TopicStatus.INTERNAL: "INTERNAL", TopicStatus.UNAUTHENTICATED: "UNAUTHENTICATED",
+    TopicStatus.PERMISSION_DENIED: "PERMISSION_DENIED",
 }
 SUB_TYPES = {topic_pb2.EXCLUSIVE: "Exclusive", topic_pb2.SHARED: "Shared", topic_pb2.FAILOVER: "Failover",
              topic_pb2.KEY_SHARED: "Key_Shared"}
@@ -106,6 +117,37 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
         self._admission = _Admit(admission)  # shared with the Broker service: one bound on concurrent RPCs
         self._log = log
         self.draining = False
+        self.permissions = Permissions(service.store, Authorizer())  # grants are readable with authorization off
+        self.enforce = False  # BrokerServer turns it on with security.authorization_enabled
+
+    def authorize_with(self, authorizer: Authorizer) -> None:
+        """Check every call against `authorizer` (security.authorization_enabled)."""
+        self.permissions = Permissions(self.service.store, authorizer)
+        self.enforce = True
+
+    @staticmethod
+    def _role() -> str:
+        return caller_role() or ""
+
+    async def _admin_of(self, action: str, tenant: str) -> None:
+        if self.enforce:
+            await self.permissions.require_tenant_admin(self._role(), action, tenant)
+
+    async def _admin_of_namespace(self, action: str, namespace: str) -> None:
+        if self.enforce:
+            await self.permissions.require_namespace_admin(self._role(), action, namespace)
+
+    async def _admin_of_topic(self, action: str, topic: str) -> None:
+        if self.enforce:
+            await self.permissions.require_topic_admin(self._role(), action, topic)
+
+    async def _may(self, action: str, topic: str) -> None:
+        if self.enforce:
+            await self.permissions.require_topic(self._role(), action, topic)
+
+    def _super_user(self, action: str, resource: str) -> None:
+        if self.enforce:
+            self.permissions.require_super_user(self._role(), action, resource)
 
     async def _guarded(self, context, call):
         try:
@@ -119,17 +161,58 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
     # ---- admin ------------------------------------------------------------------------------------------------
     async def CreateTenant(self, request, context):
         async def call():
-            await self.service.create_tenant(request.tenant)
+            self._super_user("create", f"tenant {request.tenant}")
+            await self.service.create_tenant(request.tenant, check_admin_roles(request.admin_roles))
             return topic_pb2.ListTenantsResponse(tenants=await self.service.list_tenants())
         return await self._guarded(context, call)
 
     async def ListTenants(self, request, context):
         async def call():
+            self._super_user("list", "the tenants")
             return topic_pb2.ListTenantsResponse(tenants=await self.service.list_tenants())
+        return await self._guarded(context, call)
+
+    async def GetTenant(self, request, context):
+        async def call():
+            await self._admin_of("read", request.tenant)
+            return topic_pb2.TenantInfo(tenant=request.tenant,
+                                        admin_roles=await self.permissions.tenant_info(request.tenant))
+        return await self._guarded(context, call)
+
+    async def SetTenantAdminRoles(self, request, context):
+        async def call():
+            self._super_user("set the admin roles of", f"tenant {request.tenant}")
+            roles = await self.permissions.set_tenant_admin_roles(request.tenant, request.admin_roles)
+            self._log(f"tenant {request.tenant}: admin roles set ({len(roles)})")
+            return topic_pb2.TenantInfo(tenant=request.tenant, admin_roles=roles)
+        return await self._guarded(context, call)
+
+    async def GrantPermission(self, request, context):
+        async def call():
+            await self._admin_of_namespace("grant permissions on", request.namespace)
+            policies = await self.permissions.grant(request.namespace, request.role, list(request.actions),
+                                                    request.topic)
+            return topic_pb2.JsonResponse(json=json.dumps(policies.to_json(), sort_keys=True))
+        return await self._guarded(context, call)
+
+    async def RevokePermission(self, request, context):
+        async def call():
+            await self._admin_of_namespace("revoke permissions on", request.namespace)
+            policies = await self.permissions.revoke(request.namespace, request.role, request.topic)
+            return topic_pb2.JsonResponse(json=json.dumps(policies.to_json(), sort_keys=True))
+        return await self._guarded(context, call)
+
+    async def GetPermissions(self, request, context):
+        async def call():
+            await self._admin_of_namespace("read the permissions of", request.namespace)
+            await self.service.get_namespace(request.namespace)
+            policies = await self.permissions.auth_policies(request.namespace)
+            return topic_pb2.JsonResponse(json=json.dumps(policies.to_json(), sort_keys=True))
         return await self._guarded(context, call)
 
     async def CreateNamespace(self, request, context):
         async def call():
+            await self._admin_of_namespace("create namespace", request.namespace)
             p = request.policies
             policies = Policies(p.retention_ms, p.retention_bytes, p.ttl_ms, p.dedup) if request.HasField("policies") \
                 else Policies()
@@ -144,38 +227,45 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
 
     async def GetNamespace(self, request, context):
         async def call():
+            await self._admin_of_namespace("read namespace", request.namespace)
             return self._namespace_info(request.namespace, await self.service.get_namespace(request.namespace))
         return await self._guarded(context, call)
 
     async def ListNamespaces(self, request, context):
         async def call():
+            await self._admin_of("list the namespaces of", request.tenant)
             return topic_pb2.ListNamespacesResponse(namespaces=await self.service.list_namespaces(request.tenant))
         return await self._guarded(context, call)
 
     async def CreateTopic(self, request, context):
         async def call():
+            await self._admin_of_topic("create topic", request.topic)
             partitions = await self.service.create_topic(request.topic, request.partitions)
             return topic_pb2.TopicMetadata(topic=request.topic, partitions=partitions)
         return await self._guarded(context, call)
 
     async def GetTopic(self, request, context):
         async def call():
+            await self._may("lookup", request.topic)
             return topic_pb2.TopicMetadata(topic=request.topic, partitions=await self.service.get_topic(request.topic))
         return await self._guarded(context, call)
 
     async def DeleteTopic(self, request, context):
         async def call():
+            await self._admin_of_topic("delete topic", request.topic)
             partitions = await self.service.delete_topic(request.topic, request.force)
             return topic_pb2.TopicMetadata(topic=request.topic, partitions=partitions)
         return await self._guarded(context, call)
 
     async def ListTopics(self, request, context):
         async def call():
+            await self._admin_of_namespace("list the topics of", request.namespace)
             return topic_pb2.ListTopicsResponse(topics=await self.service.list_topics(request.namespace))
         return await self._guarded(context, call)
 
     async def Lookup(self, request, context):
         async def call():
+            await self._may("lookup", request.topic)
             broker_id, address, owned = await self.service.lookup(request.topic)
             return topic_pb2.LookupResponse(topic=request.topic, broker_id=broker_id, address=address, owned=owned)
         return await self._guarded(context, call)
@@ -186,12 +276,14 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
 
     async def TopicStats(self, request, context):
         async def call():
+            await self._admin_of_topic("read the stats of", request.topic)
             topic = await self._stats_topic(request.topic)
             return topic_pb2.JsonResponse(json=json.dumps(topic.stats(), sort_keys=True))
         return await self._guarded(context, call)
 
     async def TopicStatsInternal(self, request, context):
         async def call():
+            await self._admin_of_topic("read the stats of", request.topic)
             topic = await self._stats_topic(request.topic)
             return topic_pb2.JsonResponse(json=json.dumps(topic.stats_internal(), sort_keys=True))
         return await self._guarded(context, call)
@@ -228,6 +320,7 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
             return
         if first.WhichOneof("kind") != "open":
             raise TopicError(TopicStatus.BAD_REQUEST, "the first message of a Produce stream must be 'open'")
+        await self._may("produce", first.open.topic)
         topic = await self._served(first.open.topic)
         name, last_seq = topic.add_producer(first.open.producer_name, self.service.broker_id)
         try:
@@ -297,6 +390,7 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
         o = first.open
         if o.type not in SUB_TYPES:
             raise TopicError(TopicStatus.BAD_REQUEST, f"unknown subscription type {o.type}")
+        await self._may("consume", o.topic)
         topic = await self._served(o.topic)
         sink = _Sink()
         consumer_name = o.consumer_name or f"{self.service.broker_id}-c{id(sink) & 0xFFFFFF:x}"
