@@ -151,7 +151,8 @@ def cmd_up(args) -> int:
     _say(f"metadata ready: /ledgers (INSTANCEID {instance_id})")
     cluster.start(cluster.bookies, timeout_s, timeout_hint=TIMEOUT_HINT)
     cluster.start(cluster.brokers, timeout_s, serving=True, timeout_hint=TIMEOUT_HINT)
-    _say(f"cluster up: ZooKeeper {zk.host}:{zk.port}, {config.cluster.bookies} bookie(s), "
+    tls_port = f" (TLS {zk.host}:{zk.secure_port})" if zk.secure_port else ""
+    _say(f"cluster up: ZooKeeper {zk.host}:{zk.port}{tls_port}, {config.cluster.bookies} bookie(s), "
          f"{config.cluster.brokers} broker(s); run dir {cluster.run_dir}")
     _say_endpoints(cluster, getattr(args, "config", None))
     return 0
