@@ -228,6 +228,15 @@ def test_cli_with_token_file_and_environment(env, tenants, monkeypatch):
     assert code == 2 and "PERMISSION_DENIED" in err and "role 'cli-app' may not create tenant" in err
 
 
+def test_ledger_cli_presents_the_token(env):
+    code, out, err = bksim("--token-file", env.token_file("ledger-app"), "ledger", "list", "--json",
+                           "--broker", env.address)
+    assert code == 0, err
+    assert isinstance(json.loads(out), (list, dict))
+    code, _, err = bksim("--token-file", env.token_file("app"), "ledger", "list", "--broker", env.address)
+    assert code == 2 and "PERMISSION_DENIED" in err and "role 'app' may not use the ledger API" in err
+
+
 # ---- secrets ----------------------------------------------------------------------------------------------------
 
 def test_no_token_or_key_in_the_broker_log(env):

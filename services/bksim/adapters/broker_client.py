@@ -34,6 +34,7 @@ from bksim.gen import broker_pb2, broker_pb2_grpc
 from bksim.model.errors import BksimError
 from bksim.model.status import LedgerStatus
 from bksim.security.tls import ChannelSecurity, open_channel
+from bksim.security.tokens import BearerStub
 
 # LedgerStatus -> the gRPC status the broker ends a call with (the table at the top of proto/broker.proto)
 GRPC_CODE_NAME = {
@@ -286,10 +287,12 @@ class AppendStream:
 # -- the client -----------------------------------------------------------------------------------------------
 
 class BrokerClient:
-    """Calls to one broker at `address` ("host:port"). Use as `async with BrokerClient(addr) as c:`."""
+    """Calls to one broker at `address` ("host:port"). Use as `async with BrokerClient(addr) as c:`. With
+    `token`, every call carries it as "authorization: Bearer <token>" (brokers with security.auth_enabled)."""
 
     def __init__(self, address: str, *, deadline_s: float = DEADLINE_S,
-                 recover_deadline_s: float = RECOVER_DEADLINE_S, tls: ChannelSecurity | None = None) -> None:
+                 recover_deadline_s: float = RECOVER_DEADLINE_S, tls: ChannelSecurity | None = None,
+                 token: str | None = None) -> None:
         self.address = address
         self.deadline_s = deadline_s
         self.recover_deadline_s = recover_deadline_s
@@ -298,6 +301,8 @@ class BrokerClient:
             ("grpc.max_send_message_length", -1),  # the broker decides what is too big
         ], tls)
         self._stub = broker_pb2_grpc.BrokerStub(self._channel)
+        if token:
+            self._stub = BearerStub(self._stub, token)
 
     async def __aenter__(self) -> "BrokerClient":
         return self
@@ -426,15 +431,17 @@ class SyncBrokerClient:
     """Blocking wrapper: each call runs the async client on a private event loop. `with SyncBrokerClient(a) as c:`."""
 
     def __init__(self, address: str, *, deadline_s: float = DEADLINE_S,
-                 recover_deadline_s: float = RECOVER_DEADLINE_S, tls: ChannelSecurity | None = None) -> None:
+                 recover_deadline_s: float = RECOVER_DEADLINE_S, tls: ChannelSecurity | None = None,
+                 token: str | None = None) -> None:
         self.address = address
         self._loop = asyncio.new_event_loop()
-        self._client = self._loop.run_until_complete(self._make(address, deadline_s, recover_deadline_s, tls))
+        self._client = self._loop.run_until_complete(self._make(address, deadline_s, recover_deadline_s, tls, token))
 
     @staticmethod
     async def _make(address: str, deadline_s: float, recover_deadline_s: float,
-                    tls: ChannelSecurity | None) -> BrokerClient:
-        return BrokerClient(address, deadline_s=deadline_s, recover_deadline_s=recover_deadline_s, tls=tls)
+                    tls: ChannelSecurity | None, token: str | None) -> BrokerClient:
+        return BrokerClient(address, deadline_s=deadline_s, recover_deadline_s=recover_deadline_s, tls=tls,
+                            token=token)
 
     def __enter__(self) -> "SyncBrokerClient":
         return self

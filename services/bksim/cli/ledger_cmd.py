@@ -194,7 +194,9 @@ class _Session:
             self.address, self.source = args.broker, "--broker"
         else:
             self.address, self.source = find_broker(self.config)
-        self.client = SyncBrokerClient(self.address, tls=channel_security(self.config.security))
+        from bksim.cli.security_cmd import client_token
+        self.client = SyncBrokerClient(self.address, tls=channel_security(self.config.security),
+                                       token=client_token(args))
 
     def __enter__(self) -> "_Session":
         return self

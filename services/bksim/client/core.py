@@ -15,7 +15,7 @@ mutual TLS, hostname verification) or a CA file path (server authentication only
 then TLS. None is plaintext. A failed handshake counts as a broker that did not answer (UNAVAILABLE).
 
 Tokens: `Connections(..., token=...)` sends "authorization: Bearer <token>" with every call (unary and
-streams) through its stubs (`_TokenStub`); the token is kept only there, never logged or put in an error.
+streams) through its stubs (security.tokens.BearerStub); the token is kept only there, never logged or put in an error.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ import grpc
 
 from bksim.client.errors import ClientError, from_rpc_error
 from bksim.gen import topic_pb2, topic_pb2_grpc
+from bksim.security.tokens import BearerStub
 from bksim.model.status import TopicStatus
 from bksim.security.tls import ChannelSecurity, open_channel
 
@@ -168,28 +169,13 @@ class Backoff:
         return min(delay, self.remaining_s())
 
 
-class _TokenStub:
-    """A Topics stub whose every call carries the bearer token's metadata."""
-
-    def __init__(self, stub: topic_pb2_grpc.TopicsStub, metadata: tuple) -> None:
-        self._stub = stub
-        self._metadata = metadata
-
-    def __repr__(self) -> str:  # never the token
-        return "_TokenStub()"
-
-    def __getattr__(self, method: str):
-        call = getattr(self._stub, method)
-        return lambda *args, **kwargs: call(*args, metadata=self._metadata, **kwargs)
-
-
 class Connections:
     """Channels and stubs by broker address, lookups and unary calls (all on the loop thread)."""
 
     def __init__(self, addresses: list[str], operation_timeout_s: float,
                  tls: ChannelSecurity | str | None = None, token: str | None = None) -> None:
         self.addresses = addresses
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._token = token
         self.tls = ChannelSecurity(tls) if isinstance(tls, str) else tls  # a str is the CA file
         self.operation_timeout_s = operation_timeout_s
         self._channels: dict[str, tuple[grpc.aio.Channel, topic_pb2_grpc.TopicsStub]] = {}
@@ -204,7 +190,7 @@ class Connections:
                 ("grpc.enable_retries", 0),
             ], self.tls)
             stub = topic_pb2_grpc.TopicsStub(channel)
-            entry = (channel, _TokenStub(stub, self._metadata) if self._metadata else stub)
+            entry = (channel, BearerStub(stub, self._token) if self._token else stub)
             self._channels[address] = entry
         return entry[1]
 

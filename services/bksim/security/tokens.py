@@ -267,6 +267,21 @@ def bearer_metadata(token: str) -> tuple[str, str]:
     return ("authorization", f"Bearer {token}")
 
 
+class BearerStub:
+    """A generated gRPC stub whose every call (unary or stream) carries "authorization: Bearer <token>"."""
+
+    def __init__(self, stub, token: str) -> None:
+        self._stub = stub
+        self._metadata = (bearer_metadata(token),)
+
+    def __repr__(self) -> str:  # never the token
+        return f"BearerStub({type(self._stub).__name__})"
+
+    def __getattr__(self, method: str):
+        call = getattr(self._stub, method)
+        return lambda *args, **kwargs: call(*args, metadata=self._metadata, **kwargs)
+
+
 def token_from_metadata(metadata) -> str | None:
     """The bearer token of gRPC invocation metadata; None when there is no authorization header; TokenError
     (malformed) when the header is not 'Bearer <token>'."""
