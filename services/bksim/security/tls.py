@@ -247,45 +247,36 @@ class RoleCheck(grpc.aio.ServerInterceptor):
         return _checked(handler, self.allowed)
 
 
+# the four kinds of gRPC method handler: (attribute, constructor, whether the response is a stream)
+_HANDLER_KINDS = (("unary_unary", grpc.unary_unary_rpc_method_handler, False),
+                  ("unary_stream", grpc.unary_stream_rpc_method_handler, True),
+                  ("stream_unary", grpc.stream_unary_rpc_method_handler, False),
+                  ("stream_stream", grpc.stream_stream_rpc_method_handler, True))
+
+
 def _checked(handler: grpc.RpcMethodHandler, allowed: tuple[str, ...]) -> grpc.RpcMethodHandler:
-    async def refuse_or_none(context) -> None:
-        refusal = role_refusal(peer_certificate(context), allowed)
-        if refusal is not None:
-            await context.abort(*refusal)
+    """`handler` behind the role check: the call is aborted before the method runs when role_refusal objects."""
+    for attribute, make, streaming in _HANDLER_KINDS:
+        inner = getattr(handler, attribute)
+        if inner is None:
+            continue
+        if streaming:
+            async def behaviour(request, context, inner=inner):
+                await _refuse(context, allowed)
+                async for response in _responses(inner(request, context)):
+                    yield response
+        else:
+            async def behaviour(request, context, inner=inner):
+                await _refuse(context, allowed)
+                return await inner(request, context)
+        return make(behaviour, handler.request_deserializer, handler.response_serializer)
+    raise AssertionError(f"a gRPC method handler of no known kind: {handler!r}")
 
-    if handler.unary_unary:
-        inner = handler.unary_unary
 
-        async def unary_unary(request, context):
-            await refuse_or_none(context)
-            return await inner(request, context)
-        return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer,
-                                                   handler.response_serializer)
-    if handler.unary_stream:
-        inner = handler.unary_stream
-
-        async def unary_stream(request, context):
-            await refuse_or_none(context)
-            async for response in _responses(inner(request, context)):
-                yield response
-        return grpc.unary_stream_rpc_method_handler(unary_stream, handler.request_deserializer,
-                                                    handler.response_serializer)
-    if handler.stream_unary:
-        inner = handler.stream_unary
-
-        async def stream_unary(request_iterator, context):
-            await refuse_or_none(context)
-            return await inner(request_iterator, context)
-        return grpc.stream_unary_rpc_method_handler(stream_unary, handler.request_deserializer,
-                                                    handler.response_serializer)
-    inner = handler.stream_stream
-
-    async def stream_stream(request_iterator, context):
-        await refuse_or_none(context)
-        async for response in _responses(inner(request_iterator, context)):
-            yield response
-    return grpc.stream_stream_rpc_method_handler(stream_stream, handler.request_deserializer,
-                                                 handler.response_serializer)
+async def _refuse(context, allowed: tuple[str, ...]) -> None:
+    refusal = role_refusal(peer_certificate(context), allowed)
+    if refusal is not None:
+        await context.abort(*refusal)
 
 
 async def _responses(result):
