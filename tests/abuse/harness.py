@@ -172,3 +172,107 @@ def abused(target: Target, case: str, rss_growth_mib: float = 64.0, during: bool
                                           f"(bound {rss_growth_mib} MiB)")
     target.write_and_read()
     target.check_acknowledged()
+
+
+# -- streams and topics ------------------------------------------------------------------------------------
+
+class SyncStream:
+    """A bidirectional call over the blocking API (which keeps the server's status, see broker_harness):
+    `send` queues a request, `read` takes the next response (bounded by the call's deadline), `half_close`
+    ends the requests, `cancel` abandons the call."""
+
+    def __init__(self, method, timeout_s: float = 20.0) -> None:
+        import queue
+        self._requests: "queue.Queue" = queue.Queue()
+        self.call = method(iter(self._requests.get, None), timeout=timeout_s)
+
+    def send(self, request) -> None:
+        self._requests.put(request)
+
+    def half_close(self) -> None:
+        self._requests.put(None)
+
+    def read(self):
+        return next(self.call)
+
+    def rest(self) -> tuple[list, grpc.StatusCode, str]:
+        """Every response left and the final status (code, details)."""
+        out = []
+        try:
+            for response in self.call:
+                out.append(response)
+        except grpc.RpcError as e:
+            return out, e.code(), e.details() or ""
+        return out, grpc.StatusCode.OK, ""
+
+    def cancel(self) -> None:
+        self.call.cancel()
+        self._requests.put(None)  # ends the request thread of the blocking API
+
+
+def new_namespace(target: "Target") -> str:
+    """A fresh tenant/ns on the broker (retention forever)."""
+    from bksim.gen import topic_pb2, topic_pb2_grpc
+    import uuid
+    tenant = f"abuse{uuid.uuid4().hex[:8]}"
+    with grpc.insecure_channel(target.broker.address) as ch:
+        stub = topic_pb2_grpc.TopicsStub(ch)
+        stub.CreateTenant(topic_pb2.CreateTenantRequest(tenant=tenant), timeout=WELL_BEHAVED_DEADLINE_S)
+        stub.CreateNamespace(topic_pb2.CreateNamespaceRequest(
+            namespace=f"{tenant}/ns", policies=topic_pb2.NamespacePolicies(retention_ms=-1, retention_bytes=-1)),
+            timeout=WELL_BEHAVED_DEADLINE_S)
+    return f"{tenant}/ns"
+
+
+def produce(target: "Target", topic: str, count: int, size: int, batch: int = 10) -> dict[tuple[int, int], list[bytes]]:
+    """`count` messages of `size` bytes (payload i starts with its index) in Sends of `batch`, to `topic`
+    (created when missing); what the receipts
+    acknowledged: (ledger, entry) -> payloads of that entry."""
+    from bksim.gen import topic_pb2, topic_pb2_grpc
+    acked: dict[tuple[int, int], list[bytes]] = {}
+    with grpc.insecure_channel(target.broker.address) as ch:
+        stub = topic_pb2_grpc.TopicsStub(ch)
+        try:
+            stub.CreateTopic(topic_pb2.CreateTopicRequest(topic=topic), timeout=WELL_BEHAVED_DEADLINE_S)
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.ALREADY_EXISTS, e
+        stream = SyncStream(stub.Produce, timeout_s=60.0)
+        stream.send(topic_pb2.ProduceRequest(open=topic_pb2.ProducerOpen(topic=topic)))
+        first = stream.read()
+        assert first.WhichOneof("kind") == "ready", first
+        sends = {}
+        for request_id, first in enumerate(range(0, count, batch), start=1):
+            payloads = [(b"%d|" % i).ljust(size, b"m") for i in range(first, min(first + batch, count))]
+            sends[request_id] = payloads
+            stream.send(topic_pb2.ProduceRequest(send=topic_pb2.Send(request_id=request_id, messages=[
+                topic_pb2.Message(payload=p, sequence_id=first + k) for k, p in enumerate(payloads)])))
+        stream.half_close()
+        responses, code, details = stream.rest()
+        assert code == grpc.StatusCode.OK, f"produce: {code.name} {details}"
+        for r in responses:
+            assert r.WhichOneof("kind") == "receipt", r
+            acked[(r.receipt.ledger_id, r.receipt.entry_id)] = sends[r.receipt.request_id]
+    assert sum(map(len, acked.values())) == count
+    return acked
+
+
+def consume_all(target: "Target", topic: str, expected: dict[tuple[int, int], list[bytes]]) -> None:
+    """A fresh subscription from the earliest message receives every acknowledged message, identical."""
+    from bksim.formats.message import decode_entry
+    from bksim.gen import topic_pb2, topic_pb2_grpc
+    import uuid
+    got: dict[tuple[int, int], list[bytes]] = {}
+    with grpc.insecure_channel(target.broker.address) as ch:
+        stream = SyncStream(topic_pb2_grpc.TopicsStub(ch).Subscribe, timeout_s=30.0)
+        stream.send(topic_pb2.ConsumeRequest(open=topic_pb2.SubscribeOpen(
+            topic=topic, subscription=f"check-{uuid.uuid4().hex[:6]}", initial_position=topic_pb2.EARLIEST)))
+        stream.send(topic_pb2.ConsumeRequest(flow=topic_pb2.Flow(permits=sum(map(len, expected.values())))))
+        try:
+            while len(got) < len(expected):
+                r = stream.read()
+                assert r.WhichOneof("kind") in ("subscribed", "deliveries", "active_change"), r
+                for d in r.deliveries.deliveries:
+                    got[(d.ledger_id, d.entry_id)] = [m.payload for m in decode_entry(d.entry)[1]]
+        finally:
+            stream.cancel()
+    assert got == expected, f"{len(got)} of {len(expected)} acknowledged entries read back identical"

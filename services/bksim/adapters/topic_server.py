@@ -390,6 +390,8 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
         o = first.open
         if o.type not in SUB_TYPES:
             raise TopicError(TopicStatus.BAD_REQUEST, f"unknown subscription type {o.type}")
+        if o.initial_position not in (topic_pb2.LATEST, topic_pb2.EARLIEST):
+            raise TopicError(TopicStatus.BAD_REQUEST, f"unknown initial position {o.initial_position}")
         await self._may("consume", o.topic)
         topic = await self._served(o.topic)
         sink = _Sink()

@@ -221,10 +221,13 @@ class Subscription:
         """ids: (position, batch index or -1, batch size). Raises TopicError (NOT_ALLOWED, INVALID_ACK)."""
         if not ids:
             return
-        for pos, _, _ in ids:
+        for pos, batch_index, _ in ids:
             if not self.ml.contains(pos):
                 raise TopicError(TopicStatus.INVALID_ACK, f"message {pos} does not exist in {self.topic} (last is "
                                                           f"{self.ml.last_confirmed})")
+            if batch_index < -1:  # not "the whole entry" (-1): nothing of the ack is applied
+                raise TopicError(TopicStatus.INVALID_ACK, f"batch index {batch_index} of {pos}: -1 (the whole "
+                                                          f"entry) or 0..batch size-1")
         if cumulative:
             if self.type in ("Shared", "Key_Shared"):
                 raise TopicError(TopicStatus.NOT_ALLOWED, f"cumulative ack is not allowed on {self.type} subscription "
