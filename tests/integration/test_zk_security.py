@@ -74,7 +74,8 @@ def secured(tmp_path_factory, tls_dir):
     run_dir = str(tmp_path_factory.mktemp("zk-secure"))
     credentials = _write(os.path.join(run_dir, "zk-credentials"), f"{USER}:{PASSWORD}\n")
     tls = _tls(tls_dir, "zookeeper")
-    cluster = LocalCluster(run_dir, inherit_bksim_env=False, cwd=run_dir, zk_security=ZkSecurity(USER, PASSWORD),
+    # the cluster's own clients take the credentials the children are given
+    cluster = LocalCluster(run_dir, inherit_bksim_env=False, cwd=run_dir,
                            child_env={"BKSIM_ZOOKEEPER_DIGEST_CREDENTIALS_FILE": credentials,
                                       "BKSIM_ZOOKEEPER_SESSION_TIMEOUT_MS": "4000",
                                       "BKSIM_AUTORECOVERY_ENABLED": "false",
@@ -83,6 +84,7 @@ def secured(tmp_path_factory, tls_dir):
     try:
         cluster.zookeeper_server(free_port(), secure_port=free_port(), tls=tls, heap_mb=128)
         cluster.start_zookeeper(timeout_s=START_TIMEOUT_S)
+        assert cluster.zk_security == ZkSecurity(USER, PASSWORD)
         bookie_tls = _tls(tls_dir, "bookie")
         bookie = cluster.add_bookie(env={"BKSIM_BOOKIE_BOOKIE_ID": None, "BKSIM_BOOKIE_HOST": None,
                                          "BKSIM_SECURITY_TLS_CA_FILE": bookie_tls.ca_file,

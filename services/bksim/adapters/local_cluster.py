@@ -48,7 +48,7 @@ from typing import Callable, Iterable, Mapping
 from bksim.adapters import processes
 from bksim.adapters.ports import free_port
 from bksim.adapters.zookeeper_server import MAIN_CLASS as ZOOKEEPER_MAIN_CLASS
-from bksim.adapters.zk_client import OPEN, ZkSecurity, ZkTls, new_client
+from bksim.adapters.zk_client import CREDENTIALS_ENV, OPEN, ZkSecurity, ZkTls, new_client, read_credentials
 from bksim.adapters.zookeeper_server import ZooKeeperError, ZooKeeperServer
 from bksim.model.errors import BksimError
 from bksim.security import certs
@@ -136,10 +136,12 @@ class LocalCluster:
 
     def __init__(self, run_dir: str, *, host: str = HOST, config_path: str | None = None,
                  child_env: Mapping[str, str] | None = None, inherit_bksim_env: bool = True, cwd: str | None = None,
-                 log: Callable[[str], None] = lambda line: None, zk_security: ZkSecurity = OPEN,
+                 log: Callable[[str], None] = lambda line: None, zk_security: ZkSecurity | None = None,
                  tls_dir: str | None = None) -> None:
         """`zk_security`: how this cluster's own ZooKeeper clients (readiness, `kazoo()`) authenticate; the
-        children read theirs from their configuration (file and BKSIM_ environment). `tls_dir`: gRPC over TLS
+        children read theirs from their configuration (file and BKSIM_ environment); None: the digest credentials
+        of the file BKSIM_ZOOKEEPER_DIGEST_CREDENTIALS_FILE names in the children's environment, if any, so the
+        cluster reads what its children create. `tls_dir`: gRPC over TLS
         with the certificates there (made when absent), see the module docstring."""
         self.run_dir = os.path.abspath(run_dir)
         self.tls_dir = os.path.abspath(tls_dir) if tls_dir else None
@@ -147,6 +149,10 @@ class LocalCluster:
         if self.tls_dir:
             client = certs.ensure(self.tls_dir, {certs.CLIENT_NAME: ((), ("client",))})[certs.CLIENT_NAME]
             self.tls = ChannelSecurity(os.path.join(self.tls_dir, certs.CA_FILE), client.cert_file, client.key_file)
+        if zk_security is None:
+            named = (dict(child_env or {}).get(CREDENTIALS_ENV)
+                     or (os.environ.get(CREDENTIALS_ENV) if inherit_bksim_env else None))
+            zk_security = ZkSecurity(*read_credentials(named)) if named else OPEN
         self.zk_security = zk_security
         self.host = host
         self.config_path = config_path

@@ -34,6 +34,7 @@ from kazoo.security import make_digest_acl
 from bksim.model.config import Config
 from bksim.model.errors import ConfigError
 
+CREDENTIALS_ENV = "BKSIM_ZOOKEEPER_DIGEST_CREDENTIALS_FILE"  # zookeeper.digest_credentials_file from the environment
 CREDENTIALS_BYTES_MAX = 4096  # a USER:PASSWORD line; a larger file is not a credentials file
 
 
