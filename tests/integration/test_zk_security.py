@@ -277,3 +277,17 @@ def test_a_malformed_credentials_file_is_a_config_error_without_its_content(tmp_
 
 def test_a_credentials_file_is_read(tmp_path):
     assert read_credentials(_write(str(tmp_path / "creds"), "  alice:s3:cret \n")) == ("alice", "s3:cret")
+
+
+def test_every_zookeeper_client_of_the_services_is_built_by_zk_client():
+    """One construction site: a KazooClient made elsewhere would skip the credentials, the ACL and TLS."""
+    services = os.path.join(REPO, "services", "bksim")
+    found = []
+    for folder, _dirs, files in os.walk(services):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path) as f:
+                    if "KazooClient(" in f.read().replace("`KazooClient(...)`", ""):
+                        found.append(os.path.relpath(path, services))
+    assert found == [os.path.join("adapters", "zk_client.py")], found
