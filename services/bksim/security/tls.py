@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import grpc
+from cryptography import x509
 
 from bksim.model.config import SecurityConfig
 from bksim.model.errors import ConfigError
@@ -111,7 +112,6 @@ class CertificateReloader:
                 return None
             try:
                 pems = self._load()
-                from cryptography import x509
                 x509.load_pem_x509_certificate(pems[1])  # a torn or foreign file keeps the old certificate
             except Exception as e:  # noqa: BLE001 - keep serving the certificate we have
                 self.failures += 1
@@ -123,7 +123,7 @@ class CertificateReloader:
             return self.configuration()
 
     def serial(self) -> int:
-        from cryptography import x509
+        """The serial number of the certificate served to new connections."""
         return x509.load_pem_x509_certificate(self._pems[1]).serial_number
 
     def statistics(self) -> dict:
