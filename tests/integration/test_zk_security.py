@@ -26,7 +26,7 @@ from bksim.adapters.zk_client import ZkSecurity, ZkTls, new_client, read_credent
 from bksim.metadata.paths import AVAILABLE, BROKERS_AVAILABLE, LEDGERS_ROOT, ledger_path
 from bksim.model.errors import ConfigError
 from bksim.security import certs
-from helpers import free_port
+from helpers import free_port, wait_until
 
 USER, PASSWORD = "bksim", "zk-digest-secret-5f1c"
 LEDGER_PASSWORD = b"ledger-pw"
@@ -163,6 +163,25 @@ def test_wrong_credentials_are_refused(secured):
             _stop(owner)
     finally:
         _stop(wrong)
+
+
+def test_processes_without_the_cluster_credentials_stop_with_a_message_naming_the_option(secured, tmp_path):
+    cluster, _bookie, _broker, _ledger_id = secured
+    anonymous = cluster.add_bookie(env={"BKSIM_BOOKIE_BOOKIE_ID": None, "BKSIM_BOOKIE_HOST": None,
+                                        "BKSIM_ZOOKEEPER_DIGEST_CREDENTIALS_FILE": "",
+                                        "BKSIM_ZOOKEEPER_SECURE_PORT": "0"}, name="bookie-anonymous")
+    cluster.spawn(anonymous)
+    wait_until(lambda: not anonymous.alive(), START_TIMEOUT_S, message="the bookie without credentials to exit")
+    log = anonymous.log_tail(20)
+    assert "refuses access to /ledgers (NoAuth)" in log and "digest_credentials_file" in log, log
+    assert "Traceback" not in log, log
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
+    env.update({"BKSIM_ZOOKEEPER_HOST": cluster.zookeeper.host, "BKSIM_ZOOKEEPER_PORT": str(cluster.zookeeper.port),
+                "BKSIM_ZOOKEEPER_DIGEST_CREDENTIALS_FILE": _write(str(tmp_path / "wrong"), f"{USER}:wrong-pw\n")})
+    listed = _bksim(env, "bookie", "list")
+    assert listed.returncode == 2, listed
+    assert f"the configured credentials (user {USER}) are not the ones its ACL names" in listed.stderr, listed
+    assert "wrong-pw" not in listed.stdout + listed.stderr
 
 
 def test_the_password_is_in_no_log_and_no_command_line(secured):

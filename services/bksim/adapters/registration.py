@@ -32,7 +32,7 @@ import uuid
 from typing import Callable
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from bksim.adapters.zk_client import OPEN, ZkSecurity, client_hosts, new_client, security_from_config
@@ -70,7 +70,27 @@ def connect(hosts: str, session_timeout_ms: int, connect_timeout_s: float,
     except KazooTimeoutError:
         client.close()
         raise RegistrationError(f"cannot connect to ZooKeeper at {hosts} within {connect_timeout_s:.1f}s") from None
+    try:
+        _check_access(client, hosts, security)
+    except BaseException:
+        client.stop()
+        client.close()
+        raise
     return client
+
+
+def _check_access(client: KazooClient, hosts: str, security: ZkSecurity) -> None:
+    """RegistrationError naming the credentials option when the cluster's tree refuses this client (its digest
+    ACL is for other credentials), instead of a NoAuth at the first real read or write."""
+    try:
+        if client.retry(client.exists, LEDGERS) is not None:
+            client.retry(client.get, LEDGERS)
+    except NoAuthError:
+        who = (f"the configured credentials (user {security.user}) are not the ones its ACL names" if security.digest
+               else "this client has no credentials (zookeeper.digest_credentials_file or "
+                    "BKSIM_ZOOKEEPER_DIGEST_CREDENTIALS_FILE)")
+        raise RegistrationError(f"ZooKeeper at {hosts} refuses access to {LEDGERS} (NoAuth): the cluster's znodes "
+                                f"have a digest ACL and {who}") from None
 
 
 def connect_config(config: Config, connect_timeout_s: float, hosts: str | None = None,
