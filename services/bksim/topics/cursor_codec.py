@@ -38,6 +38,11 @@ number left out (never silently):
      "left_out": {"acked_ranges": k, "batch_indexes": k, "redelivery_counts": k}}
 
 Leaving out the highest ranges is safe: those entries are redelivered (at-least-once), never lost.
+
+Decoding trusts nothing it reads (a cursor ledger or znode may be damaged or written by anyone who can reach
+ZooKeeper or a bookie): every failure is a CodecError, and memory stays within stated bounds, checked before
+allocating: a payload at most PAYLOAD_BYTES_MAX once decompressed (decompression stops there), acked bitmaps
+of at most BITMAP_BYTES_MAX in all, entry ids of acked bits >= 0, batch sizes at most BATCH_SIZE_MAX.
 """
 from __future__ import annotations
 
@@ -60,6 +65,13 @@ KIND_NAMES = {SNAPSHOT: "SNAPSHOT", CHUNK: "CHUNK", MARKER: "MARKER"}
 ZLIB_LEVEL = 6
 RECOVERY_SCAN_ENTRIES_MAX = 10_000  # entries recovery reads walking back from the end of a cursor ledger
 ZNODE_FORMAT = 1
+# Decoding bounds (module docstring). A cursor's bitmaps cost one bit per entry of the ledgers after its
+# mark-delete; ledgers roll at topic.ledger_entries_max entries (50,000 by default), so 64 MiB (2^29 entries) is
+# far above any real cursor and far below what a hostile id of 2^63 would ask for.
+BITMAP_BYTES_MAX = 64 * 1024 * 1024
+# bitmaps, plus topic.redelivery_counts_max (10^6) redelivery counts of 20 bytes, batches and properties
+PAYLOAD_BYTES_MAX = 2 * BITMAP_BYTES_MAX
+BATCH_SIZE_MAX = 1 << 20  # messages in one batch entry a cursor tracks (cursor_state's batch_size_max default)
 BITMAP, RUNS = 0, 1
 
 _HEAD = struct.Struct("<2sBB")
@@ -156,6 +168,34 @@ def encode_payload(snap: CursorSnapshot) -> bytes:
     return b"".join(out)
 
 
+class _Bitmaps:
+    """The acked bitmaps being decoded, which together stay within BITMAP_BYTES_MAX."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.acked: dict[int, bytearray] = {}
+        self.bytes = 0
+
+    def set_range(self, ledger: int, first: int, end: int) -> None:
+        """Mark entries first..end-1 of `ledger` acked; CodecError, before allocating, beyond the bounds."""
+        if first < 0 or end <= first:
+            raise CodecError(f"{self.what}: bad acked range [{first}, {end}) in ledger {ledger}")
+        bits = self.acked.setdefault(ledger, bytearray())
+        grow = max(0, ((end - 1) >> 3) + 1 - len(bits))
+        if self.bytes + grow > BITMAP_BYTES_MAX:
+            raise CodecError(f"{self.what}: acked entries up to {ledger}:{end - 1} need bitmaps of more than "
+                             f"{BITMAP_BYTES_MAX} bytes")
+        self.bytes += grow
+        set_range(bits, first, end)
+
+    def put(self, ledger: int, bits: bytearray) -> None:
+        self.bytes -= len(self.acked.pop(ledger, b""))
+        if self.bytes + len(bits) > BITMAP_BYTES_MAX:
+            raise CodecError(f"{self.what}: the bitmap of ledger {ledger} goes past {BITMAP_BYTES_MAX} bytes")
+        self.bytes += len(bits)
+        self.acked[ledger] = bits
+
+
 class _Reader:
     def __init__(self, data: bytes) -> None:
         self.data = memoryview(data)
@@ -183,29 +223,29 @@ def decode_payload(payload: bytes) -> CursorSnapshot:
         except UnicodeDecodeError:
             raise CodecError("cursor snapshot: a property name is not UTF-8") from None
         props[name] = r.unpack(_Q)[0]
-    acked: dict[int, bytearray] = {}
+    bitmaps = _Bitmaps("cursor snapshot")
     for _ in range(r.unpack(_I)[0]):
         ledger, kind, first, count = r.unpack(_LEDGER)
         if kind == BITMAP:
-            if first % 8:
+            if first % 8 or first < 0:
                 raise CodecError(f"cursor snapshot: bitmap of ledger {ledger} starts at entry {first}, not a byte")
             raw = r.take(count)
             if count:
+                if first // 8 + count > BITMAP_BYTES_MAX:
+                    raise CodecError(f"cursor snapshot: bitmap of ledger {ledger} (entries {first} + {8 * count}) "
+                                     f"goes past {BITMAP_BYTES_MAX} bytes")
                 bits = bytearray(first // 8)
                 bits += raw
-                acked[ledger] = bits
+                bitmaps.put(ledger, bits)
         elif kind == RUNS:
             pairs = _from_native("q", bytes(r.take(16 * count)))
-            bits = bytearray()
             end = 0
             for i in range(0, len(pairs), 2):
                 start = end + pairs[i]
                 end = start + pairs[i + 1]
                 if pairs[i] < 0 or pairs[i + 1] <= 0:
                     raise CodecError(f"cursor snapshot: bad run ({pairs[i]}, {pairs[i + 1]}) in ledger {ledger}")
-                set_range(bits, start, end)
-            if bits:
-                acked[ledger] = bits
+                bitmaps.set_range(ledger, start, end)
         else:
             raise CodecError(f"cursor snapshot: unknown encoding {kind} for ledger {ledger}")
     batches = []
@@ -221,7 +261,7 @@ def decode_payload(payload: bytes) -> CursorSnapshot:
         redeliveries = [(Position(lg, e), c) for lg, e, c in zip(ledgers, entries, counts)]
     if r.at != len(payload):
         raise CodecError(f"cursor snapshot: {len(payload) - r.at} bytes after the end of the payload")
-    return CursorSnapshot(Position(md_ledger, md_entry), last_active, props, acked, batches, redeliveries)
+    return CursorSnapshot(Position(md_ledger, md_entry), last_active, props, bitmaps.acked, batches, redeliveries)
 
 
 # ---------------------------------------------------------------------------------------------- entries
@@ -306,10 +346,17 @@ def parse_entry(data: bytes) -> Parsed:
 def _decompress(compressed: bytes, crc: int, payload_bytes: int) -> CursorSnapshot:
     if zlib.crc32(compressed) != crc:
         raise CodecError("cursor snapshot checksum mismatch")
+    if payload_bytes > PAYLOAD_BYTES_MAX:
+        raise CodecError(f"cursor snapshot payload of {payload_bytes} bytes is over {PAYLOAD_BYTES_MAX}")
+    inflate = zlib.decompressobj()
     try:
-        payload = zlib.decompress(compressed)
+        payload = inflate.decompress(compressed, payload_bytes + 1)  # never more than one byte past the header
     except zlib.error as e:
         raise CodecError(f"cursor snapshot does not decompress: {e}") from None
+    if len(payload) > payload_bytes:
+        raise CodecError(f"cursor snapshot payload decompresses to more than the {payload_bytes} bytes the header says")
+    if not inflate.eof:
+        raise CodecError(f"cursor snapshot compressed payload is cut short ({len(payload)} bytes decompressed)")
     if len(payload) != payload_bytes:
         raise CodecError(f"cursor snapshot payload is {len(payload)} bytes, the header says {payload_bytes}")
     return decode_payload(payload)
@@ -436,24 +483,33 @@ def decode_znode(data: bytes, path: str = "") -> ZnodeState:
         doc = json.loads(data)
         if doc.get("format") != ZNODE_FORMAT:
             raise CodecError(f"cursor znode {path}: format {doc.get('format')!r} is not {ZNODE_FORMAT}")
-        acked: dict[int, bytearray] = {}
+        bitmaps = _Bitmaps(f"cursor znode {path}")
         for ledger, first, last in doc.get("acked_ranges", []):
-            set_range(acked.setdefault(int(ledger), bytearray()), int(first), int(last) + 1)
+            bitmaps.set_range(int(ledger), int(first), int(last) + 1)
         batches = []
         for ledger, entry, size, indexes in doc.get("batch_indexes", []):
-            mask = 0
+            size, mask = int(size), 0
+            if not 1 <= size <= BATCH_SIZE_MAX:
+                raise CodecError(f"cursor znode {path}: batch of {size} messages at {ledger}:{entry} (1.."
+                                 f"{BATCH_SIZE_MAX})")
             for i in indexes:
+                if not 0 <= int(i) < size:
+                    raise CodecError(f"cursor znode {path}: batch index {i} at {ledger}:{entry} is not in "
+                                     f"0..{size - 1}")
                 mask |= 1 << int(i)
-            batches.append((Position(int(ledger), int(entry)), int(size), mask))
+            batches.append((Position(int(ledger), int(entry)), size, mask))
         counts = [(Position(int(lg), int(e)), int(n)) for lg, e, n in doc.get("redelivery_counts", [])]
         md = Position(*(int(x) for x in doc["mark_delete"]))
         snap = CursorSnapshot(md, int(doc.get("last_active", 0)),
-                              {str(k): int(v) for k, v in doc.get("properties", {}).items()}, acked, batches, counts)
+                              {str(k): int(v) for k, v in doc.get("properties", {}).items()}, bitmaps.acked, batches,
+                              counts)
         return ZnodeState(int(doc["cursor_ledger"]), snap, dict(doc.get("left_out", {})))
     except CodecError:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
         raise CodecError(f"cursor znode {path} is not a cursor's JSON: {e!r}") from None
+    except RecursionError:
+        raise CodecError(f"cursor znode {path} is not a cursor's JSON: nested too deeply") from None
 
 
 def positions_of(snap: CursorSnapshot) -> Iterable[Position]:
