@@ -310,3 +310,26 @@ def test_every_zookeeper_client_of_the_services_is_built_by_zk_client():
                     if "KazooClient(" in f.read().replace("`KazooClient(...)`", ""):
                         found.append(os.path.relpath(path, services))
     assert found == [os.path.join("adapters", "zk_client.py")], found
+
+
+def test_with_client_auth_the_tls_port_wants_a_certificate_from_the_ca(tmp_path, tls_dir):
+    run_dir = str(tmp_path)
+    cluster = LocalCluster(run_dir, inherit_bksim_env=False, cwd=run_dir)
+    try:
+        cluster.zookeeper_server(free_port(), secure_port=free_port(), tls=_tls(tls_dir, "zookeeper"),
+                                 client_auth=True, heap_mb=128)
+        zk = cluster.start_zookeeper(timeout_s=START_TIMEOUT_S)
+        assert "ssl.clientAuth=need" in zk.config_text()
+        bookie = _tls(tls_dir, "bookie")
+        no_certificate = new_client(zk.secure_connect, ZkSecurity(tls=ZkTls(bookie.ca_file, "", "")), timeout=1.0,
+                                    connection_retry={"max_tries": 0}, logger=QUIET)
+        with pytest.raises(KazooTimeoutError):
+            no_certificate.start(timeout=2.0)
+        no_certificate.close()
+        client = _client(zk.secure_connect, ZkSecurity(tls=bookie))
+        try:
+            assert client.exists("/zookeeper") is not None
+        finally:
+            _stop(client)
+    finally:
+        assert not cluster.stop_all()
