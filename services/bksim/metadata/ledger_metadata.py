@@ -295,8 +295,10 @@ def decode(data: bytes, source: str = "ledger metadata") -> LedgerMetadata:
 
     try:
         doc = json.loads(bytes(data).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # not UTF-8, not JSON, or an integer of more digits than Python converts
         raise bad(f"not UTF-8 JSON ({e})") from None
+    except RecursionError:
+        raise bad("JSON nested too deeply") from None
     if not isinstance(doc, dict):
         raise bad(f"not a JSON object but {type(doc).__name__}")
     if "format_version" not in doc:
