@@ -90,8 +90,11 @@ def decode(data: bytes, source: str = "cookie") -> Cookie:
     """Parse cookie bytes; CookieError (naming `source`) if they are not a cookie of a known version."""
     try:
         raw = json.loads(data.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # not UTF-8, not JSON, or an integer of more digits than Python converts
         raise CookieError(f"{source} is not a valid cookie ({e}); refusing to start with unknown identity") from None
+    except RecursionError:
+        raise CookieError(f"{source} is not a valid cookie (JSON nested too deeply); refusing to start with unknown "
+                          f"identity") from None
     if not isinstance(raw, dict):
         raise CookieError(f"{source} is not a valid cookie (not a JSON object)")
     version = raw.get("version")
