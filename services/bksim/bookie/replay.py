@@ -4,7 +4,9 @@ Reads journals from the checkpoint mark (a group boundary), in order, and hands 
 `apply(record, mark_after)`. The torn last group of the newest journal (formats/journal.py says exactly what
 that is) ends replay and is truncated away (reported, not fatal: it was never acknowledged). Damage before
 it, or in an older journal, refuses start-up (JournalCorruptError), unless `skip_corruption` is set: then
-the damaged groups are skipped LOUDLY, keeping their records that pass their own CRC.
+the damaged groups are skipped LOUDLY, keeping their records that pass their own CRC. A record whose CRC
+holds but whose body does not have the size its type needs (`formats.journal.check_body`) is corruption too:
+`apply` only ever gets bodies it can unpack.
 """
 from __future__ import annotations
 
@@ -63,8 +65,17 @@ async def replay(disk: Disk, journal_dir: str, mark: JournalMark, instance_id: s
         report.journals.append(journal_id)
         for record in result.records:
             end = JournalMark(journal_id, record.end)
-            await apply(record, end)
-            report.records += 1
+            try:
+                fmt.check_body(record)
+            except JournalCorruptError as e:  # its CRC holds but its body does not fit its type
+                if not skip_corruption:
+                    raise JournalCorruptError(f"{path}: corruption: {e}") from None
+                report.skipped.append(f"{path}: corruption: {e}")
+                log(f"JOURNAL CORRUPTION SKIPPED (journal_skip_corruption=true), data may be lost: "
+                    f"{report.skipped[-1]}")
+            else:
+                await apply(record, end)
+                report.records += 1
             report.end = end
         if report.end < JournalMark(journal_id, start):
             report.end = JournalMark(journal_id, start)

@@ -6,6 +6,8 @@ Record:  length BE4 (of everything after it) | crc32c(type ‖ flags ‖ body) B
 Bodies: ENTRY = entry bytes (formats.entry); MASTER_KEY = ledger id BE8 ‖ key; FENCE = ledger id BE8;
 EXPLICIT_LAC = ledger id BE8 ‖ lac BE8; PADDING = zeros (never written by bksim, accepted on read);
 GROUP = length BE4 ‖ crc32c BE4 of the records that follow it in the same group write.
+The scanners check a record's frame and CRC; `check_body` checks that its body has the size its type needs
+(replay calls it before unpacking a body: a record whose CRC holds but whose body does not fit is corruption).
 
 Version 2 (written): every group write (the bytes one fsync acknowledges) starts with a GROUP record that
 frames it, so replay knows exactly where the last group begins. Version 1 (read only): records back to back.
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from bksim.formats.crc import crc32c
+from bksim.formats.entry import HEADER_BYTES as ENTRY_HEADER_BYTES
 from bksim.model.errors import FormatError, JournalCorruptError
 
 MAGIC = b"BKJN"
@@ -171,6 +174,23 @@ def fence_record(ledger_id: int) -> bytes:
 
 def explicit_lac_record(ledger_id: int, lac: int) -> bytes:
     return encode_record(RecordType.EXPLICIT_LAC, 0, LEDGER_LAC.pack(ledger_id, lac))
+
+
+# body bytes per type: (at least, at most or None)
+_BODY_BYTES = {RecordType.ENTRY: (ENTRY_HEADER_BYTES, None), RecordType.MASTER_KEY: (LEDGER_ID.size, None),
+               RecordType.FENCE: (LEDGER_ID.size, LEDGER_ID.size),
+               RecordType.EXPLICIT_LAC: (LEDGER_LAC.size, LEDGER_LAC.size), RecordType.PADDING: (0, None),
+               RecordType.GROUP: (GROUP_BODY.size, GROUP_BODY.size)}
+
+
+def check_body(record: JournalRecord) -> None:
+    """Raise JournalCorruptError unless the record's body has the size its type needs (module docstring)."""
+    least, most = _BODY_BYTES[record.type]
+    size = len(record.body)
+    if size < least or (most is not None and size > most):
+        need = f"{least}" if least == most else f"at least {least}" if most is None else f"{least}..{most}"
+        raise JournalCorruptError(f"{record.type.name} record at offset {record.offset} has a body of {size} bytes, "
+                                  f"its type needs {need}")
 
 
 def _parse_at(data: bytes, pos: int, group: int | None = None) -> tuple[JournalRecord | None, str | None]:
