@@ -23,6 +23,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bksim.model.config import FRAME_BYTES_MAX
 from helpers import wait_until
 from integration.bookie_harness import BookieProcess
 from integration.broker_harness import BrokerCluster, BrokerConn, payload
@@ -30,14 +31,13 @@ from integration.broker_harness import BrokerCluster, BrokerConn, payload
 REQUESTS_INFLIGHT_MAX = 64     # the test broker's bound on concurrent RPCs (abandoned RPCs must give it back)
 PAYLOAD_BYTES_MAX = 64 * 1024  # broker_harness's payload_bytes_max
 BROKER_FRAME_BYTES = 8 * 1024 * 1024  # the broker's gRPC message bound (broker_server.server_options)
-BOOKIE_FRAME_BYTES = 1024 * 1024 + 64 * 1024  # the test bookie's frame_bytes_max
-BOOKIE_ENTRY_BYTES = 1024 * 1024
+BOOKIE_FRAME_BYTES = FRAME_BYTES_MAX  # the bookie's frame_bytes_max (the default)
+BOOKIE_ENTRY_BYTES = 5 * 1024 * 1024  # the bookie's entry_bytes_max (the default)
 WELL_BEHAVED_DEADLINE_S = 10.0
 PASSWORD = b"abuse-suite"
 HEALTH_DEADLINE_S = 5.0
 
-BOOKIE_ENV = {"BKSIM_BOOKIE_FRAME_BYTES_MAX": str(BOOKIE_FRAME_BYTES),
-              "BKSIM_BOOKIE_ENTRY_BYTES_MAX": str(BOOKIE_ENTRY_BYTES)}
+BOOKIE_ENV: dict[str, str] = {}
 BROKER_ENV = {"BKSIM_BROKER_REQUESTS_INFLIGHT_MAX": str(REQUESTS_INFLIGHT_MAX),
               "BKSIM_TOPIC_ENSEMBLE_SIZE": "1", "BKSIM_TOPIC_WRITE_QUORUM_SIZE": "1",
               "BKSIM_TOPIC_ACK_QUORUM_SIZE": "1", "BKSIM_TOPIC_MESSAGE_BYTES_MAX": "60000"}

@@ -5,7 +5,8 @@ the top of proto/topic.proto; the TopicStatus name also travels in the trailer "
 send it in-band first as an Error response); the Produce pipeline (Sends start in arrival order, receipts
 go back in that order; at most `topic.producer_pending_max` Sends are unanswered, then the reader stops
 reading and gRPC flow control pushes back); the Subscribe stream's outbox (bounded by the consumer's permits:
-the dispatcher never sends beyond them).
+the dispatcher never sends beyond them; and at most ANSWERS_PENDING_MAX unwritten AckResults and SeekResults,
+then the reader stops reading requests until the client reads).
 
 Authorization (security.authorization_enabled; the caller's role comes from the token, security/broker_auth.py):
 every call is checked against its resource before it does anything (security/permissions.py): tenant creation,
@@ -56,6 +57,10 @@ TOPIC_GRPC_CODE_NAME = {
 SUB_TYPES = {topic_pb2.EXCLUSIVE: "Exclusive", topic_pb2.SHARED: "Shared", topic_pb2.FAILOVER: "Failover",
              topic_pb2.KEY_SHARED: "Key_Shared"}
 DELIVERIES_PER_MESSAGE_MAX = 256
+# AckResults and SeekResults of one Subscribe stream not yet written (the client does not read them): then the
+# stream stops reading requests until they are, and gRPC flow control pushes back on the client
+ANSWERS_PENDING_MAX = 1024
+_ANSWERS = ("ack_result", "seek_result")
 
 
 def _error_message(e: TopicError) -> topic_pb2.Error:
@@ -93,6 +98,9 @@ class _Sink:
     def __init__(self) -> None:
         self.items: collections.deque = collections.deque()
         self.ready = asyncio.Event()
+        self.answers = 0  # AckResults and SeekResults in `items`
+        self.room = asyncio.Event()  # set while answers < ANSWERS_PENDING_MAX
+        self.room.set()
 
     def deliver(self, deliveries: list[Delivery]) -> None:
         self.items.append(deliveries)
@@ -109,6 +117,18 @@ class _Sink:
     def put(self, response) -> None:
         self.items.append(response)
         self.ready.set()
+
+    def answer(self, response) -> None:
+        """An AckResult or SeekResult, counted until written."""
+        self.answers += 1
+        if self.answers >= ANSWERS_PENDING_MAX:
+            self.room.clear()
+        self.put(response)
+
+    def answer_written(self) -> None:
+        self.answers -= 1
+        if self.answers < ANSWERS_PENDING_MAX:
+            self.room.set()
 
 
 class TopicsServicer(topic_pb2_grpc.TopicsServicer):
@@ -430,6 +450,8 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
                             for d in chunk])))
                 else:
                     await context.write(item)
+                    if item.WhichOneof("kind") in _ANSWERS:
+                        sink.answer_written()
 
     async def _read_consume(self, it, topic, sub, consumer, sink: _Sink) -> None:
         try:
@@ -449,7 +471,7 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
                         result = topic_pb2.AckResult(request_id=request.ack.request_id)
                         if error is not None:
                             result.error.CopyFrom(_error_message(error))
-                        sink.put(topic_pb2.ConsumeResponse(ack_result=result))
+                        sink.answer(topic_pb2.ConsumeResponse(ack_result=result))
                     elif error is not None:
                         raise error
                 elif kind == "redeliver":
@@ -465,9 +487,11 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
                             await topic.seek_to_time(sub, request.seek.publish_time_ms)
                     except TopicError as e:
                         result.error.CopyFrom(_error_message(e))
-                    sink.put(topic_pb2.ConsumeResponse(seek_result=result))
+                    sink.answer(topic_pb2.ConsumeResponse(seek_result=result))
                 else:
                     raise TopicError(TopicStatus.BAD_REQUEST, f"unexpected {kind!r} on a Subscribe stream")
+                if not sink.room.is_set():  # the client does not read its answers: stop reading its requests
+                    await sink.room.wait()
             sink.put(None)  # the client half-closed: end the stream
         except TopicError as e:
             sink.drop(e)
