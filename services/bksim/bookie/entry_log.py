@@ -110,7 +110,7 @@ class EntryLogger:
             header = fmt.decode_header(self._disk.read(path, 0, fmt.HEADER_BYTES))
             if header.ledger_map_offset < fmt.HEADER_BYTES:
                 return None
-            length = fmt.LENGTH.unpack(self._disk.read(path, header.ledger_map_offset, 4))[0]
+            length = fmt.decode_map_length(self._disk.read(path, header.ledger_map_offset, 4), header.ledger_map_offset)
             body = self._disk.read(path, header.ledger_map_offset + 4, length)
             found = fmt.decode_ledger_map(body)
         except (OSError, FormatError, ValueError):

@@ -102,6 +102,13 @@ def encode_ledger_map(live_bytes: dict[int, int]) -> bytes:
     return LENGTH.pack(len(body)) + body
 
 
+def decode_map_length(field: bytes, offset: int) -> int:
+    """The length field of the ledger map record at the header's map offset (`field`: the bytes read there)."""
+    if len(field) != LENGTH.size:
+        raise FormatError(f"ledger map offset {offset} is past the end of the entry log ({len(field)} bytes there)")
+    return LENGTH.unpack(field)[0]
+
+
 def decode_ledger_map(body: bytes) -> dict[int, int]:
     if len(body) < MAP_IDS.size:
         raise FormatError("ledger map record is too short")
