@@ -75,6 +75,7 @@ def register(subparsers) -> None:
                       "latency from the due time); default: closed loop, as fast as the window allows")
     loop.add_argument("--both", action="store_true", help="closed loop, then open loop at half of min(the "
                       f"measured entries/s, {ledger_write.TARGET_ENTRIES_PER_S:,.0f}): both targets in one run")
+    _security(p)
     p.set_defaults(func=cmd_ledger_write)
 
     p = sub.add_parser("recovery", help="time to recover (fence, read forward, write back, close) an open ledger "
@@ -207,6 +208,8 @@ def register(subparsers) -> None:
         p.add_argument("--partitions", type=int, default=0, help="partitions of the topic (default 0)")
         p.add_argument("--max-pending", type=int, default=perf_produce.MAX_PENDING_DEFAULT,
                        help=f"producer's max_pending_messages (default {perf_produce.MAX_PENDING_DEFAULT})")
+        if name == "produce":
+            _security(p)
         if name == "consume":
             p.add_argument("--receiver-queue", type=int, default=perf_consume.RECEIVER_QUEUE_DEFAULT,
                            help=f"consumer's receiver_queue_size, its permits (default "
@@ -246,6 +249,29 @@ def _run_options(p: argparse.ArgumentParser) -> None:
                    "with a baseline, the ratio of each pair and their median are printed")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, data) for inspection")
     p.add_argument("--json", action="store_true", help="print one JSON object (human lines go to stderr)")
+
+
+def _security(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls", action="store_true", help="measure twice in this run, plain and then with TLS on every "
+                   "gRPC link (certificates made under the run's temp dir), and print the secured/plain ratio and "
+                   "p99 difference against the targets (no grpc-baseline)")
+    p.add_argument("--auth", action="store_true", help="as --tls, with token authentication and authorization at "
+                   "the broker (an HS256 secret and a super-user token made for the run); both flags: TLS + auth")
+
+
+def _secured_pair(measure_one: Callable[[bool, bool], list[Result]], tls: bool, auth: bool
+                  ) -> tuple[list[Result], list[Ratio], list[dict]]:
+    """The plain measurement, then the secured one (same shape), and security_cost's verdicts on each pair."""
+    from bksim.perf import security_cost
+
+    plain = measure_one(False, False)
+    secured = measure_one(tls, auth)
+    ratios, targets = [], []
+    for p, s in zip(plain, secured):
+        q, t = security_cost.compare(p, s)
+        ratios.append(q)
+        targets += t
+    return plain + secured, ratios, targets
 
 
 def _inflight(p: argparse.ArgumentParser) -> None:
@@ -329,6 +355,21 @@ def cmd_ledger_write(args) -> int:
     shape = ledger_write.Shape(args.ensemble, args.write_quorum, args.ack_quorum)
     rates = [None] if args.both or args.rate is None else [args.rate]
 
+    def measure_secured(workdir: str, idle: Callable[[str], float]):
+        plain_rates: list[float | None] = []  # what the plain run offered: the secured run offers the same
+
+        def one(tls: bool, auth: bool) -> list[Result]:
+            secured = tls or auth
+            results = ledger_write.measure(workdir, shape, args.record_bytes, args.group, args.window, args.seconds,
+                                           args.records, plain_rates if secured else rates, idle, config,
+                                           config_path=args.config, keep=args.keep,
+                                           half_after_max=args.both and not secured, tls=tls, auth=auth)
+            if not secured:
+                plain_rates[:] = [r.extra.get("rate_target_per_s") for r in results]
+            return results
+        results, ratios, targets = _secured_pair(one, args.tls, args.auth)
+        return results, ratios, targets + ledger_write.targets(results)
+
     def measure(workdir: str, idle: Callable[[str], float]):
         results, ratios = [], []
         if args.rate is None:  # the baseline is the denominator of the maximum rate only
@@ -347,8 +388,17 @@ def cmd_ledger_write(args) -> int:
             else "closed loop, then open loop at half the maximum; " if args.both else "closed loop; ")
     if args.rate is None:
         loop += "latency per entry = its batch's response time"
-    return _run("ledger-write", args, measure,
-                shape=f"{shape}, entry {args.record_bytes} B, batch {args.group}, window {args.window}, {loop}")
+    secured = _secured_words(args)
+    return _run("ledger-write", args, measure_secured if secured else measure,
+                shape=f"{shape}, entry {args.record_bytes} B, batch {args.group}, window {args.window}, {loop}"
+                      + (f"; plain, then {secured}" if secured else ""))
+
+
+def _secured_words(args) -> str:
+    """"" without --tls/--auth; else what the secured run adds."""
+    parts = (["TLS on every gRPC link"] if getattr(args, "tls", False) else []) + \
+        (["token auth + authorization (super-user)"] if getattr(args, "auth", False) else [])
+    return " + ".join(parts)
 
 
 def cmd_recovery(args) -> int:
@@ -437,6 +487,13 @@ def _topic_perf(args, name: str) -> int:
 
     def measure(workdir: str, idle: Callable[[str], float]):
         common = dict(config=config, config_path=args.config, keep=args.keep)
+        if name == "produce" and _secured_words(args):
+            def one(tls: bool, auth: bool) -> list[Result]:
+                return perf_produce.measure(workdir, shape, args.record_bytes, args.group, args.max_pending,
+                                            args.partitions, args.seconds, args.records, idle, tls=tls, auth=auth,
+                                            **common)
+            results, ratios, targets = _secured_pair(one, args.tls, args.auth)
+            return results, ratios, targets + perf_produce.targets(results)
         if name == "produce":
             results = perf_produce.measure(workdir, shape, args.record_bytes, args.group, args.max_pending,
                                            args.partitions, args.seconds, args.records, idle, **common)
@@ -450,8 +507,10 @@ def _topic_perf(args, name: str) -> int:
     what = ("closed loop, latency per message = send_async -> receipt" if name == "produce" else
             "a backlog drained (latency = the receive() call), then end-to-end at "
             f"{args.rate:,.0f} msgs/s (latency = due time -> received)")
+    secured = _secured_words(args)
     return _run(name, args, measure, shape=f"{shape}, {topic} topic, {args.record_bytes} B messages, batches of "
-                                           f"<= {args.group}, max pending {args.max_pending}; {what}")
+                                           f"<= {args.group}, max pending {args.max_pending}; {what}"
+                                           + (f"; plain, then {secured}" if secured else ""))
 
 
 def cmd_audit(args) -> int:

@@ -79,8 +79,9 @@ def run(name: str, options: RunOptions, measure: Callable[[str, Callable[[str], 
             print(f"# kept {workdir}", file=human)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    if options.repeat > 1 and ratios:
-        ratios.append(_median(ratios))
+    if options.repeat > 1 and ratios:  # one median per kind of ratio (a secured pair of --both has two)
+        kinds = list(dict.fromkeys((q.subject, q.baseline) for q in ratios))
+        ratios += [_median([q for q in ratios if (q.subject, q.baseline) == kind]) for kind in kinds]
     print(format_table(results, ratios), file=human, flush=True)
     for t in targets:
         verdict = {True: "MET", False: "NOT MET", None: "NOT ESTABLISHED"}[t["met"]]

@@ -48,6 +48,7 @@ from bksim.model.config import Config
 from bksim.perf.machine import idle_fraction, read_cpu_times
 from bksim.perf.procs import run_interruptible
 from bksim.perf.stats import LatencyRecorder, Result, make_result
+from bksim.security.kit import SecurityKit
 
 PASSWORD = b"bksim-perf"
 TARGET_ENTRIES_PER_S = 30_000.0
@@ -73,11 +74,18 @@ class LedgerCluster(LocalCluster):
     """
 
     def __init__(self, workdir: str, bookies: int, config: Config, config_path: str | None = None,
-                 keep: bool = False, brokers: int = 1, child_env: dict[str, str] | None = None) -> None:
+                 keep: bool = False, brokers: int = 1, child_env: dict[str, str] | None = None,
+                 tls: bool = False, auth: bool = False) -> None:
         if bookies < 1:
             raise ValueError(f"a cluster needs at least 1 bookie, got {bookies}")
-        super().__init__(tempfile.mkdtemp(prefix="cluster-", dir=workdir), config_path=config_path,
-                         child_env=child_env)
+        run_dir = tempfile.mkdtemp(prefix="cluster-", dir=workdir)
+        # `tls`: every gRPC link over TLS; `auth`: brokers require a token and check grants (the super-user's)
+        self.kit = (SecurityKit.create(os.path.join(run_dir, "security"), tls=tls, auth=auth, zk_digest=False)
+                    if tls or auth else None)
+        env = {**(self.kit.child_env() if self.kit else {}), **(child_env or {})}
+        super().__init__(run_dir, config_path=config_path, child_env=env,
+                         tls_dir=self.kit.tls_dir if self.kit and self.kit.tls_dir else None)
+        self.token = self.kit.token() if self.kit else None  # what this process's own clients present
         self.bookie_count = bookies
         self.broker_count = brokers
         self.config = config
@@ -110,6 +118,17 @@ class LedgerCluster(LocalCluster):
         node = self.add_broker()
         self.spawn(node)
         return node
+
+    @property
+    def security_suffix(self) -> str:
+        """"" for a plain cluster, "-tls", "-auth" or "-tls-auth": appended to its results' names."""
+        if self.kit is None:
+            return ""
+        return ("-tls" if self.kit.tls_dir else "") + ("-auth" if self.kit.auth else "")
+
+    def broker_client(self, **kwargs) -> BrokerClient:
+        """A BrokerClient of the first broker with this cluster's TLS files and token."""
+        return BrokerClient(self.broker_address, tls=self.tls, token=self.token, **kwargs)
 
     @property
     def broker(self) -> Node:
@@ -298,11 +317,13 @@ class Shape:
 
 def measure(workdir: str, shape: Shape, entry_bytes: int, batch: int, window: int, seconds: float,
             records_max: int, rates: list[float | None], idle_guard: Callable[[str], float], config: Config,
-            config_path: str | None = None, keep: bool = False, half_after_max: bool = False) -> list[Result]:
+            config_path: str | None = None, keep: bool = False, half_after_max: bool = False,
+            tls: bool = False, auth: bool = False) -> list[Result]:
     """Start a cluster, run one measurement per entry of `rates` (None = closed loop) on a fresh ledger
     each, stop the cluster; the Results in order. With `half_after_max`, after the closed-loop run an
-    open-loop run follows at half of min(its entries/s, the 30,000 target) (the "both" mode)."""
-    with LedgerCluster(workdir, shape.ensemble, config, config_path, keep) as cluster:
+    open-loop run follows at half of min(its entries/s, the 30,000 target) (the "both" mode). `tls` / `auth`:
+    the cluster is secured (LedgerCluster) and the results' names say so ("ledger-write-tls")."""
+    with LedgerCluster(workdir, shape.ensemble, config, config_path, keep, tls=tls, auth=auth) as cluster:
         return run_interruptible(_measure_all(cluster, shape, entry_bytes, batch, window, seconds, records_max,
                                               rates, idle_guard, half_after_max))
 
@@ -311,7 +332,7 @@ async def _measure_all(cluster: LedgerCluster, shape: Shape, entry_bytes: int, b
                        seconds: float, records_max: int, rates: list[float | None],
                        idle_guard: Callable[[str], float], half_after_max: bool) -> list[Result]:
     results = []
-    async with BrokerClient(cluster.broker_address, deadline_s=CALL_DEADLINE_S) as client:
+    async with cluster.broker_client(deadline_s=CALL_DEADLINE_S) as client:
         await cluster.wait_serving(client, shape.ensemble)
         plan = list(rates)
         while plan:
@@ -332,7 +353,7 @@ def half_rate(max_entries_per_s: float) -> float:
 async def _measure_one(cluster: LedgerCluster, client: BrokerClient, shape: Shape, entry_bytes: int, batch: int,
                        window: int, seconds: float, records_max: int, rate: float | None,
                        idle_guard: Callable[[str], float]) -> Result:
-    name = "ledger-write" if rate is None else "ledger-open-loop"
+    name = ("ledger-write" if rate is None else "ledger-open-loop") + cluster.security_suffix
     info = await client.create_ledger(shape.ensemble, shape.write_quorum, shape.ack_quorum, password=PASSWORD)
     idle = idle_guard(name if rate is None else f"{name} at {rate:,.0f} entries/s")
     meter = CpuMeter(cluster)

@@ -24,7 +24,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from bksim.adapters.broker_client import BrokerClient
 from bksim.client import Client
 from bksim.model.config import Config
 from bksim.perf.ledger_write import CALL_DEADLINE_S, CpuMeter, LedgerCluster, Shape
@@ -43,11 +42,13 @@ DEADLINE_CHECK_EVERY = 256    # messages between clock reads of the time bound
 
 @contextlib.contextmanager
 def topic_cluster(workdir: str, shape: Shape, config: Config, config_path: str | None = None,
-                  keep: bool = False) -> Iterator[LedgerCluster]:
-    """A started, ready LedgerCluster whose broker makes topic ledgers of `shape`; stopped (by pid) on exit."""
+                  keep: bool = False, tls: bool = False, auth: bool = False) -> Iterator[LedgerCluster]:
+    """A started, ready LedgerCluster whose broker makes topic ledgers of `shape`; stopped (by pid) on exit.
+    `tls` / `auth`: secured (LedgerCluster); its clients take `cluster.tls` and `cluster.token`."""
     env = {"BKSIM_TOPIC_ENSEMBLE_SIZE": str(shape.ensemble), "BKSIM_TOPIC_WRITE_QUORUM_SIZE": str(shape.write_quorum),
            "BKSIM_TOPIC_ACK_QUORUM_SIZE": str(shape.ack_quorum)}
-    cluster = LedgerCluster(workdir, shape.ensemble, config, config_path, keep, child_env=env).__enter__()
+    cluster = LedgerCluster(workdir, shape.ensemble, config, config_path, keep, child_env=env, tls=tls,
+                            auth=auth).__enter__()
     try:
         run_interruptible(_wait_ready(cluster, shape.ensemble))
         yield cluster
@@ -56,7 +57,7 @@ def topic_cluster(workdir: str, shape: Shape, config: Config, config_path: str |
 
 
 async def _wait_ready(cluster: LedgerCluster, bookies: int) -> None:
-    async with BrokerClient(cluster.broker_address, deadline_s=CALL_DEADLINE_S) as client:
+    async with cluster.broker_client(deadline_s=CALL_DEADLINE_S) as client:
         await cluster.wait_serving(client, bookies)
 
 
@@ -120,9 +121,12 @@ def drive_produce(producer, message_bytes: int, seconds: float, records_max: int
 
 def measure(workdir: str, shape: Shape, message_bytes: int, batch: int, max_pending: int, partitions: int,
             seconds: float, records_max: int, idle_guard: Callable[[str], float], config: Config,
-            config_path: str | None = None, keep: bool = False) -> list[Result]:
-    with topic_cluster(workdir, shape, config, config_path, keep) as cluster:
-        with Client(cluster.broker_address, operation_timeout_ms=OPERATION_TIMEOUT_MS) as client:
+            config_path: str | None = None, keep: bool = False, tls: bool = False, auth: bool = False) -> list[Result]:
+    """One closed-loop measurement on a fresh cluster (`tls` / `auth`: secured; the result is named
+    "produce-tls-auth" then)."""
+    with topic_cluster(workdir, shape, config, config_path, keep, tls=tls, auth=auth) as cluster:
+        with Client(cluster.broker_address, operation_timeout_ms=OPERATION_TIMEOUT_MS, tls=cluster.tls,
+                    token=cluster.token) as client:
             topic = fresh_topic(client, partitions)
             producer = client.create_producer(topic, batching_max_messages=batch, max_pending_messages=max_pending,
                                               block_if_queue_full=True, send_timeout_ms=SEND_TIMEOUT_MS)
@@ -147,7 +151,7 @@ def measure(workdir: str, shape: Shape, message_bytes: int, batch: int, max_pend
              "p95_ms": run.latencies.percentile_s(95.0) * 1000.0}
     extra.update(cpu)
     extra.update(cluster.pids())
-    return [make_result("produce", message_bytes, batch, run.elapsed_s, run.latencies, idle, extra)]
+    return [make_result("produce" + cluster.security_suffix, message_bytes, batch, run.elapsed_s, run.latencies, idle, extra)]
 
 
 def _stats(client: Client, topic: str, partitions: int) -> dict:
@@ -167,7 +171,7 @@ def _stats(client: Client, topic: str, partitions: int) -> dict:
 def targets(results: list[Result]) -> list[dict]:
     out = []
     for r in results:
-        if r.name not in ("produce", "consume"):
+        if r.name not in ("produce", "consume"):  # a secured run is judged against its plain run (security_cost)
             continue
         right_size = r.record_bytes == TARGET_MESSAGE_BYTES
         value = f"{r.records_per_s:,.0f} msgs/s at {r.record_bytes} B"
