@@ -61,7 +61,7 @@ from bksim.topics.names import TopicName
 from bksim.topics.positions import Position
 from bksim.metadata.ledger_metadata import LedgerMetadata
 from bksim.model.config import BrokerConfig, TopicConfig
-from bksim.model.errors import BadVersionError, BksimError, LedgerError, MetadataError, NoNodeError
+from bksim.model.errors import BadVersionError, BksimError, FormatError, LedgerError, MetadataError, NoNodeError
 from bksim.model.invariants import InvariantError
 from bksim.model.status import LedgerStatus, TopicStatus
 from bksim.ports.clock import Clock
@@ -126,11 +126,15 @@ class ManagedLedgerInfo:
 
     @staticmethod
     def from_bytes(data: bytes) -> "ManagedLedgerInfo":
+        """The znode's value; FormatError saying what is wrong for bytes that are not one."""
         if not data:
             return ManagedLedgerInfo()
-        d = json.loads(data)
-        return ManagedLedgerInfo([LedgerInfo.from_json(x) for x in d.get("ledgers", [])],
-                                 {str(k): str(v) for k, v in d.get("properties", {}).items()})
+        try:
+            d = json.loads(data)
+            return ManagedLedgerInfo([LedgerInfo.from_json(x) for x in d.get("ledgers", [])],
+                                     {str(k): str(v) for k, v in d.get("properties", {}).items()})
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as e:
+            raise FormatError(f"not a managed ledger's JSON: {type(e).__name__}: {str(e)[:200]}") from None
 
 
 class _PendingAdd:
@@ -265,7 +269,10 @@ class ManagedLedger:
             raise TopicError(TopicStatus.TOPIC_NOT_FOUND, f"topic {self.name} does not exist") from None
         except MetadataError as e:
             raise TopicError(TopicStatus.METADATA_ERROR, f"topic {self.name}: {e}") from None
-        self.info = ManagedLedgerInfo.from_bytes(data)
+        try:
+            self.info = ManagedLedgerInfo.from_bytes(data)
+        except FormatError as e:
+            raise TopicError(TopicStatus.METADATA_ERROR, f"topic {self.name}: {self.path}: {e}") from None
         kept: list[LedgerInfo] = []
         empty: list[int] = []
         for info in self.info.ledgers:

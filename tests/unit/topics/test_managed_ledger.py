@@ -207,3 +207,16 @@ def test_a_corrupted_state_is_caught(corrupt, invariant):
             ml.check_invariants()
         assert info.value.invariant == invariant, info.value
     run(main())
+
+
+@pytest.mark.parametrize("damaged", [b"{not json", b'{"ledgers":[{}]}', b"[" * 100_000])
+def test_a_damaged_znode_fails_the_open_with_metadata_error(damaged):
+    async def main():
+        store, _fake, [ml] = await world()
+        admin = store.session("admin")
+        _, version = await admin.get(TOPIC.managed_ledger_path)
+        await admin.set(TOPIC.managed_ledger_path, damaged, version)
+        with pytest.raises(TopicError) as e:
+            await ml.open()
+        assert e.value.status is TopicStatus.METADATA_ERROR and "managed ledger" in str(e.value)
+    run(main())
