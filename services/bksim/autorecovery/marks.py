@@ -73,7 +73,7 @@ def decode_mark(ledger_id: int, data: bytes, version: int) -> Mark:
                 or not all(isinstance(b, str) and b for b in missing) or not isinstance(ctime_ms, int)
                 or not isinstance(lost, int) or not isinstance(note, str)):
             raise ValueError("unexpected fields")
-    except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError) as e:
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
         return Mark(ledger_id, (), 0, note=f"undecodable mark data ({e}): {bytes(data)[:64]!r}", version=version)
     return Mark(ledger_id, tuple(sorted(set(missing))), ctime_ms, lost, note, version)
 
