@@ -1,6 +1,7 @@
 """Fuzzing of the JSON values read from ZooKeeper and from bookie directories: ledger metadata
-(metadata/ledger_metadata.py, MetadataFormatError) and cookies (bookie/cookie.py, CookieError: a cookie
-that does not parse refuses start-up like one that disagrees).
+(metadata/ledger_metadata.py, MetadataFormatError), cookies (bookie/cookie.py, CookieError: a cookie that does
+not parse refuses start-up like one that disagrees), the managed-ledger znode (topics/managed_ledger.py,
+FormatError) and under-replication marks (autorecovery/marks.py: never an error, a mark without bookies).
 
 Generated inputs: arbitrary bytes, valid encodings mutated byte-wise, valid documents with one field replaced
 by another JSON value (wrong types, huge and non-finite numbers, deep nesting), and round trips.
@@ -12,9 +13,11 @@ import json
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from bksim.autorecovery.marks import Mark, decode_mark, encode_mark
 from bksim.bookie import cookie as cookies
 from bksim.metadata import ledger_metadata as lm
-from bksim.model.errors import CookieError, MetadataFormatError
+from bksim.model.errors import CookieError, FormatError, MetadataFormatError
+from bksim.topics.managed_ledger import LedgerInfo, ManagedLedgerInfo
 from fuzz.mutations import mutated, raw_bytes
 
 DEEP = b"[" * 100_000 + b"]" * 100_000  # json.loads: RecursionError
@@ -124,3 +127,40 @@ def test_cookie_decode_or_cookie_error(data):
 @given(cookie_values())
 def test_cookie_round_trip(cookie):
     assert cookies.decode(cookies.encode(cookie)) == cookie
+
+
+# ---------------------------------------------------------------------------------------------- other znodes
+infos = st.builds(ManagedLedgerInfo, st.lists(st.builds(LedgerInfo, st.integers(0, 2**63 - 1), st.integers(0, 10**9),
+                                                        st.integers(0, 2**40), st.integers(0, 2**42),
+                                                        st.integers(0, 2**42)), max_size=4),
+                  st.dictionaries(st.text(max_size=6), st.text(max_size=6), max_size=3))
+
+
+@given(st.one_of(raw_bytes(), mutated(infos.map(ManagedLedgerInfo.to_bytes)),
+                 field_replaced(infos.map(ManagedLedgerInfo.to_bytes))))
+@example(DEEP)
+@example(b'{"ledgers":[{"ledger_id":1e999}]}')  # int(inf): OverflowError
+@example(b'{"ledgers":[{}]}')  # KeyError
+@example(b"\xff")  # UnicodeDecodeError
+def test_managed_ledger_znode_decode_or_format_error(data):
+    try:
+        ManagedLedgerInfo.from_bytes(data)
+    except FormatError as e:
+        assert "managed ledger" in str(e)
+
+
+@given(infos)
+def test_managed_ledger_znode_round_trip(info):
+    assert ManagedLedgerInfo.from_bytes(info.to_bytes()) == info
+
+
+marks_bytes = st.builds(Mark, st.integers(0, 2**63 - 1), st.lists(bookie_ids, max_size=3, unique=True).map(tuple),
+                        st.integers(0, 2**42), st.integers(0, 2**40), st.text(max_size=8)).map(encode_mark)
+
+
+@given(st.one_of(raw_bytes(), mutated(marks_bytes), field_replaced(marks_bytes)))
+@example(DEEP)
+def test_under_replication_mark_always_decodes(data):
+    """A mark that does not decode still marks its ledger (autorecovery/marks.py): decode_mark never raises."""
+    mark = decode_mark(7, data, 3)
+    assert mark.ledger_id == 7 and mark.version == 3
