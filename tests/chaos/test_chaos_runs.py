@@ -1,5 +1,6 @@
 """Chaos on real processes: short scenario runs through `bksim chaos run` (each a fresh cluster, faults,
-heal, checks, audit), and the checks themselves shown to catch what they look for on a real cluster.
+heal, checks, audit; one of them with --secure), and the checks themselves shown to catch what they look for on
+a real cluster.
 
 Every process is started by the runner or by ChaosCluster and stopped by its pid (the cluster's context
 manager, also on failure); every wait is bounded (subprocess timeout, the runner's own deadlines).
@@ -26,10 +27,10 @@ RUN_TIMEOUT_S = 150.0
 DURATION_S = "8"
 
 
-def run_chaos(tmp_path, repo_root, scenario: str, seed: int) -> tuple[int, dict, str]:
+def run_chaos(tmp_path, repo_root, scenario: str, seed: int, *more: str) -> tuple[int, dict, str]:
     base = tmp_path / "chaos"
     argv = [sys.executable, "-m", "bksim.cli.main", "chaos", "run", scenario, "--seed", str(seed),
-            "--duration", DURATION_S, "--dir", str(base), "--json"]
+            "--duration", DURATION_S, "--dir", str(base), "--json", *more]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
     done = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=repo_root, env=env)
     try:
@@ -81,6 +82,26 @@ def test_a_short_scenario_passes_every_check(tmp_path, repo_root, scenario, seed
     run_dir = report["run_dir"]
     assert os.path.exists(os.path.join(run_dir, "report.txt")) and os.path.exists(os.path.join(run_dir, "report.json"))
     assert not any(name.startswith("bookie-") for name in os.listdir(run_dir))  # a passing run's data is removed
+
+
+def test_a_secured_run_passes_the_same_checks(tmp_path, repo_root):
+    """--secure: TLS on every link, tokens + authorization, ZooKeeper digest ACLs; the refusals are probed at the
+    start, then the same faults, checks and audit as the plain run."""
+    status, report, stderr = run_chaos(tmp_path, repo_root, "bookie-kill", 7, "--secure")
+    text = json.dumps({k: report.get(k) for k in ("violations", "problems", "failed_checks")}, indent=1)
+    assert status == 0 and report["verdict"] == "PASS" and report["secure"] is True, f"{text}\n{stderr[-2000:]}"
+    checks = [e["what"] for e in report["timeline"] if e["kind"] == "check"]
+    assert any(c.startswith("secured: a call without a token is UNAUTHENTICATED") for c in checks), checks
+    assert [e for e in report["timeline"] if e["kind"] == "fault"]
+    led, top = report["ledgers"], report["topic"]
+    assert led["acknowledged"] > 100 and top["acknowledged"] > 100
+    assert (led["lost"], led["reordered"], led["divergent"], led["not_closed"]) == (0, 0, 0, 0)
+    assert (top["lost"], top["duplicates"], top["reordered"], top["divergent"]) == (0, 0, 0, 0)
+    assert report["audit"]["verdict"] == "clean" and report["audit"]["exit_status"] == 0
+    assert report["audit"]["totals"]["ledgers_by_state"].get("CLOSED", 0) > 0  # it read the metadata behind the ACLs
+    security = os.path.join(report["run_dir"], "security")
+    assert sorted(os.listdir(security)) == ["super-user.token", "tls", "token-secret.key", "zk-credentials"]
+    assert "(secure)" in open(os.path.join(report["run_dir"], "report.txt")).read().splitlines()[0]
 
 
 @pytest.fixture(scope="module")

@@ -295,7 +295,7 @@ def _take_over_from(state: RunState, paused: Node) -> None:
         return
     rec.event("fault", f"{paused.name}'s ZooKeeper session expired", seconds=round(expired, 3))
     others = [b.address for b in cluster.brokers if b is not paused and b.alive() and not b.paused]
-    taken, detail = check.load_topic(others, TOPIC, TAKEOVER_TIMEOUT_S)
+    taken, detail = check.load_topic(others, TOPIC, TAKEOVER_TIMEOUT_S, state.cluster.credentials)
     if taken:
         rec.event("recovered", f"topic taken over by {detail}", seconds=round(time.monotonic() - t, 3))
     else:
@@ -373,7 +373,7 @@ def resume(state: RunState, step: Step, victims: list[Node]) -> None:
         waited = cluster.wait_registered(v)
         rec.event("recovered", f"{v.name} registered (again) after the pause", seconds=round(waited, 3))
         if v.kind == "broker":
-            fenced, detail = check.broker_fenced(v.address, TOPIC, FENCED_TIMEOUT_S)
+            fenced, detail = check.broker_fenced(v.address, TOPIC, FENCED_TIMEOUT_S, state.cluster.credentials)
             if fenced:
                 rec.event("recovered", f"{v.name} came back fenced: {detail}")
             else:
@@ -464,7 +464,8 @@ def stop_flip(state: RunState, step: Step, victims: list[Node]) -> None:
 def _first_replica_picker(state: RunState, bookie_id: str):
     """(ledger, entry) -> True for the writers' acknowledged entries whose read asks `bookie_id` first."""
     acked = {r.ledger_id: set(r.acked) for w in state.writers for r in w.ledgers}
-    infos = asyncio.run(check.ledger_infos(list(acked), state.cluster.live_broker_addresses()))
+    infos = asyncio.run(check.ledger_infos(list(acked), state.cluster.live_broker_addresses(),
+                                           state.cluster.credentials))
 
     def pick(ledger_id: int, entry_id: int) -> bool:
         info = infos.get(ledger_id)

@@ -31,8 +31,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from bksim.adapters.bookie_client import SyncBookieClient
 from bksim.adapters.broker_client import BrokerCallError, BrokerClient, LedgerInfo
+from bksim.chaos.credentials import PLAIN, Credentials
 from bksim.chaos.workload import (LEDGER_PASSWORD, TOPIC, LedgerRecord, ledger_payload, parse_ledger_payload,
                                   parse_topic_payload)
 from bksim.client import Client, ClientError, InitialPosition, SubscriptionType
@@ -65,12 +65,13 @@ async def _read_all(client: BrokerClient, ledger_id: int, last: int) -> dict[int
     return out
 
 
-async def check_ledgers(records: list[LedgerRecord], brokers: list[str]) -> dict:
+async def check_ledgers(records: list[LedgerRecord], brokers: list[str], credentials: Credentials = PLAIN) -> dict:
     counts = {"ledgers": len(records), "acknowledged": 0, "lost": 0, "reordered": 0, "divergent": 0,
               "duplicates": 0, "recovered_at_end": 0, "not_closed": 0, "read_errors": 0, "unconfirmed_present": 0,
               "recover_s": []}
     findings = Findings()
-    clients = [BrokerClient(a, deadline_s=CALL_DEADLINE_S, recover_deadline_s=RECOVER_DEADLINE_S) for a in brokers]
+    clients = [credentials.broker(a, deadline_s=CALL_DEADLINE_S, recover_deadline_s=RECOVER_DEADLINE_S)
+               for a in brokers]
     readers = clients if len(clients) >= 2 else clients * 2
     try:
         for record in records:
@@ -181,12 +182,13 @@ def _read_topic(client: Client, subscription: str, wanted: set[int], count_max: 
 
 
 def check_topic(brokers: list[str], receipts: dict[int, tuple[int, int, int]], duplicate_receipts: set[int],
-                sent: int, reader_suffix: str = "", missing_idle_s: float = MISSING_IDLE_S) -> dict:
+                sent: int, reader_suffix: str = "", missing_idle_s: float = MISSING_IDLE_S,
+                credentials: Credentials = PLAIN) -> dict:
     counts = {"acknowledged": len(receipts) + len(duplicate_receipts), "sent": sent, "lost": 0, "duplicates": 0,
               "reordered": 0, "divergent": 0, "read_errors": 0, "unconfirmed_present": 0}
     findings = Findings()
     wanted = set(receipts) | duplicate_receipts
-    with Client(brokers, operation_timeout_ms=30_000) as client:
+    with credentials.topic(brokers, operation_timeout_ms=30_000) as client:
         reads = []
         for name in ("reader-a", "reader-b"):
             positions, note = _read_topic(client, name + reader_suffix, wanted, 3 * sent + 100, missing_idle_s)
@@ -238,10 +240,10 @@ def check_topic(brokers: list[str], receipts: dict[int, tuple[int, int, int]], d
 
 
 # ------------------------------------------------------------------------------------------- fault checks
-async def ledger_infos(ledger_ids: list[int], brokers: list[str]) -> dict[int, LedgerInfo]:
+async def ledger_infos(ledger_ids: list[int], brokers: list[str], credentials: Credentials = PLAIN) -> dict[int, LedgerInfo]:
     """Metadata of each ledger (from the first broker that answers); a ledger no broker can describe is left out."""
     out: dict[int, LedgerInfo] = {}
-    clients = [BrokerClient(a, deadline_s=CALL_DEADLINE_S) for a in brokers]
+    clients = [credentials.broker(a, deadline_s=CALL_DEADLINE_S) for a in brokers]
     try:
         for lid in ledger_ids:
             for client in clients:
@@ -256,11 +258,11 @@ async def ledger_infos(ledger_ids: list[int], brokers: list[str]) -> dict[int, L
     return out
 
 
-def broker_fenced(address: str, topic: str, timeout_s: float) -> tuple[bool, str]:
+def broker_fenced(address: str, topic: str, timeout_s: float, credentials: Credentials = PLAIN) -> tuple[bool, str]:
     """Wait until the broker at `address` no longer serves `topic`: it answers TopicStats with NOT_OWNER (the
     other broker took the topic over while this one was away). Returns (fenced, what it said)."""
     deadline = time.monotonic() + timeout_s
-    with Client(address, operation_timeout_ms=int(CALL_DEADLINE_S * 1000), reconnect_attempts_max=1) as client:
+    with credentials.topic(address, operation_timeout_ms=int(CALL_DEADLINE_S * 1000), reconnect_attempts_max=1) as client:
         while True:
             try:
                 client.topic_stats(topic, follow_owner=False)
@@ -274,12 +276,13 @@ def broker_fenced(address: str, topic: str, timeout_s: float) -> tuple[bool, str
             time.sleep(FENCED_POLL_S)
 
 
-def load_topic(brokers: list[str], topic: str, timeout_s: float) -> tuple[bool, str]:
+def load_topic(brokers: list[str], topic: str, timeout_s: float, credentials: Credentials = PLAIN) -> tuple[bool, str]:
     """Ask `brokers` in turn for the topic's stats until one answers: a broker asked for a topic nobody owns
     takes it over (recovers and fences the previous owner's ledger). Returns (done, which broker or why not)."""
     deadline = time.monotonic() + timeout_s
     said = "no broker to ask"
-    clients = [Client(a, operation_timeout_ms=int(CALL_DEADLINE_S * 1000), reconnect_attempts_max=1) for a in brokers]
+    clients = [credentials.topic(a, operation_timeout_ms=int(CALL_DEADLINE_S * 1000), reconnect_attempts_max=1)
+               for a in brokers]
     try:
         while clients:
             for client in clients:
@@ -297,11 +300,11 @@ def load_topic(brokers: list[str], topic: str, timeout_s: float) -> tuple[bool, 
             client.close()
 
 
-def check_flip(bookie_address: str, brokers: list[str], flip) -> list[str]:
+def check_flip(bookie_address: str, brokers: list[str], flip, credentials: Credentials = PLAIN) -> list[str]:
     """A flipped entry-log byte (chaos.disk.Flip): the bookie still serves the entry (never "no entry") with
     the damaged bytes, whose digest fails; every broker reads the acknowledged payload (it failed over)."""
     problems = []
-    bookie = SyncBookieClient(bookie_address, deadline_s=CALL_DEADLINE_S)
+    bookie = credentials.sync_bookie(bookie_address, deadline_s=CALL_DEADLINE_S)
     try:
         got = bookie.read_entry(flip.ledger_id, flip.entry_id)
     except Exception as e:  # noqa: BLE001 - reported as what it is
@@ -324,7 +327,7 @@ def check_flip(bookie_address: str, brokers: list[str], flip) -> list[str]:
 
     async def read_all() -> None:
         for address in brokers:
-            async with BrokerClient(address, deadline_s=CALL_DEADLINE_S) as client:
+            async with credentials.broker(address, deadline_s=CALL_DEADLINE_S) as client:
                 try:
                     got = [p async for _, p in client.read_entries(flip.ledger_id, flip.entry_id, flip.entry_id,
                                                                    password=LEDGER_PASSWORD)]
@@ -368,3 +371,39 @@ def judge_truncation(report: dict, lost: dict[str, set[tuple[int, int]]]) -> tup
         problems.append(f"the report lists {len(report.get('violations', []))} of its {counted} violations: the rest "
                         f"cannot be judged")
     return problems, figures
+
+
+def check_security(cluster) -> list[str]:
+    """A secured cluster (`--secure`) refuses what it must: a topic call without a token (UNAUTHENTICATED), a
+    plaintext call to a broker (no TLS handshake), an anonymous ZooKeeper read of /ledgers (NoAuth). The
+    problems found (empty: every refusal seen)."""
+    from kazoo.exceptions import NoAuthError
+
+    from bksim.adapters.zk_client import new_client
+
+    problems = []
+    address = cluster.brokers[0].address
+    # the token-less call must reach the broker and be refused there; the plaintext one must not get an answer
+    for label, creds, wanted in (("no token", Credentials(cluster.credentials.tls, None), TopicStatus.UNAUTHENTICATED),
+                                 ("plaintext", Credentials(None, cluster.credentials.token), None)):
+        with creds.topic(address, operation_timeout_ms=int(CALL_DEADLINE_S * 1000), reconnect_attempts_max=1) as c:
+            try:
+                c.list_tenants()
+                problems.append(f"{label}: the broker at {address} answered ListTenants")
+            except ClientError as e:
+                if wanted is not None and e.status is not wanted:
+                    problems.append(f"{label}: the broker answered {e.status.name}, expected {wanted.name}")
+                if wanted is None and e.status in (TopicStatus.UNAUTHENTICATED, TopicStatus.PERMISSION_DENIED):
+                    problems.append(f"{label}: the broker answered {e.status.name} over plaintext")
+    zk = new_client(cluster.zookeeper.connect, timeout=CALL_DEADLINE_S)
+    try:
+        zk.start(timeout=CALL_DEADLINE_S)
+        try:
+            zk.get_children("/ledgers")
+            problems.append("an anonymous ZooKeeper client listed /ledgers")
+        except NoAuthError:
+            pass
+    finally:
+        zk.stop()
+        zk.close()
+    return problems

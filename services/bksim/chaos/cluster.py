@@ -9,6 +9,9 @@ between it and ZooKeeper, so a broker can be cut off from ZooKeeper, and, option
 - `bookie_links`: every broker->bookie link goes through its own proxy (`links[(broker, bookie)]`; the broker
   dials it through broker.bookie_address_overrides), so the network scenarios can blackhole, delay or
   one-way-drop one link while the rest of the cluster works.
+- `security` (SecurityKit, `bksim chaos run --secure`): TLS on every gRPC link (a certificate per process), token
+  authentication and authorization at the brokers, ZooKeeper digest ACLs; `credentials` is what the run's own
+  clients present (the client certificate and the super-user's token).
 - `small_ledger_disk`: {bookie name: MiB}: that bookie runs in a private mount namespace (`unshare --mount`)
   with a tmpfs of that size on its ledger directory, so the disk-full scenario fills a real file system (through
   /proc/<pid>/root) without touching this machine's disks or mount table; the tmpfs lives as long as the
@@ -23,7 +26,9 @@ import os
 from dataclasses import dataclass, field
 
 from bksim.adapters.local_cluster import HOST, ClusterError, LocalCluster, Node
+from bksim.chaos.credentials import Credentials
 from bksim.chaos.proxy import TcpProxy
+from bksim.security.kit import SecurityKit
 
 __all__ = ["ChaosCluster", "ClusterError", "ClusterSpec", "Node"]
 
@@ -43,17 +48,22 @@ class ClusterSpec:
     config_path: str | None = None
     bookie_links: bool = False  # route every broker->bookie link through its own TcpProxy
     small_ledger_disk: dict[str, int] = field(default_factory=dict)  # bookie name -> tmpfs MiB on its ledger dir
+    security: SecurityKit | None = None  # TLS, tokens + authorization, ZooKeeper digest ACLs (`--secure`)
 
 
 class ChaosCluster(LocalCluster):
     """Use as a context manager: `__enter__` starts and waits for everything; `__exit__` stops it all."""
 
     def __init__(self, run_dir: str, spec: ClusterSpec, log=print) -> None:
+        kit = spec.security
         super().__init__(run_dir, host=HOST, config_path=spec.config_path,
                          child_env={"BKSIM_ZOOKEEPER_SESSION_TIMEOUT_MS": str(spec.session_timeout_ms),
-                                    **spec.child_env},
-                         inherit_bksim_env=False, cwd=os.path.abspath(run_dir))
+                                    **(kit.child_env() if kit else {}), **spec.child_env},
+                         inherit_bksim_env=False, cwd=os.path.abspath(run_dir),
+                         tls_dir=kit.tls_dir if kit and kit.tls_dir else None)
         self.spec = spec
+        # what the run's own clients (workload, checks, actions) present: client certificate and super-user token
+        self.credentials = Credentials(self.tls, kit.token() if kit else None)
         self.report = log  # the run's own lines ("# ... did not stop"); the launcher's progress is not printed
         self.proxies: dict[str, TcpProxy] = {}  # broker name -> its proxy to ZooKeeper
         self.links: dict[tuple[str, str], TcpProxy] = {}  # (broker name, bookie name) -> proxy of that link

@@ -33,6 +33,7 @@ from bksim.metadata.ledger_manager import list_ledger_ids, read_ledger_metadata
 from bksim.metadata.paths import CHECK_ALL_LEDGERS_CTIME
 from bksim.model.errors import NoNodeError
 from bksim.model.status import StatusCode
+from bksim.security.tls import ChannelSecurity
 
 POLL_S = 0.25
 READ_BATCH = 256
@@ -43,6 +44,7 @@ PROBLEMS_MAX = 20
 class ReplicaWatch:
     def __init__(self, cluster: LocalCluster) -> None:
         self.zk = cluster.kazoo()
+        self.tls = cluster.tls  # a TLS cluster's bookies are read over TLS with its client certificate
 
     def close(self) -> None:
         self.zk.stop()
@@ -122,7 +124,7 @@ class ReplicaWatch:
                 for entry_id in range(md.last_entry_id + 1):
                     for bookie in md.write_set(entry_id):
                         wanted.setdefault(bookie, []).append(entry_id)
-                held = {b: await read_all(b, ledger_id, ids) for b, ids in wanted.items()}
+                held = {b: await read_all(b, ledger_id, ids, self.tls) for b, ids in wanted.items()}
                 for entry_id in range(md.last_entry_id + 1):
                     copies = {b: held[b].get(entry_id, (StatusCode.NO_ENTRY, b"")) for b in md.write_set(entry_id)}
                     bad = {b: s.name for b, (s, _) in copies.items() if s is not StatusCode.OK}
@@ -141,11 +143,12 @@ class ReplicaWatch:
         return asyncio.run(self._problems(ledger_ids))
 
 
-async def read_all(address: str, ledger_id: int, ids: list[int]) -> dict[int, tuple[StatusCode, bytes]]:
+async def read_all(address: str, ledger_id: int, ids: list[int],
+                   tls: ChannelSecurity | None = None) -> dict[int, tuple[StatusCode, bytes]]:
     """{entry id: (status, bytes)} for every id, asked of the bookie at `address` (the module docstring)."""
     got: dict[int, tuple[StatusCode, bytes]] = {}
     try:
-        async with BookieClient(address) as client:
+        async with BookieClient(address, tls=tls) as client:
             pending = list(ids)
             while pending:
                 batch, pending = pending[:READ_BATCH], pending[READ_BATCH:]

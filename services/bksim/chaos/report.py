@@ -35,6 +35,7 @@ class Report:
     duration_s: float
     run_dir: str
     plan: list[dict] | None = None
+    secure: bool | None = None  # True: TLS, tokens + authorization, ZooKeeper digest ACLs (`--secure`)
     cluster_start_s: float | None = None
     tail: dict | None = None  # {"from_s", "to_s"}: the calm tail after the last step
     entrylog_flips: list[dict] | None = None
@@ -162,7 +163,8 @@ def violations(report: dict) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ text
 def render_text(report: dict) -> str:
-    lines = [f"chaos {report['scenario']} seed {report['seed']}: {report['verdict']} "
+    lines = [f"chaos {report['scenario']} seed {report['seed']}{' (secure)' if report.get('secure') else ''}: "
+             f"{report['verdict']} "
              f"({report.get('elapsed_s', '?')} s, run dir {report['run_dir']})", "", "timeline:"]
     for e in report.get("timeline", []):
         extra = f" ({e['seconds']:.2f} s)" if "seconds" in e else ""

@@ -28,6 +28,10 @@ last fault; a process that died without being killed; the audit not clean; a fau
 Bounds: the workload threads are joined within JOIN_TIMEOUT_S, the producer flushed within FLUSH_TIMEOUT_S, the
 audit done within AUDIT_TIMEOUT_S; a step waits within its action's own bound. Sleeps only keep the schedule.
 
+With `secure` (`bksim chaos run --secure`) the same run happens on a secured cluster: TLS on every gRPC link,
+tokens and authorization at the brokers, ZooKeeper digest ACLs (ChaosCluster's `security`); the checks are the
+same and must pass the same way.
+
 `campaign(runs, seed, ...)` draws (scenario, seed) pairs, runs them one after another with a progress line,
 and summarises: per scenario, runs, acknowledged operations, lost, duplicates, reordered, divergent, audit
 verdicts, median recovery time.
@@ -46,6 +50,7 @@ import threading
 import time
 
 from bksim.adapters import processes
+from bksim.adapters.zk_client import CREDENTIALS_ENV
 from bksim.chaos import actions, check, replicas, wipe
 from bksim.chaos.actions import ChaosError, RunState
 from bksim.chaos.cluster import ChaosCluster, ClusterSpec, Node
@@ -54,6 +59,7 @@ from bksim.chaos.report import Report, aborted, recovery_times, render_text, sum
 from bksim.chaos.report import write as write_report
 from bksim.chaos.scenarios import SCENARIOS, StepTarget, plan as make_plan
 from bksim.chaos.workload import TOPIC, LedgerWriter, Recorder, TopicWorkload, run_writers
+from bksim.security.kit import SecurityKit
 
 __all__ = ["CHILD_ENV", "ChaosError", "campaign", "render_text", "run", "run_audit"]
 
@@ -83,8 +89,9 @@ def _now_tag() -> str:
 
 # ------------------------------------------------------------------------------------------------ one run
 class _Run:
-    def __init__(self, scenario: str, seed: int, duration_s: float, run_dir: str, log) -> None:
+    def __init__(self, scenario: str, seed: int, duration_s: float, run_dir: str, log, secure: bool = False) -> None:
         self.scenario = scenario
+        self.secure = secure
         self.seed = seed
         self.duration_s = duration_s
         self.run_dir = run_dir
@@ -100,19 +107,27 @@ class _Run:
         if any(s.target == StepTarget.SMALL_DISK_BOOKIE for s in self.steps):
             small = {f"bookie-{self.rng.randint(1, 3)}": SMALL_DISK_MB}
         scenario = SCENARIOS[self.scenario]
+        kit = SecurityKit.create(os.path.join(self.run_dir, "security")) if self.secure else None
         spec = ClusterSpec(bookies=scenario.bookies, child_env=dict(CHILD_ENV) | dict(scenario.env),
-                           bookie_links=scenario.links, small_ledger_disk=small)
+                           bookie_links=scenario.links, small_ledger_disk=small, security=kit)
         started = time.monotonic()
         report = Report(self.scenario, self.seed, self.duration_s, self.run_dir,
-                        plan=[s.to_dict() for s in self.steps])
+                        plan=[s.to_dict() for s in self.steps], secure=self.secure or None)
         with ChaosCluster(self.run_dir, spec, log=self.log) as cluster:
             report.cluster_start_s = round(time.monotonic() - started, 2)
+            security_problems = check.check_security(cluster) if self.secure else []
             addresses = [b.address for b in cluster.brokers]
             self.recorder = rec = Recorder(time.monotonic())
+            if self.secure:
+                self.failed_checks.extend(f"security: {p}" for p in security_problems)
+                rec.event("check", "secured: a call without a token is UNAUTHENTICATED, plaintext gets no answer, "
+                                   "anonymous ZooKeeper gets NoAuth" if not security_problems
+                          else f"secured: {len(security_problems)} refusal(s) missing")
             stop = threading.Event()
-            topic = TopicWorkload(addresses, rec, stop, rate=TOPIC_RATE)
+            creds = cluster.credentials
+            topic = TopicWorkload(addresses, rec, stop, rate=TOPIC_RATE, credentials=creds)
             writers = [LedgerWriter(f"ledgers-{e}/{qw}/{qa}", (e, qw, qa), addresses, rec, stop, rate=LEDGER_RATE,
-                                    **dict(scenario.writer_options))
+                                    credentials=creds, **dict(scenario.writer_options))
                        for e, qw, qa in LEDGER_SHAPES]
             state = RunState(cluster, rec, topic, writers, self.rng, self.problems, self.failed_checks)
             try:
@@ -185,8 +200,9 @@ class _Run:
         topic = state.topic
         receipts, duplicate_receipts, failed = topic.snapshot()
         t = time.monotonic()
-        ledgers = asyncio.run(check.check_ledgers([r for w in state.writers for r in w.ledgers], addresses))
-        topic_counts = check.check_topic(addresses, receipts, duplicate_receipts, topic.sent)
+        creds = state.cluster.credentials
+        ledgers = asyncio.run(check.check_ledgers([r for w in state.writers for r in w.ledgers], addresses, creds))
+        topic_counts = check.check_topic(addresses, receipts, duplicate_receipts, topic.sent, credentials=creds)
         topic_counts["failed_sends"] = len(failed)
         reasons = collections.Counter(failed.values())
         topic_counts["failed_send_reasons"] = [{"reason": r, "sends": n} for r, n in reasons.most_common(3)]
@@ -225,7 +241,7 @@ class _Run:
         """The damaged copy is still served (not "no entry") and fails its digest; a broker read returns the
         acknowledged bytes, so the reader failed over."""
         out = {"bookie": v.name, "ledger_id": flip.ledger_id, "entry_id": flip.entry_id}
-        problems = check.check_flip(v.address, brokers, flip)
+        problems = check.check_flip(v.address, brokers, flip, state.cluster.credentials)
         out["problems"] = problems
         self.failed_checks.extend(f"entrylog flip {flip.ledger_id}:{flip.entry_id} on {v.name}: {p}" for p in problems)
         if not problems:
@@ -269,6 +285,8 @@ def run_audit(cluster: ChaosCluster, out_dir: str, journals: list[str] | None = 
     argv = [sys.executable, "-m", "bksim.cli.main", "audit", "--local", "--no-parquet", "--quiet", "--json",
             "--journals", *(journals if journals is not None else cluster.journal_dirs()), "--zookeeper", cluster.zookeeper.connect, "--out", out_dir]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
+    if CREDENTIALS_ENV in cluster.child_env:  # digest ACLs: the audit reads the metadata with the same credentials
+        env[CREDENTIALS_ENV] = cluster.child_env[CREDENTIALS_ENV]
     t = time.monotonic()
     try:
         done = subprocess.run(argv, cwd=cluster.run_dir, env=env, capture_output=True, text=True,
@@ -289,21 +307,26 @@ def run_audit(cluster: ChaosCluster, out_dir: str, journals: list[str] | None = 
     return out
 
 
-def run(scenario: str, seed: int, duration_s: float, base_dir: str, *, keep: bool = False, log=print) -> dict:
+def run(scenario: str, seed: int, duration_s: float, base_dir: str, *, keep: bool = False, log=print,
+        secure: bool = False) -> dict:
     """One run; writes report.json and report.txt into its run directory and returns the report (plain data,
-    as report.json holds it)."""
+    as report.json holds it). `secure`: the cluster runs with TLS on every gRPC link, token authentication and
+    authorization at the brokers and ZooKeeper digest ACLs (security.kit, under <run_dir>/security); the
+    workload, checks and audit present the client certificate, the super-user's token and the credentials."""
     if scenario not in SCENARIOS:
         raise ChaosError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     if duration_s < DURATION_MIN_S:
         raise ChaosError(f"--duration must be >= {DURATION_MIN_S:.0f} s, got {duration_s}")
     run_dir = os.path.join(os.path.abspath(base_dir), f"{scenario}-s{seed}-{_now_tag()}-{os.getpid()}")
     os.makedirs(run_dir, exist_ok=False)
-    chaos_run = _Run(scenario, seed, duration_s, run_dir, log)
+    chaos_run = _Run(scenario, seed, duration_s, run_dir, log, secure)
     try:
         report = chaos_run.execute().to_dict()
     except Exception as e:  # the run could not be carried out: a failed run, with what happened so far
         timeline = chaos_run.recorder.events if chaos_run.recorder else []
         report = aborted(scenario, seed, duration_s, run_dir, timeline, chaos_run.problems, e).to_dict()
+        if secure:
+            report["secure"] = True
     write_report(report, run_dir)
     if report["verdict"] == "PASS" and not keep:
         for name in os.listdir(run_dir):
@@ -315,7 +338,7 @@ def run(scenario: str, seed: int, duration_s: float, base_dir: str, *, keep: boo
 
 # ------------------------------------------------------------------------------------------------ campaigns
 def campaign(runs: int, seed: int, duration_s: float, base_dir: str, scenarios: list[str] | None = None, *,
-             keep: bool = False, log=print, progress=None) -> tuple[list[dict], str]:
+             keep: bool = False, log=print, progress=None, secure: bool = False) -> tuple[list[dict], str]:
     names = scenarios or list(SCENARIOS)
     for n in names:
         if n not in SCENARIOS:
@@ -326,7 +349,7 @@ def campaign(runs: int, seed: int, duration_s: float, base_dir: str, scenarios: 
     for i in range(1, runs + 1):
         name = rng.choice(names)
         run_seed = rng.randrange(1, 1 << 31)
-        report = run(name, run_seed, duration_s, base_dir, keep=keep, log=log)
+        report = run(name, run_seed, duration_s, base_dir, keep=keep, log=log, secure=secure)
         row = summary_row(report)
         rows.append(row)
         if progress:

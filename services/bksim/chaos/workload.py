@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from bksim.adapters.broker_client import BrokerCallError, BrokerClient
 from bksim.client import Client, ClientError
+from bksim.chaos.credentials import PLAIN, Credentials
 
 LEDGER_PASSWORD = b"chaos-ledgers"
 ENTRY_BYTES = 64
@@ -114,8 +115,10 @@ class LedgerRecord:
 class LedgerWriter:
     def __init__(self, name: str, shape: tuple[int, int, int], brokers: list[str], recorder: Recorder,
                  stop: threading.Event, *, rate: float = 200.0, batch: int = 10, window: int = 8,
-                 entries_per_ledger: int = 1000, response_timeout_s: float = 4.0, keep_closed: int = 0) -> None:
+                 entries_per_ledger: int = 1000, response_timeout_s: float = 4.0, keep_closed: int = 0,
+                 credentials: Credentials = PLAIN) -> None:
         self.name = name
+        self.credentials = credentials
         self.shape = shape
         self.brokers = list(brokers)
         self.recorder = recorder
@@ -140,7 +143,8 @@ class LedgerWriter:
     async def run(self) -> None:
         while not self.stop.is_set():
             address = self._next_broker()
-            client = BrokerClient(address, deadline_s=CALL_DEADLINE_S, recover_deadline_s=RECOVER_DEADLINE_S)
+            client = self.credentials.broker(address, deadline_s=CALL_DEADLINE_S,
+                                             recover_deadline_s=RECOVER_DEADLINE_S)
             try:
                 try:
                     info = await client.create_ledger(*self.shape, password=LEDGER_PASSWORD)
@@ -239,7 +243,8 @@ class LedgerWriter:
         for address in self.brokers:
             if address == record.broker:
                 continue
-            other = BrokerClient(address, deadline_s=CALL_DEADLINE_S, recover_deadline_s=RECOVER_DEADLINE_S)
+            other = self.credentials.broker(address, deadline_s=CALL_DEADLINE_S,
+                                            recover_deadline_s=RECOVER_DEADLINE_S)
             try:
                 t = time.monotonic()
                 info, _ = await other.open_ledger(record.ledger_id, password=LEDGER_PASSWORD, recover=True)
@@ -264,8 +269,9 @@ class TopicWorkload:
     """One producer on TOPIC through every broker address, at `rate` messages/s (send_async)."""
 
     def __init__(self, brokers: list[str], recorder: Recorder, stop: threading.Event, *, rate: float = 200.0,
-                 send_timeout_ms: int = 60_000, max_pending: int = 20_000) -> None:
+                 send_timeout_ms: int = 60_000, max_pending: int = 20_000, credentials: Credentials = PLAIN) -> None:
         self.brokers = list(brokers)
+        self.credentials = credentials
         self.recorder = recorder
         self.stop = stop
         self.rate = rate
@@ -280,7 +286,7 @@ class TopicWorkload:
         self.producer = None
 
     def setup(self) -> None:
-        self.client = Client(self.brokers, operation_timeout_ms=30_000)
+        self.client = self.credentials.topic(self.brokers, operation_timeout_ms=30_000)
         self.client.create_tenant(TENANT)
         self.client.create_namespace(NAMESPACE, retention_ms=-1, dedup=True)
         self.client.create_topic(TOPIC)

@@ -1,8 +1,11 @@
 """`bksim chaos list | run | campaign`: the chaos scenarios of bksim.chaos on real processes.
 
     bksim chaos list
-    bksim chaos run SCENARIO [--seed N] [--duration S] [--keep] [--json]
-    bksim chaos campaign --runs N [--seed N] [--duration S] [--scenarios A,B] [--keep]
+    bksim chaos run SCENARIO [--seed N] [--duration S] [--keep] [--json] [--secure]
+    bksim chaos campaign --runs N [--seed N] [--duration S] [--scenarios A,B] [--keep] [--secure]
+
+--secure: the cluster runs with TLS on every gRPC link, token authentication and authorization at the brokers
+and ZooKeeper digest ACLs (bksim.security.kit, files under the run's security/ directory).
 
 Runs go under <cluster.run_dir>/chaos/<scenario>-s<seed>-<time>-<pid>/ (report.json, report.txt, logs/,
 audit/; the data directories are removed after a passing run unless --keep). Exit status: 0 every run
@@ -16,6 +19,8 @@ import os
 import sys
 
 DURATION_DEFAULT_S = 15.0
+SECURE_HELP = ("TLS on every gRPC link, tokens and authorization at the brokers, ZooKeeper digest ACLs; the workload "
+               "and checks present a client certificate and a super-user token")
 
 
 def register(subparsers) -> None:
@@ -33,6 +38,7 @@ def register(subparsers) -> None:
     r.add_argument("--keep", action="store_true", help="keep the data directories of a passing run")
     r.add_argument("--json", action="store_true", help="print report.json instead of the text report")
     r.add_argument("--dir", default=None, help="base directory of the runs (default <cluster.run_dir>/chaos)")
+    r.add_argument("--secure", action="store_true", help=SECURE_HELP)
     r.set_defaults(func=cmd_run)
     c = sub.add_parser("campaign", help="many runs of random scenarios and seeds, with a summary table")
     c.add_argument("--runs", type=int, required=True)
@@ -41,6 +47,7 @@ def register(subparsers) -> None:
     c.add_argument("--scenarios", default="", help="comma-separated subset (default: all)")
     c.add_argument("--keep", action="store_true")
     c.add_argument("--dir", default=None)
+    c.add_argument("--secure", action="store_true", help=SECURE_HELP)
     c.set_defaults(func=cmd_campaign)
 
 
@@ -70,7 +77,8 @@ def cmd_run(args) -> int:
     from bksim.chaos import runner
 
     try:
-        report = runner.run(args.scenario, args.seed, args.duration, _base_dir(args), keep=args.keep, log=_log)
+        report = runner.run(args.scenario, args.seed, args.duration, _base_dir(args), keep=args.keep, log=_log,
+                            secure=args.secure)
     except runner.ChaosError as e:
         print(f"bksim: error: {e}", file=sys.stderr)
         return 2
@@ -95,7 +103,7 @@ def cmd_campaign(args) -> int:
     _log(f"chaos campaign: {args.runs} runs, seed {seed}, {args.duration:g} s each, under {base}")
     try:
         rows, table = runner.campaign(args.runs, seed, args.duration, base, names, keep=args.keep, log=_log,
-                                      progress=_log)
+                                      progress=_log, secure=args.secure)
     except runner.ChaosError as e:
         print(f"bksim: error: {e}", file=sys.stderr)
         return 2
