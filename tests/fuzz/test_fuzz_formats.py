@@ -1,4 +1,6 @@
-"""Fuzzing of the bookie's byte formats (formats/entry.py, journal.py, entry_log.py, index.py) and lastmark.
+"""Fuzzing of the bookie's byte formats (formats/entry.py, journal.py, entry_log.py, index.py), lastmark, and
+their readers: journal replay (bookie/replay.py), the bookie's entry-log reader (bookie/entry_log.py) and the
+audit's (audit/parse.py: damage is a finding, never an exception).
 
 For each parser: arbitrary bytes, valid encodings mutated (tests/fuzz/mutations.py) and round trips of valid
 values. Property: the parser returns a value (equal to what was encoded, for a round trip) or raises
@@ -15,6 +17,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from bksim.adapters.localdisk import LocalDisk
+from bksim.audit.parse import ENTRYLOG, JOURNAL, FileTask, block_rows, other_rows, parse_file, record_rows
 from bksim.bookie.entry_log import EntryLogger
 from bksim.bookie.journal import JournalMark
 from bksim.bookie.lastmark import decode_lastmark, encode_lastmark
@@ -244,3 +247,21 @@ def test_lastmark_decode_or_format_error(data):
 @given(marks)
 def test_lastmark_round_trip(mark):
     assert decode_lastmark(encode_lastmark(mark)) == mark
+
+
+# ---------------------------------------------------------------------------------------------- the audit's reader
+@given(st.one_of(raw_bytes(), mutated(journal_files), mutated(v1_files), st.sampled_from(SHORT_BODIES)),
+       st.booleans(), st.booleans())
+def test_audit_parses_any_journal(data, newest, below_mark):
+    """The audit (audit/parse.py) reports damage as findings: it never raises on a file's bytes."""
+    task = FileTask(path="/fuzz/1.txn", uri="/fuzz/1.txn", bookie="b1", kind=JOURNAL, file_id=1, size=len(data),
+                    newest=newest, below_mark=below_mark, instance_id=INSTANCE)
+    result = parse_file(task, data)
+    list(record_rows(result)), list(other_rows(result)), list(block_rows(result))
+
+
+@given(st.one_of(raw_bytes(), mutated(entry_logs()), st.just(MAP_PAST_END)))
+def test_audit_parses_any_entry_log(data):
+    task = FileTask(path="/fuzz/1.log", uri="/fuzz/1.log", bookie="b1", kind=ENTRYLOG, file_id=1, size=len(data))
+    result = parse_file(task, data)
+    list(record_rows(result)), list(other_rows(result)), list(block_rows(result))
