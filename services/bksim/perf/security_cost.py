@@ -24,7 +24,7 @@ def compare(plain: Result, secured: Result) -> tuple[Ratio, list[dict]]:
         and secured.extra.get("rate_target_per_s") == plain.extra.get("rate_target_per_s")
     targets = [
         {"target": f"{secured.name} / {plain.name} throughput >= {TARGET_THROUGHPUT_RATIO:.2f}x",
-         "value": f"{secured.records_per_s:,.0f} vs {plain.records_per_s:,.0f} records/s = "
+         "value": f"{secured.records_per_s:,.0f}/s vs {plain.records_per_s:,.0f}/s = "
                   f"{q.records_per_s_ratio:.2f}x", "met": q.met},
         {"target": f"{secured.name} p99 <= {plain.name} p99 + {TARGET_P99_EXTRA_MS:g} ms",
          "value": f"p99 {secured.p99_ms:.2f} ms vs {plain.p99_ms:.2f} ms = {extra_ms:+.2f} ms"
