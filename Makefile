@@ -13,7 +13,7 @@ PIP_PKGS = $(PIP_RUNTIME) $(PIP_DEV)
 ZK_JAR := /usr/share/java/zookeeper.jar
 STAMP := $(VENV)/.bksim-installed
 
-.PHONY: deps venv zookeeper proto interop-deps ruby-grpc up down status init test test-unit test-integration fuzz clean
+.PHONY: deps venv zookeeper proto interop-deps ruby-grpc up down status init test test-unit test-integration test-abuse fuzz clean
 
 # The `bksim` command from the venv. The configuration is deploy/bksim.toml, or $BKSIM_CONFIG, with
 # BKSIM_<SECTION>_<OPTION> environment overrides (e.g. `BKSIM_CLUSTER_BOOKIES=0 make up`).
@@ -80,6 +80,11 @@ test-unit: deps
 
 test-integration: deps compose-tools
 	$(PYTEST) tests/integration
+
+# The gRPC abuse suite (tests/abuse/, about 35 s; `make test` runs it too): hostile clients against a real bookie
+# and broker, each process still serving and bounded afterwards (docs/tests.md).
+test-abuse: deps
+	$(PYTEST) tests/abuse
 
 # The fuzz tests (tests/fuzz/) with the `long` hypothesis profile: random seeds, FUZZ_EXAMPLES examples per
 # test (`make test` runs them with the fixed-seed `ci` profile). FUZZ_EXAMPLES=20000 takes about 20 minutes.
