@@ -4,7 +4,7 @@ ZooKeeper (tests/conftest.py), started once for the whole directory by the integ
 
 `abused(target, case)` wraps one case: before it, the resident set of both processes; after it, for each
 process: the pid alive, gRPC health SERVING, the growth of VmRSS within the case's bound (`rss_growth_mib`),
-and its peak (VmHWM) printed; then a well-behaved client still gets its service (a ledger created, entries
+and its peak (VmHWM) printed, no unhandled exception in its log (UNHANDLED_MARKS); then a well-behaved client still gets its service (a ledger created, entries
 appended and read back, through the broker, within WELL_BEHAVED_DEADLINE_S), and every entry acknowledged so
 far by the well-behaved client (before the abuse and, when the case runs one, during it) reads back
 identical. The broker runs with `requests_inflight_max` = REQUESTS_INFLIGHT_MAX, so an RPC an abusive
@@ -36,6 +36,9 @@ BOOKIE_ENTRY_BYTES = 5 * 1024 * 1024  # the bookie's entry_bytes_max (the defaul
 WELL_BEHAVED_DEADLINE_S = 10.0
 PASSWORD = b"abuse-suite"
 HEALTH_DEADLINE_S = 5.0
+# what Python, asyncio and grpc.aio write to a process's log (its stderr) for an exception nobody handled
+UNHANDLED_MARKS = ("Traceback (most recent call last)", "exception was never retrieved", "Exception in callback",
+                   "Unexpected error in")
 
 BOOKIE_ENV: dict[str, str] = {}
 BROKER_ENV = {"BKSIM_BROKER_REQUESTS_INFLIGHT_MAX": str(REQUESTS_INFLIGHT_MAX),
@@ -111,6 +114,18 @@ class Target:
             got = self.conn.read(ledger, PASSWORD, 0, max(entries))
             assert got == entries, f"ledger {ledger}: acknowledged entries do not read back identical"
 
+    def log_sizes(self) -> dict[str, int]:
+        return {name: os.path.getsize(p.log_path) for name, p in self.processes.items()}
+
+    def check_logs(self, since: dict[str, int], case: str) -> None:
+        """Nothing since `since` in either process's log says an exception went unhandled."""
+        for name, p in self.processes.items():
+            with open(p.log_path, "rb") as f:
+                f.seek(since[name])
+                text = f.read().decode(errors="replace")
+            bad = [line for line in text.splitlines() if any(m in line for m in UNHANDLED_MARKS)]
+            assert not bad, f"{case}: the {name} log shows an unhandled exception:\n" + "\n".join(bad[:10])
+
     def check_alive(self) -> None:
         for name, p in self.processes.items():
             assert p.alive(), f"{name} pid {p.pid} died:\n{p.log_tail()}"
@@ -150,6 +165,7 @@ def abused(target: Target, case: str, rss_growth_mib: float = 64.0, during: bool
     well-behaved client runs in a loop alongside the case, and must complete at least one round."""
     target.check_alive()
     target.write_and_read()
+    logs = target.log_sizes()
     before = {name: proc_status(p.pid) for name, p in target.processes.items()}
     background = Background(target) if during else None
     if background is not None:
@@ -172,6 +188,7 @@ def abused(target: Target, case: str, rss_growth_mib: float = 64.0, during: bool
                                           f"(bound {rss_growth_mib} MiB)")
     target.write_and_read()
     target.check_acknowledged()
+    target.check_logs(logs, case)
 
 
 # -- streams and topics ------------------------------------------------------------------------------------
