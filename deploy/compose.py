@@ -40,6 +40,8 @@ from bksim.model.errors import BksimError
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPOSE_FILE = os.path.join(REPO, "docker-compose.yml")
 HOST_OVERRIDE = os.path.join(REPO, "deploy", "docker-compose.host.yml")
+SECURE_OVERRIDE = os.path.join(REPO, "deploy", "docker-compose.secure.yml")
+SECRETS_DIR_ENV = "BKSIM_SECRETS_DIR"  # the host directory the secure override mounts at /etc/bksim/secrets
 EXTRA_CA_DIR = os.path.join(REPO, "deploy", "extra-ca")
 LOCAL_CA_DIR = "/usr/local/share/ca-certificates"  # locally added CAs (a TLS-intercepting proxy's)
 PROJECT = "bksim"
@@ -86,8 +88,27 @@ class ComposeError(BksimError):
 
 # -- compose configuration --------------------------------------------------------------------------------------
 
-def compose_files(host: bool) -> list[str]:
-    return [COMPOSE_FILE] + ([HOST_OVERRIDE] if host else [])
+def compose_files(host: bool, secure: bool = False) -> list[str]:
+    return [COMPOSE_FILE] + ([SECURE_OVERRIDE] if secure else []) + ([HOST_OVERRIDE] if host else [])
+
+
+def make_secrets(out_dir: str) -> list[str]:
+    """The files deploy/docker-compose.secure.yml mounts, under `out_dir` (security.kit's layout): a CA and a
+    certificate per service naming it (bookie-1 .. broker-2, plus `client` for tools), an HS256 secret, the
+    super-user's token, ZooKeeper digest credentials. Files already there are kept (certificates) or refused
+    (keys: never overwritten). Returns the names made or kept."""
+    from bksim.security import certs
+    from bksim.security.kit import SecurityKit
+
+    names = {b: ((b,), ("bookie",)) for b in BOOKIES} | {b: ((b,), ("broker",)) for b in BROKERS}
+    names[certs.CLIENT_NAME] = ((), ("client",))
+    if os.path.exists(os.path.join(out_dir, "super-user.token")):
+        kept = ["token-secret.key", "super-user.token", "zk-credentials"]
+    else:
+        kit = SecurityKit.create(out_dir)
+        kept = [os.path.basename(p) for p in (kit.secret_key_file, kit.token_file, kit.zk_credentials_file)]
+    issued = certs.ensure(os.path.join(out_dir, "tls"), names)
+    return kept + [f"tls/{os.path.basename(i.cert_file)}" for i in issued.values()]
 
 
 def compose_argv(files: list[str], project: str = PROJECT) -> list[str]:
@@ -130,10 +151,11 @@ def config_dict(files: list[str], profiles: tuple[str, ...] = (), env: dict | No
     return json.loads(parsed.stdout)
 
 
-def render(host: bool, out: str, env: dict | None = None) -> dict:
-    """Write the merged configuration to `out` (JSON); for host networking without `ports:`. `env` is the
-    environment the files are interpolated with (default this process's)."""
-    config = config_dict(compose_files(host), profiles=("audit",), env=env)
+def render(host: bool, out: str, env: dict | None = None, secure: bool = False) -> dict:
+    """Write the merged configuration to `out` (JSON); for host networking without `ports:`; with `secure` the
+    security override merged too. `env` is the environment the files are interpolated with (default this
+    process's)."""
+    config = config_dict(compose_files(host, secure), profiles=("audit",), env=env)
     if host:
         for service in config.get("services", {}).values():
             service.pop("ports", None)
@@ -366,10 +388,12 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
 
 
 class Check:
-    def __init__(self, run_dir: str, base_image: str, audit: bool = False) -> None:
+    def __init__(self, run_dir: str, base_image: str, audit: bool = False, secure: bool = False) -> None:
         self.run_dir = os.path.abspath(run_dir)
         self.base_image = base_image
         self.audit = audit
+        self.secure = secure  # the security override: TLS, tokens + authorization, ZooKeeper digest ACLs
+        self.secrets_dir = os.path.join(os.path.abspath(run_dir), "secrets")
         self.audit_out = os.path.join(self.run_dir, "audit")
         self.engine = Dockerd(os.path.join(self.run_dir, "docker"))
         self.rendered = os.path.join(self.run_dir, "host.yml")
@@ -377,6 +401,8 @@ class Check:
         self.step = Step()
         self.stack_up = False
         self.env = dict(self.engine.env, BKSIM_BASE_IMAGE=base_image, BKSIM_AUDIT_OUT=self.audit_out)
+        if secure:
+            self.env[SECRETS_DIR_ENV] = self.secrets_dir
 
     # -- engine and images --
 
@@ -448,9 +474,10 @@ class Check:
             time.sleep(POLL_S)
 
     def up(self) -> str:
-        _run(compose_argv(compose_files(True)) + ["config", "-q"], COMPOSE_CMD_TIMEOUT_S,
-             "docker-compose config -q (docker-compose.yml + host override)", env=self.env)
-        render(True, self.rendered, env=self.env)
+        _run(compose_argv(compose_files(True, self.secure)) + ["config", "-q"], COMPOSE_CMD_TIMEOUT_S,
+             "docker-compose config -q (docker-compose.yml + " + ("security and " if self.secure else "")
+             + "host override)", env=self.env)
+        render(True, self.rendered, env=self.env, secure=self.secure)
         self.stack_up = True
         self.compose("down", "-v", "--remove-orphans", timeout_s=DOWN_TIMEOUT_S, log=True)  # an interrupted run's
         check_ports_free()
@@ -464,6 +491,37 @@ class Check:
             self.stack_up = False
 
     # -- the workload --
+
+    def client_security(self):
+        """(ChannelSecurity, token) of this check's clients: the CA and `client` certificate and the super-user's
+        token with the security override, else (None, None)."""
+        if not self.secure:
+            return None, None
+        from bksim.security import certs
+        from bksim.security.tls import ChannelSecurity
+        from bksim.security.tokens import read_token_file
+
+        tls_dir = os.path.join(self.secrets_dir, "tls")
+        tls = ChannelSecurity(os.path.join(tls_dir, certs.CA_FILE), certs.cert_path(tls_dir, certs.CLIENT_NAME),
+                              certs.key_path(tls_dir, certs.CLIENT_NAME))
+        return tls, read_token_file(os.path.join(self.secrets_dir, "super-user.token"))
+
+    def refusals(self, address: str, tls) -> str:
+        """The secured stack refuses a ledger call without a token (UNAUTHENTICATED) and a plaintext client."""
+        from bksim.adapters.broker_client import BrokerCallError, SyncBrokerClient
+
+        said = []
+        for label, client_tls, wanted in (("no token", tls, "UNAUTHENTICATED"), ("plaintext", None, None)):
+            with SyncBrokerClient(address, tls=client_tls, deadline_s=5.0) as client:
+                try:
+                    client.list_bookies()
+                except BrokerCallError as e:
+                    if wanted is not None and e.grpc_code != wanted:
+                        raise ComposeError(f"{label}: broker-1 answered {e.grpc_code}, expected {wanted}") from None
+                    said.append(f"{label}: {e.grpc_code}")
+                    continue
+                raise ComposeError(f"{label}: broker-1 answered ListBookies")
+        return "secured: " + "; ".join(said)
 
     def workload(self) -> dict:
         from bksim.adapters.broker_client import SyncBrokerClient
@@ -495,12 +553,16 @@ class Check:
         s = self.step
         addresses = {b: f"127.0.0.1:{HOST_PORTS[b]}" for b in BROKERS}
         report: dict = {}
-        with SyncBrokerClient(addresses["broker-1"]) as one, SyncBrokerClient(addresses["broker-2"]) as two:
+        tls, token = self.client_security()
+        with SyncBrokerClient(addresses["broker-1"], tls=tls, token=token) as one, \
+                SyncBrokerClient(addresses["broker-2"], tls=tls, token=token) as two:
             for name, client in (("broker-1", one), ("broker-2", two)):
                 status = client.health("", 5.0)
                 if status != "SERVING":
                     raise ComposeError(f"{name} health {status}")
-            services = reflection_services(addresses["broker-1"])
+            services = reflection_services(addresses["broker-1"], tls)
+            if self.secure:
+                s.say(self.refusals(addresses["broker-1"], tls))
             s.say(f"broker-1 reflection lists: {', '.join(services)}")
             if "bksim.broker.v1.Broker" not in services:
                 raise ComposeError(f"broker-1 reflection does not list bksim.broker.v1.Broker: {services}")
@@ -576,6 +638,10 @@ class Check:
         installed = s.run("tools (docker.io, docker-compose, debootstrap)", ensure_tools)
         if installed:
             s.say(f"apt-get installed {', '.join(installed)}")
+        if self.secure:
+            made = s.run("secrets (CA, certificates, HS256 secret, super-user token, ZooKeeper credentials)",
+                         make_secrets, self.secrets_dir)
+            s.say(f"secrets under {self.secrets_dir}: {', '.join(made)}")
         copied = ensure_extra_ca()
         if copied:
             s.say(f"copied this machine's local CA certificates into deploy/extra-ca/: {', '.join(copied)}")
@@ -612,7 +678,7 @@ class Check:
         return 0
 
     def compose_build(self) -> None:
-        render(True, self.rendered, env=self.env)
+        render(True, self.rendered, env=self.env, secure=self.secure)
         self.compose("build", "zookeeper", timeout_s=BUILD_TIMEOUT_S, log=True)
         if self.audit:
             self.compose("--profile", "audit", "build", "audit", timeout_s=BUILD_TIMEOUT_S, log=True)
@@ -633,22 +699,24 @@ class Check:
         return f"audit verdict clean: {json.dumps(report.get('totals', {}), sort_keys=True)[:400]}"
 
 
-def reflection_services(address: str) -> list[str]:
-    """Service names a server lists through gRPC reflection (what `grpcurl ADDRESS list` prints)."""
+def reflection_services(address: str, tls=None) -> list[str]:
+    """Service names a server lists through gRPC reflection (what `grpcurl ADDRESS list` prints); `tls`: a
+    bksim.security.tls.ChannelSecurity for a TLS server."""
     import grpc
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-    with grpc.insecure_channel(address) as channel:
+    with (grpc.secure_channel(address, tls.credentials(), tls.options()) if tls else
+          grpc.insecure_channel(address)) as channel:
         return sorted(ProtoReflectionDescriptorDatabase(channel).get_services())
 
 
-def check(run_dir: str, base_image: str = BASE_IMAGE_DEFAULT, audit: bool = False) -> int:
+def check(run_dir: str, base_image: str = BASE_IMAGE_DEFAULT, audit: bool = False, secure: bool = False) -> int:
     """The end-to-end check (module docstring); SIGTERM runs the same clean-up as a failure. Exit status."""
     def on_term(signum, frame):
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        return Check(run_dir, base_image, audit).run()
+        return Check(run_dir, base_image, audit, secure).run()
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -31,10 +31,10 @@ def _config():
 
 
 def _zk(config):
+    """A started kazoo client with the configured digest credentials (a secured stack's ACLs) and TLS port."""
     from bksim.adapters import registration
 
-    return registration.connect(f"{config.zookeeper.host}:{config.zookeeper.port}",
-                                config.zookeeper.session_timeout_ms, PROBE_TIMEOUT_S)
+    return registration.connect_config(config, PROBE_TIMEOUT_S)
 
 
 def _close(client) -> None:
@@ -45,13 +45,18 @@ def _close(client) -> None:
         pass
 
 
-def _grpc_serving(host: str, port: int) -> str:
-    """The gRPC health status name of the server at host:port ("SERVING", "NOT_SERVING", ...)."""
+def _grpc_serving(host: str, port: int, security=None) -> str:
+    """The gRPC health status name of the server at host:port ("SERVING", "NOT_SERVING", ...); over TLS with the
+    process's own files when `security` (the [security] section) has tls_enabled."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from bksim.security.tls import channel_security
+
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    with grpc.insecure_channel(address) as channel:
+    tls = channel_security(security)
+    with (grpc.secure_channel(address, tls.credentials(), tls.options()) if tls else
+          grpc.insecure_channel(address)) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
                                                           timeout=PROBE_TIMEOUT_S)
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
@@ -64,14 +69,14 @@ def health(role: str) -> str:
         from bksim.cli.bookie_cmd import resolve
 
         b = resolve(config).bookie
-        status = _grpc_serving(b.host, b.port)
+        status = _grpc_serving(b.host, b.port, config.security)
         if status != "SERVING":
             return f"bookie {b.bookie_id}: gRPC health {status}"
     elif role == "broker":
         from bksim.cli.broker_cmd import resolve
 
         r = resolve(config).broker
-        status = _grpc_serving(r.host, r.port)
+        status = _grpc_serving(r.host, r.port, config.security)
         if status != "SERVING":
             return f"broker {r.broker_id}: gRPC health {status}"
     elif role != "zookeeper":

@@ -41,7 +41,14 @@ def register(subparsers) -> None:
                                          "without ports for --host (v1 refuses them on host networking)")
     p.add_argument("--host", action="store_true", help="merge deploy/docker-compose.host.yml and drop ports")
     p.add_argument("--out", required=True, metavar="FILE", help="where to write the rendered file (JSON)")
+    p.add_argument("--secure", action="store_true", help="merge deploy/docker-compose.secure.yml (TLS, tokens, "
+                   "ZooKeeper digest ACLs; secrets from $BKSIM_SECRETS_DIR)")
     p.set_defaults(func=cmd_render)
+    p = family.add_parser("secrets", help="the files deploy/docker-compose.secure.yml mounts: CA and a certificate "
+                                          "per service, HS256 secret, super-user token, ZooKeeper credentials")
+    p.add_argument("--out", required=True, metavar="DIR", help="where to make them (then BKSIM_SECRETS_DIR=DIR; "
+                   "the override's default is ./.run/compose-secrets)")
+    p.set_defaults(func=cmd_secrets)
     p = family.add_parser("check", help="end to end on a private dockerd: build, up, write/read, kill a "
                                         "bookie, no loss, down (make compose-check)")
     p.add_argument("--run-dir", default=None, help="where dockerd keeps its state (default <cluster.run_dir>/compose)")
@@ -51,13 +58,25 @@ def register(subparsers) -> None:
     p.add_argument("--audit", action="store_true",
                    help="also build the audit image (pyspark) and run the audit service (profile audit) over the "
                         "bookies' volumes before down; its verdict must be clean")
+    p.add_argument("--secure", action="store_true",
+                   help="the stack with deploy/docker-compose.secure.yml (TLS on every gRPC link, tokens and "
+                        "authorization, ZooKeeper digest ACLs; secrets made under RUN_DIR/secrets); the check's "
+                        "clients present the CA, a client certificate and the super-user token, and it checks "
+                        "that a call without a token and a plaintext call are refused")
     p.set_defaults(func=cmd_check)
 
 
 def cmd_render(args) -> int:
-    config = deploy_compose().render(args.host, args.out)
+    config = deploy_compose().render(args.host, args.out, secure=args.secure)
     print(f"{args.out}: {len(config.get('services', {}))} services "
-          f"({'host networking, no published ports' if args.host else 'bridge network'})")
+          f"({'host networking, no published ports' if args.host else 'bridge network'}"
+          f"{', secured' if args.secure else ''})")
+    return 0
+
+
+def cmd_secrets(args) -> int:
+    made = deploy_compose().make_secrets(args.out)
+    print(f"{args.out}: {', '.join(made)}")
     return 0
 
 
@@ -67,7 +86,7 @@ def cmd_check(args) -> int:
     run_dir = args.run_dir or os.path.join(cfgload.load(getattr(args, "config", None)).cluster.run_dir, "compose")
     compose = deploy_compose()
     base_image = args.base_image or os.environ.get("BKSIM_BASE_IMAGE") or compose.BASE_IMAGE_DEFAULT
-    return compose.check(run_dir, base_image, args.audit)
+    return compose.check(run_dir, base_image, args.audit, args.secure)
 
 
 def main(argv: list[str] | None = None) -> int:
