@@ -6,7 +6,8 @@ Each runs through perf/harness.py and prints a header with the machine facts, th
 records/s, MB/s and per-record p50/p99/p99.9 latency; `--json` prints one JSON object instead (the human
 lines go to stderr). The bookie figures run their baseline first, in the same run and with the same record
 and group/batch size, and print the ratio; ledger-write, recovery and rereplication also print their targets'
-verdicts ("targets" in the JSON). Every run is bounded by --seconds and/or --records (audit and rereplication
+verdicts ("targets" in the JSON). ledger-write and produce with --tls and/or --auth measure a plain and then a
+secured cluster (perf/security_cost.py) and print the secured/plain ratio and p99 difference. Every run is bounded by --seconds and/or --records (audit and rereplication
 by --size); all files go
 to a fresh temp dir under --dir that is removed at the end, and every child process is stopped by pid,
 also on Ctrl-C, SIGTERM or an error.
