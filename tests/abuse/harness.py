@@ -40,7 +40,8 @@ HEALTH_DEADLINE_S = 5.0
 UNHANDLED_MARKS = ("Traceback (most recent call last)", "exception was never retrieved", "Exception in callback",
                    "Unexpected error in")
 
-BOOKIE_ENV: dict[str, str] = {}
+BOOKIE_REQUESTS_INFLIGHT_MAX = 512  # the test bookie's bound on concurrent RPCs (open AddEntries streams count)
+BOOKIE_ENV = {"BKSIM_BOOKIE_REQUESTS_INFLIGHT_MAX": str(BOOKIE_REQUESTS_INFLIGHT_MAX)}
 BROKER_ENV = {"BKSIM_BROKER_REQUESTS_INFLIGHT_MAX": str(REQUESTS_INFLIGHT_MAX),
               "BKSIM_TOPIC_ENSEMBLE_SIZE": "1", "BKSIM_TOPIC_WRITE_QUORUM_SIZE": "1",
               "BKSIM_TOPIC_ACK_QUORUM_SIZE": "1", "BKSIM_TOPIC_MESSAGE_BYTES_MAX": "60000"}

@@ -1,6 +1,7 @@
 """Connections and streams an abusive client opens and leaves, against the real bookie and broker: streams of
 every kind (bookie AddEntries; broker Append, ReadEntries, Produce, Subscribe) cancelled midway, never
-half-closed; the same left behind by a client process killed -9; and 1,000 idle connections to each server.
+half-closed; the same left behind by a client process killed -9; 3,000 idle AddEntries streams on one
+connection to the bookie (beyond its requests_inflight_max); and 1,000 idle connections to each server.
 
 The broker runs with requests_inflight_max = REQUESTS_INFLIGHT_MAX (abuse.harness), and every one of these
 streams holds one of those slots while it runs: after the abuse, exactly REQUESTS_INFLIGHT_MAX streams can be
@@ -9,6 +10,7 @@ abandoned stream kept would show. The processes keep serving, bounded (abuse.har
 from __future__ import annotations
 
 import asyncio
+import collections
 import resource
 import subprocess
 import sys
@@ -18,10 +20,11 @@ import uuid
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from abuse.harness import PASSWORD, REQUESTS_INFLIGHT_MAX, SyncStream, abused, new_namespace, produce, socket_count
+from abuse.harness import BOOKIE_REQUESTS_INFLIGHT_MAX, PASSWORD, REQUESTS_INFLIGHT_MAX, SyncStream, abused, \
+    new_namespace, proc_status, produce, socket_count
 from bksim.formats.entry import encode_entry, master_key
 from bksim.gen import bookie_pb2, bookie_pb2_grpc, broker_pb2, broker_pb2_grpc, topic_pb2, topic_pb2_grpc
-from helpers import wait_until
+from helpers import wait_until, wait_until_async
 
 STREAMS_PER_KIND = 10  # at once, per round (40 of the broker's REQUESTS_INFLIGHT_MAX slots: others keep theirs)
 ROUNDS = 4
@@ -169,3 +172,37 @@ def test_idle_connections(target):
 
     with abused(target, f"{IDLE_CONNECTIONS} idle connections to each server", rss_growth_mib=128):
         asyncio.run(connect_all())
+
+
+IDLE_STREAMS = 3000  # held at once without the bound: 3,000 x ~25 KiB, the bookie grew 74 MiB
+
+
+def test_idle_streams_beyond_the_bookies_bound(target):
+    """Streams opened and never written to hold a bookie RPC each (~25 KiB): the bookie serves at most
+    BOOKIE_REQUESTS_INFLIGHT_MAX at once and refuses the rest RESOURCE_EXHAUSTED at once, so its resident set
+    stays bounded however many a client opens. (While they are held the bookie has no room for others:
+    the well-behaved client runs before and after, not during.)"""
+    async def hold() -> None:
+        before = proc_status(target.bookie.pid)["VmRSS"]
+        async with grpc.aio.insecure_channel(target.bookie.address) as ch:
+            stub = bookie_pb2_grpc.BookieStub(ch)
+            calls = [stub.AddEntries(timeout=60) for _ in range(IDLE_STREAMS)]
+            await wait_until_async(lambda: sum(c.done() for c in calls) >= IDLE_STREAMS - BOOKIE_REQUESTS_INFLIGHT_MAX,
+                                   20.0, interval_s=0.1, message="the streams beyond the bookie's bound refused")
+            refused = [c for c in calls if c.done()]
+            codes = collections.Counter([(await c.code(), await c.details()) for c in refused])
+            # the server refuses each with RESOURCE_EXHAUSTED; the client's transport sometimes reports a stream
+            # the server ended before the client half-closed as CANCELLED (the reset that follows the trailers)
+            exhausted = codes[(grpc.StatusCode.RESOURCE_EXHAUSTED, "Concurrent RPC limit exceeded!")]
+            assert {code for code, _ in codes} <= {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED}, codes
+            assert exhausted >= len(refused) // 2, codes
+            growth = (proc_status(target.bookie.pid)["VmRSS"] - before) / 1024
+            print(f"[abuse] {IDLE_STREAMS} idle AddEntries streams: {len(refused)} refused ({exhausted} "
+                  f"RESOURCE_EXHAUSTED), the bookie grew {growth:.1f} MiB holding the rest")
+            # (the refused ones cost too while they are being refused: about 40 MiB of the growth at 3,000)
+            assert growth < 64, f"the bookie grew {growth:.1f} MiB holding {IDLE_STREAMS - len(refused)} idle streams"
+            for c in calls:
+                c.cancel()
+
+    with abused(target, f"{IDLE_STREAMS} idle AddEntries streams on one connection", during=False):
+        asyncio.run(hold())

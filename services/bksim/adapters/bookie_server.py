@@ -15,7 +15,9 @@ every entry, in its turn, without waiting for the engine (never hangs, never buf
 request counts until its answer is yielded or its stream ends. The in-order queue holds at most
 `add_inflight_per_stream_max` requests; when it is full (the client is not reading its responses) the
 reader stops reading, and gRPC flow control pushes back on the client. Messages above `frame_bytes_max`
-are refused by gRPC itself (RESOURCE_EXHAUSTED, that stream only) before they are buffered.
+are refused by gRPC itself (RESOURCE_EXHAUSTED, that stream only) before they are buffered. At most
+`requests_inflight_max` RPCs run at once (an open AddEntries stream counts until it ends); gRPC refuses more
+with RESOURCE_EXHAUSTED before any handler runs, so idle streams cannot grow the bookie without bound.
 
 ReadEntries (several entries of one ledger in one call; recovery's read-forward and readers use it, since a
 unary gRPC call costs far more than reading an entry) follows bookie/requests.py read_entries: the batch
@@ -315,7 +317,8 @@ class BookieServer:
         self.check_disk()  # the first state is known before the first request
         server = grpc.aio.server(options=server_options(self._config),
                                  interceptors=[*server_interceptors(self._security),  # certificate roles
-                                               MalformedRequests()])  # unparsable: INVALID_ARGUMENT
+                                               MalformedRequests()],  # unparsable: INVALID_ARGUMENT
+                                 maximum_concurrent_rpcs=self._config.requests_inflight_max)
         bookie_pb2_grpc.add_BookieServicer_to_server(self.servicer, server)
         bookie_pb2_grpc.add_BookieAdminServicer_to_server(self.admin, server)  # adapters/bookie_admin.py
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

@@ -93,6 +93,8 @@ class BookieConfig:
     read_batch_entries_max: int = option(1_024, "entry ids one ReadEntries call may ask for; more get BAD_REQUEST")
     list_entries_ids_max: int = option(16_384, "entry ids one ListEntries answer covers at most (the bookie's work "
                                                "per call); the client asks again from where it stopped")
+    requests_inflight_max: int = option(4_096, "concurrent RPCs (an open AddEntries stream counts, ~25 KiB each) a "
+                                               "bookie serves; more get RESOURCE_EXHAUSTED at once")
     # disk space and read-only mode
     disk_check_interval_ms: int = option(1_000, "how often the ledger and journal disks are checked")
     disk_usage_threshold: float = option(0.95, "used fraction at which the bookie goes read-only")
@@ -274,7 +276,8 @@ class Config:
                  "need 0 < bookie.disk_usage_lwm_threshold <= bookie.disk_usage_threshold <= 1")
         for name in ("group_bytes_max", "journal_file_bytes_max", "journal_queue_records_max", "write_cache_bytes_max",
                      "entry_log_bytes_max", "add_inflight_per_stream_max", "add_inflight_total_max",
-                     "read_batch_entries_max", "list_entries_ids_max", "flush_interval_ms", "disk_check_interval_ms"):
+                     "read_batch_entries_max", "list_entries_ids_max", "flush_interval_ms", "disk_check_interval_ms",
+                     "requests_inflight_max"):
             _require(getattr(b, name) > 0, f"bookie.{name} must be > 0")
         _require(b.group_wait_ms_max >= 0, "bookie.group_wait_ms_max must be >= 0")
         _require(b.add_inflight_per_stream_max <= b.add_inflight_total_max,
