@@ -25,7 +25,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bksim.model.config import FRAME_BYTES_MAX
 from helpers import wait_until
-from integration.bookie_harness import BookieProcess
 from integration.broker_harness import BrokerCluster, BrokerConn, payload
 
 REQUESTS_INFLIGHT_MAX = 64     # the test broker's bound on concurrent RPCs (abandoned RPCs must give it back)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import grpc
 
-from abuse.harness import PASSWORD, SyncStream, abused, new_namespace, produce
+from abuse.harness import PASSWORD, SyncStream, abused, consume_all, new_namespace, produce
 from abuse.test_abuse_slow import Sender
 from bksim.formats.entry import encode_entry, master_key
 from bksim.gen import bookie_pb2, bookie_pb2_grpc, broker_pb2, broker_pb2_grpc, topic_pb2, topic_pb2_grpc
@@ -76,7 +76,6 @@ def test_requests_after_close(target):
                 assert inband and inband[-1].status == topic_pb2.BAD_REQUEST, responses
                 assert code == grpc.StatusCode.INVALID_ARGUMENT and details, (code, details)
                 stream.cancel()
-        from abuse.harness import consume_all
         consume_all(target, topic, acked)
         # a bookie add to a ledger fenced by a reader: FENCED, the fenced entries still read
         with grpc.insecure_channel(target.bookie.address) as ch:

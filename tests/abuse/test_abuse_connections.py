@@ -15,13 +15,12 @@ import resource
 import subprocess
 import sys
 import textwrap
-import uuid
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from abuse.harness import BOOKIE_REQUESTS_INFLIGHT_MAX, PASSWORD, REQUESTS_INFLIGHT_MAX, SyncStream, abused, \
-    new_namespace, proc_status, produce, socket_count
+    consume_all, new_namespace, proc_status, produce, socket_count
 from bksim.formats.entry import encode_entry, master_key
 from bksim.gen import bookie_pb2, bookie_pb2_grpc, broker_pb2, broker_pb2_grpc, topic_pb2, topic_pb2_grpc
 from helpers import wait_until, wait_until_async
@@ -31,7 +30,7 @@ ROUNDS = 4
 IDLE_CONNECTIONS = 1000  # to each server
 
 
-def _open_streams(target, ledger: int, topic: str, bookie_ch, broker_ch) -> list[SyncStream | grpc.Call]:
+def _open_streams(ledger: int, topic: str, bookie_ch, broker_ch) -> list[SyncStream | grpc.Call]:
     """STREAMS_PER_KIND streams of each kind, each with a request sent and none half-closed."""
     broker, topics = broker_pb2_grpc.BrokerStub(broker_ch), topic_pb2_grpc.TopicsStub(broker_ch)
     bookie = bookie_pb2_grpc.BookieStub(bookie_ch)
@@ -100,7 +99,7 @@ def test_streams_cancelled_midway(target):
         with grpc.insecure_channel(target.bookie.address) as bookie_ch, \
                 grpc.insecure_channel(target.broker.address) as broker_ch:
             for _ in range(ROUNDS):
-                streams = _open_streams(target, ledger, topic, bookie_ch, broker_ch)
+                streams = _open_streams(ledger, topic, bookie_ch, broker_ch)
                 # read one response of a few of each kind, so those are surely running in the servers
                 for s in streams[:10]:
                     try:
@@ -110,7 +109,6 @@ def test_streams_cancelled_midway(target):
                 for s in streams:
                     s.cancel()
     slots_free(target, topic)  # (it takes every slot: not while the well-behaved client runs)
-    from abuse.harness import consume_all
     consume_all(target, topic, acked)
 
 
@@ -118,13 +116,8 @@ CHILD = textwrap.dedent('''
     import sys, grpc
     sys.path.insert(0, sys.argv[1])
     from abuse import test_abuse_connections as t
-    from abuse.harness import Target
-    class P: pass
-    bookie, broker = P(), P()
-    bookie.address, broker.address = sys.argv[2], sys.argv[3]
-    target = Target(None, bookie, broker, None)
-    bookie_ch, broker_ch = grpc.insecure_channel(bookie.address), grpc.insecure_channel(broker.address)
-    streams = t._open_streams(target, int(sys.argv[4]), sys.argv[5], bookie_ch, broker_ch)
+    bookie_ch, broker_ch = grpc.insecure_channel(sys.argv[2]), grpc.insecure_channel(sys.argv[3])
+    streams = t._open_streams(int(sys.argv[4]), sys.argv[5], bookie_ch, broker_ch)
     for s in streams[:5]:
         s.read() if isinstance(s, t.SyncStream) else next(s)
     print("open", flush=True)

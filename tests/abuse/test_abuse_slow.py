@@ -6,7 +6,6 @@ they hang, its resident set stays within the stated bound, and everything acknow
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 import grpc
