@@ -30,6 +30,7 @@ from helpers import wait_until_async
 
 SWEEP_SEEDS = 800  # about 42 s here (about 53 ms a seed of 200 steps): the ~60 s budget, with room
 SWEEP_STEPS = 200
+SPLIT_SEEDS = 150  # the sweep with index batches split 2 keys per write (~10 s)
 SWEEP_SECONDS_MAX = 180.0  # generous: a regression to a second per seed fails loudly
 STEP_CRASHES_MIN = 20  # each of the ten steps is crashed at 75-150 times over the sweep
 BROKEN_SEEDS_MAX = 40  # a deliberately broken variant must be caught within this many seeds
@@ -59,6 +60,23 @@ def test_a_sweep_of_seeds_keeps_every_invariant_and_crashes_at_every_step():
     assert totals["metadata_failures"] > 1000 and totals["gc_rounds_stopped"] > 1000, totals
     assert totals["kept_by_verification"] > 100, totals  # stale listings: verification kept their missing ledgers
     assert totals["crashes"] > 3000 and totals["acked_entries"] > 80_000 and totals["bit_flips"] > 200, totals
+
+
+def test_index_batches_split_into_many_store_writes_keep_every_invariant_across_crashes(monkeypatch):
+    """Checkpoints, deletions and compaction write their index batches 2 keys per store write here, so crashes
+    land between the writes of one batch (the simulated store keeps a seeded prefix of unsynced writes)."""
+    from bksim.bookie import index as index_mod
+
+    monkeypatch.setattr(index_mod, "BATCH_KEYS_MAX", 2)
+    failures = []
+    crashes = 0
+    for seed in range(1, SPLIT_SEEDS + 1):
+        result = run_gc_sim(seed, SWEEP_STEPS, tolerated=KNOWN_INVARIANTS)
+        if not result.passed:
+            failures.append(f"seed {seed}: {result.violation}")
+        crashes += result.stats["crashes"]
+    assert not failures, "\n".join(failures)
+    assert crashes > SPLIT_SEEDS, crashes
 
 
 def test_the_same_seed_gives_a_byte_identical_trace():

@@ -12,8 +12,8 @@ Compacting old log O into new log N (names in formats/entry_log.py; N is a fresh
 2. fsync N, rename it to ``N-from-O.compacted``, fsync the directory. Fault step ``compact_sync``.
    From here on reads resolve N through this name (EntryLogger alias) until step 5.
    A crash from here to step 5: start-up finishes the compaction (`recover`): it moves to N the location of
-   every record of N whose index entry still names O (the batch of step 3 is atomic: all or nothing of it may
-   have landed), deletes O unless a location still points into it (a compaction that kept O at step 3 leaves
+   every record of N whose index entry still names O (any part of the batch of step 3 may have landed: it is
+   written in several store writes, bookie/index.py), deletes O unless a location still points into it (a compaction that kept O at step 3 leaves
    the same file), renames N to ``N.log``.
 3. Under the engine's checkpoint lock (no checkpoint writes locations meanwhile): one synced index batch; each
    copied entry moves to N only if the index still points at its record in O (its encoded location, compared
