@@ -58,9 +58,10 @@ $(RUBY_GEN_DIR)/.stamp: $(PROTOS) | ruby-grpc
 	touch $@
 
 # ---- cluster -------------------------------------------------------------------------------------------
-# BKSIM_TLS=1 make up: every gRPC link over TLS, certificates made under <run_dir>/tls (bksim cluster up --tls)
+# BKSIM_TLS=1 make up: every gRPC link over TLS, certificates made under <run_dir>/tls (bksim cluster up --tls);
+# BKSIM_SECURE=1 make up: TLS, tokens, authorization and ZooKeeper digest ACLs (bksim cluster up --secure)
 up: deps
-	$(BKSIM) cluster up $(if $(filter 1 true yes,$(BKSIM_TLS)),--tls)
+	$(BKSIM) cluster up $(if $(filter 1 true yes,$(BKSIM_TLS)),--tls) $(if $(filter 1 true yes,$(BKSIM_SECURE)),--secure)
 
 down: venv proto
 	$(BKSIM) cluster down

@@ -17,6 +17,7 @@ import time
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError
 
 from bksim.adapters import processes
 from bksim.adapters.local_cluster import registration_doc
@@ -346,3 +347,47 @@ def test_up_with_real_bookies_survives_kill9_and_restart(tmp_path):
     stopped = [l.split(":")[0] for l in lines if ": stopped pid" in l]
     assert stopped == ["broker-1", "bookie-1", "bookie-2", "zookeeper"], down.stdout  # brokers first
     assert not any(processes.is_alive(p) for p in pids)
+
+
+def test_up_secure_serves_only_tls_with_a_token_and_locks_zookeeper_and_a_second_up_keeps_the_secrets(tmp_path):
+    config = write_config(tmp_path, bookies=1, brokers=1)
+    up = bksim(config, "cluster", "up", "--secure")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        env_file = tmp_path / "run" / "tls" / "client.env"
+        assert "set -a; . " in up.stdout and env_file.exists()
+        client_env = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+        assert set(client_env) >= {"BKSIM_SECURITY_TLS_ENABLED", "BKSIM_SECURITY_TOKEN_FILE",
+                                   "BKSIM_ZOOKEEPER_DIGEST_CREDENTIALS_FILE"}
+        secrets_dir = tmp_path / "run" / "secure"
+        token = (secrets_dir / "super-user.token").read_text().strip()
+        zk_password = (secrets_dir / "zk-credentials").read_text().strip().split(":", 1)[1]
+        assert token not in up.stdout + up.stderr and zk_password not in up.stdout + up.stderr
+
+        made = bksim(config, "ledger", "create", "-e", "1", "-w", "1", "-a", "1", env_extra=client_env)
+        assert made.returncode == 0, made.stdout + made.stderr
+        without_token = {k: v for k, v in client_env.items() if k != "BKSIM_SECURITY_TOKEN_FILE"}
+        refused = bksim(config, "ledger", "create", "-e", "1", "-w", "1", "-a", "1", env_extra=without_token)
+        assert refused.returncode != 0 and "UNAUTHENTICATED" in refused.stderr, refused.stderr
+        plaintext = bksim(config, "ledger", "create", "-e", "1", "-w", "1", "-a", "1")
+        assert plaintext.returncode != 0 and "UNAVAILABLE" in plaintext.stderr, plaintext.stderr
+
+        port = int([l for l in (tmp_path / "run" / "zoo.cfg").read_text().splitlines()
+                    if l.startswith("clientPort=")][0].split("=")[1])
+        anonymous = KazooClient(hosts=f"127.0.0.1:{port}")
+        anonymous.start(timeout=10)
+        try:
+            with pytest.raises(NoAuthError):
+                anonymous.get_children("/ledgers/available")
+        finally:
+            anonymous.stop()
+            anonymous.close()
+
+        again = bksim(config, "cluster", "up", "--secure")  # idempotent: the same secrets, the same cluster
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert (secrets_dir / "super-user.token").read_text().strip() == token
+        status = bksim(config, "cluster", "status", env_extra=client_env)
+        assert status.returncode == 0 and "writable" in status.stdout, status.stdout + status.stderr
+    finally:
+        down = bksim(config, "cluster", "down")
+        assert down.returncode == 0, down.stdout + down.stderr

@@ -19,9 +19,15 @@ CA, bookie-<i>, broker-<i> and client certificates when absent, and keeps them a
 cluster (`set -a; . .run/tls/client.env; set +a`). Mutual TLS, bookie authorized roles and the refresh
 interval come from security.* as usual. Without --tls, a configuration with security.tls_enabled is used as it
 is (its own files).
+
+`up --secure` is `--tls` plus tokens, authorization and ZooKeeper digest ACLs (security/kit.py): under
+<run_dir>/secure an HS256 secret, a token for the super-user role and the ZooKeeper credentials, made when absent
+and kept across runs; every bookie and broker gets their file names (never a secret) in its environment, and
+client.env also names the token and the ZooKeeper credentials, so `bksim` commands act as the super-user.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -50,6 +56,9 @@ def register(subparsers) -> None:
                                    "and cluster.brokers brokers")
     up.add_argument("--tls", action="store_true",
                     help="TLS on every gRPC link, with certificates under <run_dir>/tls (made when absent)")
+    up.add_argument("--secure", action="store_true",
+                    help="--tls plus token authentication, authorization and ZooKeeper digest ACLs, with the secrets "
+                         "under <run_dir>/secure (made when absent); client.env makes bksim commands the super-user")
     up.set_defaults(func=cmd_up)
     down = sub.add_parser("down", help="stop the brokers, the bookies, then ZooKeeper (SIGTERM, bounded wait, "
                                        "SIGKILL)")
@@ -78,14 +87,16 @@ def broker_argv(config_file: str | None) -> list[str]:
     return child_argv("broker", config_file)
 
 
-def cluster_of(config: Config, config_file: str | None = None, tls: bool = False) -> LocalCluster:
+def cluster_of(config: Config, config_file: str | None = None, tls: bool = False,
+               child_env: dict[str, str] | None = None) -> LocalCluster:
     """The configured cluster's processes (declared, not started): ZooKeeper, bookie-1.., broker-1..; `tls`:
-    certificates under <run_dir>/tls (see the module docstring)."""
+    certificates under <run_dir>/tls (see the module docstring); `child_env`: BKSIM_ variables every bookie and
+    broker gets besides."""
     from bksim.adapters.zk_client import security_from_config
 
     security = security_from_config(config)
     cluster = LocalCluster(config.cluster.run_dir, config_path=config_file, log=_say, zk_security=security,
-                           tls_dir=tls_dir(config) if tls else None)
+                           tls_dir=tls_dir(config) if tls else None, child_env=child_env)
     if not tls and config.security.tls_enabled:
         from bksim.security.tls import channel_security
 
@@ -106,8 +117,9 @@ def tls_dir(config: Config) -> str:
     return os.path.join(os.path.abspath(config.cluster.run_dir), "tls")
 
 
-def write_client_env(cluster: LocalCluster) -> str:
-    """<tls_dir>/client.env: the settings with which `bksim` commands talk to this TLS cluster; its path."""
+def write_client_env(cluster: LocalCluster, kit=None) -> str:
+    """<tls_dir>/client.env: the settings with which `bksim` commands talk to this TLS cluster (and, with the
+    SecurityKit `kit`, present its super-user token and ZooKeeper credentials: file names only); its path."""
     from bksim.security import certs
 
     path = os.path.join(cluster.tls_dir, "client.env")
@@ -115,6 +127,9 @@ def write_client_env(cluster: LocalCluster) -> str:
              "BKSIM_SECURITY_TLS_CA_FILE": os.path.join(cluster.tls_dir, certs.CA_FILE),
              "BKSIM_SECURITY_TLS_CERT_FILE": certs.cert_path(cluster.tls_dir, certs.CLIENT_NAME),
              "BKSIM_SECURITY_TLS_KEY_FILE": certs.key_path(cluster.tls_dir, certs.CLIENT_NAME)}
+    if kit is not None:
+        lines.update({"BKSIM_SECURITY_TOKEN_FILE": kit.token_file,
+                      "BKSIM_ZOOKEEPER_DIGEST_CREDENTIALS_FILE": kit.zk_credentials_file})
     with open(path, "w") as f:
         f.write("".join(f"{k}={v}\n" for k, v in lines.items()))
     return path
@@ -138,12 +153,23 @@ def _say(message: str) -> None:
 def cmd_up(args) -> int:
     config = loader.load(getattr(args, "config", None))
     loader.print_effective(config, "cluster up")
-    cluster = cluster_of(config, config_path(args), tls=getattr(args, "tls", False))
+    secure = getattr(args, "secure", False)
+    kit = None
+    if secure:
+        from bksim.security.kit import SUPER_USER_ROLE, SecurityKit
+
+        kit = SecurityKit.keep_or_create(os.path.join(os.path.abspath(config.cluster.run_dir), "secure"))
+        # this process's own ZooKeeper clients (metadata layout, readiness) use the children's credentials
+        config = dataclasses.replace(config, zookeeper=dataclasses.replace(
+            config.zookeeper, digest_credentials_file=kit.zk_credentials_file))
+    cluster = cluster_of(config, config_path(args), tls=secure or getattr(args, "tls", False),
+                         child_env=kit.child_env() if kit else None)
     for path in (cluster.run_dir, cluster.logs_dir, cluster.pids_dir):
         os.makedirs(path, exist_ok=True)
     if cluster.tls_dir:
-        _say(f"TLS: certificates in {cluster.tls_dir}; for other bksim commands: "
-             f"set -a; . {os.path.relpath(write_client_env(cluster))}; set +a")
+        _say(f"{'TLS, tokens (super-user ' + repr(SUPER_USER_ROLE) + '), ZooKeeper ACLs' if kit else 'TLS'}: "
+             f"certificates in {cluster.tls_dir}; for other bksim commands: "
+             f"set -a; . {os.path.relpath(write_client_env(cluster, kit))}; set +a")
     timeout_s = config.cluster.start_timeout_ms / 1000.0
     zk = config.zookeeper
     cluster.start_zookeeper(zk.port, host=zk.host, timeout_s=timeout_s)

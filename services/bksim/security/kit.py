@@ -61,6 +61,19 @@ class SecurityKit:
             write_private(zk_file, f"{ZK_USER}:{secrets.token_urlsafe(ZK_PASSWORD_BYTES)}\n".encode())
         return SecurityKit(out_dir, tls_dir, secret_key_file, token_file, zk_file)
 
+    @staticmethod
+    def keep_or_create(out_dir: str, *, auth: bool = True, zk_digest: bool = True) -> "SecurityKit":
+        """The token and ZooKeeper parts under `out_dir`: the files already there, the missing parts made as
+        `create` makes them (a cluster started again on its run directory keeps its secrets: its znodes carry
+        the old digest ACL)."""
+        out_dir = os.path.abspath(out_dir)
+        secret_key_file, token_file = os.path.join(out_dir, SECRET_KEY_FILE), os.path.join(out_dir, TOKEN_FILE)
+        zk_file = os.path.join(out_dir, ZK_CREDENTIALS_FILE)
+        SecurityKit.create(out_dir, tls=False, auth=auth and not os.path.exists(token_file),
+                           zk_digest=zk_digest and not os.path.exists(zk_file))
+        return SecurityKit(out_dir, "", secret_key_file if auth else "", token_file if auth else "",
+                           zk_file if zk_digest else "")
+
     @property
     def auth(self) -> bool:
         return bool(self.token_file)
