@@ -36,6 +36,7 @@ that dies leaves its ledgers OPEN; any broker recovers them (open with recovery)
 from __future__ import annotations
 
 import collections
+import hmac
 from typing import AsyncIterator, Callable, Protocol, Sequence
 
 from bksim.broker.handle import LedgerHandle
@@ -303,7 +304,7 @@ class LedgerService:
 
     @staticmethod
     def check_password(ledger_id: int, metadata: LedgerMetadata, password: bytes) -> None:
-        if master_key(password) != master_key(metadata.password):
+        if not hmac.compare_digest(master_key(password), master_key(metadata.password)):  # constant time
             raise LedgerError(LedgerStatus.UNAUTHORIZED, f"wrong password for ledger {ledger_id}")
 
     async def open_ledger(self, ledger_id: int, *, password: bytes, recover: bool) -> LedgerMetadata:
