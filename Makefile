@@ -87,6 +87,11 @@ test-integration: deps compose-tools
 test-abuse: deps
 	$(PYTEST) tests/abuse
 
+# The simulator's long sweeps (BKSIM_LONG_SWEEPS=1, about 5 minutes): the gc world over 3,000 seeds and the
+# search for the first seed that catches each rare broken variant (`make test` runs their known seeds)
+test-sweeps: deps
+	BKSIM_LONG_SWEEPS=1 $(PYTEST) --timeout=1800 tests/sim
+
 # The fuzz tests (tests/fuzz/) with the `long` hypothesis profile: random seeds, FUZZ_EXAMPLES examples per
 # test (`make test` runs them with the fixed-seed `ci` profile). FUZZ_EXAMPLES=20000 takes about 20 minutes.
 FUZZ_EXAMPLES ?= 20000
@@ -170,7 +175,7 @@ SEED ?= 1
 SEEDS ?= 1000
 STEPS ?=
 SIM_ARGS ?=
-.PHONY: sim sim-sweep
+.PHONY: sim sim-sweep test-sweeps
 sim: venv proto
 	$(BKSIM) sim --seed $(SEED) $(if $(STEPS),--steps $(STEPS)) $(SIM_ARGS)
 
