@@ -281,8 +281,11 @@ def _ledger_bytes(entrylogs: str) -> dict[int, dict[int, int]]:
     for name in os.listdir(entrylogs):
         log_id = log_fmt.parse_entry_log_file_name(name)
         if log_id is not None:
-            with open(os.path.join(entrylogs, name), "rb") as f:
-                _header, records, _stopped = log_fmt.scan(f.read())
+            try:
+                with open(os.path.join(entrylogs, name), "rb") as f:
+                    _header, records, _stopped = log_fmt.scan(f.read())
+            except FileNotFoundError:
+                continue  # deleted by the bookie between the listing and the open
             sizes: dict[int, int] = {}
             for r in records:
                 sizes[r.ledger_id] = sizes.get(r.ledger_id, 0) + len(r.entry or b"")
@@ -323,11 +326,18 @@ def test_full_bookie_is_writable_again_after_ledger_delete_compacts_the_live_led
         client = SyncBookieClient(bookie.address)
         expected: dict[int, bytes] = {}
         try:
-            # fill until the bookie refuses: its disk check (every 100 ms) decides, not a fraction seen here (a
-            # checkpoint that drops a journal file can take the disk back under the threshold in between)
+            # fill until the bookie is read-only: its disk check (every 100 ms) decides, not a fraction seen here
+            # (a checkpoint that drops a journal file can take the disk back under the threshold in between)
             n = 0
             while True:
-                assert used_fraction(small_fs) < 0.9, f"still writable at {used_fraction(small_fs):.2f} used"
+                used = used_fraction(small_fs)
+                assert used < 0.9, f"still writable at {used:.2f} used"
+                if used >= 0.55:  # over the threshold here: give the bookie's check a moment, write on if not
+                    try:
+                        wait_until(lambda: zk.exists(registration_path(bookie.bookie_id, True)), 1.0)
+                        break
+                    except AssertionError:
+                        pass
                 batch = [(encode_entry(doomed, 3 * n + i, 3 * n + i - 1, 0, b"d" * 16_000), KEY, 0) for i in range(3)]
                 data = ledger_payload(kept, n)
                 batch.append((encode_entry(kept, n, n - 1, 0, data), KEY, 0))

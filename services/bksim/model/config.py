@@ -111,8 +111,9 @@ class BookieConfig:
     major_compaction_threshold: float = option(0.5, "entry logs below this live fraction are compacted by major "
                                                     "compaction (and when the disk is full); 0 = off")
     major_compaction_interval_ms: int = option(86_400_000, "major compaction period (at a GC round)")
-    compaction_rate_bytes_per_s: int = option(16 * MiB, "live bytes compaction copies per second at most, so adds "
-                                                        "stay fast; 0 = unlimited")
+    compaction_rate_bytes_per_s: int = option(1 * MiB, "live bytes compaction copies per second at most, so adds "
+                                                       "stay fast (BookKeeper's compactionRateByEntries 1,000/s: "
+                                                       "about this at 1 KiB entries); 0 = unlimited")
     # lifecycle
     shutdown_grace_ms: int = option(10_000, "SIGTERM: how long in-flight requests get to drain")
 

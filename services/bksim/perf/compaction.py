@@ -69,7 +69,7 @@ class Shape:
     entry_bytes: int
     writer_rate: float
     seconds: float
-    during_logs: int = 4
+    during_logs: int = 1
 
     def __post_init__(self) -> None:
         if self.log_mb < 1 or not 0 < self.live < 1 or self.entry_bytes < HEADER_BYTES + 1:
