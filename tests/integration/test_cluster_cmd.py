@@ -93,6 +93,8 @@ bookies = {bookies}
 bookie_port_base = {free_port(count=max(1, bookies))}
 brokers = {brokers}
 broker_port_base = {free_port(count=max(1, brokers))}
+bookie_http_port_base = {free_port(count=max(1, bookies))}
+broker_http_port_base = {free_port(count=max(1, brokers))}
 start_timeout_ms = 20000
 [zookeeper]
 port = {free_port()}

@@ -49,6 +49,8 @@ bookies = {BOOKIES}
 bookie_port_base = {free_port(count=BOOKIES)}
 brokers = {BROKERS}
 broker_port_base = {free_port(count=BROKERS)}
+bookie_http_port_base = {free_port(count=BOOKIES)}
+broker_http_port_base = {free_port(count=BROKERS)}
 start_timeout_ms = 30000
 [zookeeper]
 port = {free_port()}

@@ -92,6 +92,7 @@ class Node:
     incarnations: int = 0  # spawns by this cluster
     spawned_ms: int | None = None  # wall-clock ms of the last spawn (None: adopted from its pid file)
     torn_pending: bool = False  # chaos: its journal tail was torn while it was down (replay must report it)
+    http_port: int | None = None  # its HTTP port (/metrics, admin API), when it serves one
 
     @property
     def node_id(self) -> str:

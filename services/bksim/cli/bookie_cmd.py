@@ -173,7 +173,7 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    client = engine = server = reg = autorecovery = None
+    client = engine = server = reg = autorecovery = http = None
     autorecovery_stop = asyncio.Event()
     try:
         connected = await _until_stopped(stop, asyncio.to_thread(
@@ -210,6 +210,14 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
                               security=config.security)
         port = await server.start()
         log(f"gRPC server listening on {b.host}:{port} (health SERVING, reflection on)")
+        if b.http_port:
+            from bksim.adapters.http_server import HttpServer, ProcessParts
+
+            http = HttpServer(b.host, b.http_port, log)
+            for routes in bookie_http_routes():
+                http.add_routes(routes(ProcessParts("bookie", config, dict(
+                    engine=engine, server=server, gc=gc, registration=reg, zk=client))))
+            await http.start()
         if await _until_stopped(stop, asyncio.to_thread(reg.register, engine.read_only)) is _STOPPED:
             return 0
         log(f"serving ({engine.info()['state']})")
@@ -222,7 +230,15 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
         return 0
     finally:
         autorecovery_stop.set()  # stops alongside the bookie's own steps; awaited (bounded) at their end
+        if http is not None:
+            await http.stop()
         await _shutdown(config, log, client, engine, server, reg, autorecovery)
+
+
+def bookie_http_routes() -> list:
+    """The features a bookie serves on its HTTP port: each a function of the process's ProcessParts that
+    returns aiohttp routes (adapters/http_server.py)."""
+    return []
 
 
 _STOPPED = object()

@@ -115,7 +115,7 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    client = store = transport = service = server = topics = None
+    client = store = transport = service = server = topics = http = None
     try:
         connected = await _until_stopped(stop, asyncio.to_thread(
             registration.connect_config, config, ZK_CONNECT_TIMEOUT_S))
@@ -147,6 +147,14 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
         port = await server.start()
         topics.start()
         log(f"gRPC server listening on {r.host}:{port} (health SERVING, reflection on)")
+        if r.http_port:
+            from bksim.adapters.http_server import HttpServer, ProcessParts
+
+            http = HttpServer(r.host, r.http_port, log)
+            for routes in broker_http_routes():
+                http.add_routes(routes(ProcessParts("broker", config, dict(
+                    service=service, topics=topics, server=server, store=store, transport=transport))))
+            await http.start()
         if await _until_stopped(stop, _register(store, config, log)) is _STOPPED:
             return 0
         log("serving")
@@ -158,7 +166,15 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
         log("shutdown requested: unloading topics, closing the ledgers this broker writes")
         return 0
     finally:
+        if http is not None:
+            await http.stop()
         await _shutdown(config, log, client, store, transport, service, server, topics)
+
+
+def broker_http_routes() -> list:
+    """The features a broker serves on its HTTP port: each a function of the process's ProcessParts that
+    returns aiohttp routes (adapters/http_server.py)."""
+    return []
 
 
 def make_topic_service(config: Config, store, ledgers, clock, log):

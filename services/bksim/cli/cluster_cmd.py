@@ -107,10 +107,19 @@ def cluster_of(config: Config, config_file: str | None = None, tls: bool = False
                              client_auth=config.security.tls_client_auth)
     c = config.cluster
     for i in range(c.bookies):
-        cluster.add_bookie(c.bookie_port_base + i, host=config.bookie.host, argv=bookie_argv(config_file))
+        node = cluster.add_bookie(c.bookie_port_base + i, host=config.bookie.host, argv=bookie_argv(config_file),
+                                  env=_http_env("BOOKIE", c.bookie_http_port_base, i))
+        node.http_port = c.bookie_http_port_base + i if c.bookie_http_port_base else None
     for i in range(c.brokers):
-        cluster.add_broker(c.broker_port_base + i, host=config.broker.host, argv=broker_argv(config_file))
+        node = cluster.add_broker(c.broker_port_base + i, host=config.broker.host, argv=broker_argv(config_file),
+                                  env=_http_env("BROKER", c.broker_http_port_base, i))
+        node.http_port = c.broker_http_port_base + i if c.broker_http_port_base else None
     return cluster
+
+
+def _http_env(kind: str, base: int, i: int) -> dict[str, str]:
+    """The HTTP port of the i-th (0-based) bookie or broker: base + i (none when base is 0)."""
+    return {f"BKSIM_{kind}_HTTP_PORT": str(base + i)} if base else {}
 
 
 def tls_dir(config: Config) -> str:
@@ -188,7 +197,8 @@ def _say_endpoints(cluster: LocalCluster, explicit_config: str | None) -> None:
     _say("endpoints:")
     _say(f"  {'zookeeper':<10} {cluster.zk_connect}")
     for node in cluster.nodes:
-        _say(f"  {node.name:<10} {node.node_id}")
+        http = f"   http://{node.host}:{node.http_port}" if node.http_port else ""
+        _say(f"  {node.name:<10} {node.node_id}{http}")
     suffix = f" --config {explicit_config}" if explicit_config else ""
     bookies = len(cluster.bookies)
     if cluster.brokers and bookies:

@@ -35,6 +35,10 @@ class ClusterConfig:
     bookie_port_base: int = option(3181, "bookie i (1-based) listens on bookie_port_base + i - 1")
     brokers: int = option(2, "number of brokers `bksim cluster up` starts")
     broker_port_base: int = option(6650, "broker i (1-based) listens on broker_port_base + i - 1")
+    bookie_http_port_base: int = option(8000, "bookie i serves HTTP (/metrics, admin API) on bookie_http_port_base + "
+                                              "i - 1 (BookKeeper's httpServerPort); 0 = no HTTP")
+    broker_http_port_base: int = option(8080, "broker i serves HTTP (/metrics, admin REST, /dashboard) on "
+                                              "broker_http_port_base + i - 1 (Pulsar's webServicePort); 0 = no HTTP")
     start_timeout_ms: int = option(60_000, "how long `cluster up` waits for each process to become ready")
 
 
@@ -63,6 +67,8 @@ class BookieConfig:
     # identity and addresses
     host: str = option("127.0.0.1", "address the bookie's gRPC server binds to")
     port: int = option(3181, "bookie gRPC port")
+    http_port: int = option(0, "bookie HTTP port: /metrics (Prometheus) and the admin API (/heartbeat, /api/v1/...); "
+                               "0 = none (`cluster up` gives each bookie one)")
     bookie_id: str = option("", "bookie id registered in ZooKeeper; empty = <host>:<port>")
     journal_dir: str = option("", "journal directory; empty = <run_dir>/bookie-<port>/journal")
     ledger_dir: str = option("", "entry logs + index directory; empty = <run_dir>/bookie-<port>/ledgers")
@@ -123,6 +129,8 @@ class BrokerConfig:
     """The broker: a stateless gRPC server with the ledger client (PROTOCOL.md §4) inside."""
     host: str = option("127.0.0.1", "address the broker's gRPC server binds to")
     port: int = option(6650, "broker gRPC port")
+    http_port: int = option(0, "broker HTTP port: /metrics (Prometheus), the admin REST API (/admin/v2/...) and "
+                               "/dashboard; 0 = none (`cluster up` gives each broker one)")
     broker_id: str = option("", "broker id registered in ZooKeeper (/brokers/available); empty = <host>:<port>")
     bookie_timeout_ms: int = option(5_000, "a bookie call unanswered this long fails; for an add that means an "
                                            "ensemble change; must be > bookie.write_cache_throttle_ms_max")
@@ -335,6 +343,10 @@ class Config:
                  f"0..100 (a percent of the closed ledgers' entries)")
         _require(self.zookeeper.operation_timeout_ms > 0, "zookeeper.operation_timeout_ms must be > 0")
         _require(self.zookeeper.read_tries_max >= 1, "zookeeper.read_tries_max must be >= 1")
+        for name, port in (("bookie.http_port", b.http_port), ("broker.http_port", r.http_port),
+                           ("cluster.bookie_http_port_base", self.cluster.bookie_http_port_base),
+                           ("cluster.broker_http_port_base", self.cluster.broker_http_port_base)):
+            _require(0 <= port < 65536, f"{name} must be within 0..65535 (0 = no HTTP)")
         _require(0 <= self.zookeeper.secure_port < 65536, "zookeeper.secure_port must be within 0..65535")
         sec = self.security
         _require(sec.tls_refresh_interval_ms >= 0, "security.tls_refresh_interval_ms must be >= 0")
