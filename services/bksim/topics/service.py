@@ -40,6 +40,26 @@ def _meta(what: str, e: MetadataError) -> TopicError:
     return TopicError(TopicStatus.METADATA_ERROR, f"{what}: {e}")
 
 
+def _doc(data: bytes | None, path: str) -> dict:
+    """A znode's JSON object ({} for an empty node); METADATA_ERROR naming the path when it is not one (not
+    JSON, nested too deep, an integer of thousands of digits, an array)."""
+    try:
+        doc = json.loads(data or b"{}")
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, int() digits: ValueErrors
+        raise TopicError(TopicStatus.METADATA_ERROR, f"{path}: not JSON ({type(e).__name__})") from None
+    if not isinstance(doc, dict):
+        raise TopicError(TopicStatus.METADATA_ERROR, f"{path}: not a JSON object")
+    return doc
+
+
+def _field(doc: dict, path: str, read: Callable):
+    """`read(doc)`; METADATA_ERROR naming the path when a field is missing or of the wrong type or size."""
+    try:
+        return read(doc)
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError) as e:
+        raise TopicError(TopicStatus.METADATA_ERROR, f"{path}: malformed ({type(e).__name__}: {e})"[:300]) from None
+
+
 class TopicService:
     def __init__(self, *, store: MetadataStore, ledgers: LedgerService, clock: Clock, broker_id: str, address: str,
                  open_cursor_factory, config: TopicConfig = TopicConfig(), broker_config: BrokerConfig = BrokerConfig(),
@@ -118,7 +138,8 @@ class TopicService:
                                                               f"(bksim namespace create {namespace})") from None
         except MetadataError as e:
             raise _meta(f"reading namespace {namespace}", e) from None
-        return Policies.from_json(json.loads(data or b"{}"))
+        path = policies_path(tenant, ns)
+        return _field(_doc(data, path), path, Policies.from_json)
 
     async def list_namespaces(self, tenant: str) -> list[str]:
         check_name("tenant", tenant)
@@ -167,7 +188,7 @@ class TopicService:
             return None
         except MetadataError as e:
             raise _meta(f"reading {name}", e) from None
-        return int(json.loads(data)["partitions"])
+        return _field(_doc(data, name.partitioned_path), name.partitioned_path, lambda d: int(d["partitions"]))
 
     async def get_topic(self, topic: str) -> int:
         """Partitions of a topic (0 = non-partitioned); TOPIC_NOT_FOUND when it does not exist."""
@@ -228,7 +249,8 @@ class TopicService:
         cursor_ledgers: list[int] = []
         try:
             data, _ = await self.store.get(name.managed_ledger_path)
-            ledger_ids = [int(x["ledger_id"]) for x in json.loads(data or b"{}").get("ledgers", [])]
+            ledger_ids = _field(_doc(data, name.managed_ledger_path), name.managed_ledger_path,
+                                lambda d: [int(x["ledger_id"]) for x in d.get("ledgers", [])])
             for node in await self._children(name.managed_ledger_path):
                 path = f"{name.managed_ledger_path}/{node}"
                 try:
@@ -265,7 +287,7 @@ class TopicService:
             return None
         except MetadataError as e:
             raise _meta(f"reading the owner of {name}", e) from None
-        d = json.loads(data or b"{}")
+        d = _doc(data, name.ownership_path)
         return str(d.get("broker_id", "")), str(d.get("address", ""))
 
     async def _brokers(self) -> dict[str, str]:
@@ -273,10 +295,10 @@ class TopicService:
         for b in await self._children(BROKERS_AVAILABLE):
             try:
                 data, _ = await self.store.get(f"{BROKERS_AVAILABLE}/{b}")
-                d = json.loads(data or b"{}")
+                d = _doc(data, f"{BROKERS_AVAILABLE}/{b}")
                 out[b] = f"{d.get('host', '127.0.0.1')}:{d.get('port', 0)}"
-            except (NoNodeError, ValueError):
-                continue
+            except (NoNodeError, TopicError):
+                continue  # gone meanwhile, or not a broker's registration: not a broker to name
         out.setdefault(self.broker_id, self.address)
         return out
 

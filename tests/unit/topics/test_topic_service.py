@@ -191,3 +191,34 @@ def test_stats_report_rates_over_the_last_interval():
         assert stats["msgRateIn"] == 15.0 and stats["msgInCounter"] == 30
         assert stats["msgThroughputIn"] > 0
     run(main())
+
+
+def test_a_damaged_znode_is_a_metadata_error_naming_its_path_not_a_crash():
+    from bksim.topics.names import TopicName, policies_path
+
+    async def scenario():
+        store, (svc, _other) = await cluster(brokers=2)
+        await svc.create_tenant("acme")
+        await svc.create_namespace("acme/orders", Policies())
+        await svc.create_topic("persistent://acme/orders/p", 2)
+        damaged = [b"{not json", b"[1, 2]", b"[" * 100_000 + b"]" * 100_000, b'{"retention_ms": ' + b"9" * 5000 + b"}",
+                   b'{"retention_ms": 1e999}', b'{"retention_ms": [1]}']
+        for data in damaged:
+            await store.set(policies_path("acme", "orders"), data, -1)
+            with pytest.raises(TopicError) as e:
+                await svc.get_namespace("acme/orders")
+            assert e.value.status is TopicStatus.METADATA_ERROR and policies_path("acme", "orders") in str(e.value)
+        await store.set(policies_path("acme", "orders"), b"{}", -1)
+        path = TopicName.parse("persistent://acme/orders/p").partitioned_path
+        for data in (b'{"partitions": "many"}', b"{}", b"\xff\xfe"):
+            await store.set(path, data, -1)
+            with pytest.raises(TopicError) as e:
+                await svc.get_topic("persistent://acme/orders/p")
+            assert e.value.status is TopicStatus.METADATA_ERROR and path in str(e.value), data
+        # a broker registration that is not a JSON object is no broker: the others are still named
+        await store.session("junk").create("/brokers/available/junk", b"\x00\x01", ephemeral=True)
+        await svc.create_topic("persistent://acme/orders/q", 0)
+        owner, address, _owned = await svc.lookup("persistent://acme/orders/q")
+        assert owner in ("br0", "br1") and address.startswith("127.0.0.1:")
+
+    run(scenario())
