@@ -164,3 +164,20 @@ def test_under_replication_mark_always_decodes(data):
     """A mark that does not decode still marks its ledger (autorecovery/marks.py): decode_mark never raises."""
     mark = decode_mark(7, data, 3)
     assert mark.ledger_id == 7 and mark.version == 3
+
+
+# ------------------------------------------------------------------------------ bookie registrations (broker side)
+@given(raw_bytes())
+@example(DEEP)
+@example(b'{"host": "h", "port": ' + HUGE_INT + b"}")
+@example(b"[1]")
+def test_a_bookie_registration_resolves_or_is_unreachable(data):
+    from bksim.adapters.bookie_transport import RegistrationResolver
+    from bksim.model.errors import BksimError
+
+    try:
+        address = RegistrationResolver._parse("not-an-address", "/ledgers/available/not-an-address", data)
+    except BksimError:
+        return  # BookieUnreachable: the znode names no usable host and port
+    host, _, port = address.rpartition(":")
+    assert host and 0 < int(port) < 65536

@@ -162,7 +162,7 @@ class RegistrationResolver:
             host, port = registration["host"], int(registration["port"])
             if not isinstance(host, str) or not host or not 0 < port < 65536:
                 raise ValueError(f"host {host!r}, port {port}")
-        except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
             fallback = address_of_id(bookie_id)
             if fallback is not None:
                 return fallback

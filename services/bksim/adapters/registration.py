@@ -168,9 +168,10 @@ def read_registration(client: KazooClient, bookie_id: str, read_only: bool) -> d
     except NoNodeError:
         return None
     try:
-        return json.loads(data.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        doc = json.loads(data.decode())
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep, an integer of 5,000 digits
         return {"bookie_id": bookie_id}
+    return doc if isinstance(doc, dict) else {"bookie_id": bookie_id}
 
 
 class Registration:
@@ -326,7 +327,7 @@ def registered_brokers(client) -> list[dict]:
             rows.append((row if isinstance(row, dict) else {}) | {"broker_id": name})
         except NoNodeError:
             continue  # gone meanwhile
-        except ValueError:
+        except (ValueError, RecursionError):  # not a JSON document: a broker named by its znode only
             rows.append({"broker_id": name})
     return rows
 

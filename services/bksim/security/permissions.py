@@ -62,7 +62,7 @@ class Permissions:
             raise _meta(f"reading {what}", e) from None
         try:
             doc = json.loads(data or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep
             raise TopicError(TopicStatus.METADATA_ERROR, f"{what}: the znode {path} is not JSON") from None
         return (doc if isinstance(doc, dict) else {}), version
 
