@@ -46,6 +46,7 @@ Must not: block the event loop (no ZooKeeper calls here: read-only flips go to a
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Awaitable, Callable
 
 import grpc
@@ -59,6 +60,7 @@ from bksim.bookie.requests import AddAdmission, AddStreamAdmission, read_batch_r
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.model.config import BookieConfig, SecurityConfig
 from bksim.model.errors import BksimError
+from bksim.model.histogram import LatencyHistogram
 from bksim.model.status import FLAG_FENCE, StatusCode
 from bksim.security.tls import add_port, server_interceptors
 
@@ -110,6 +112,9 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         self.read_batch_entries = 0
         self.list_calls = 0  # ListEntries pages answered
         self.list_ranges = 0
+        # request -> response latency per entry (exported as bookkeeper_server_ADD_ENTRY_REQUEST / READ_ENTRY_REQUEST)
+        self.add_request_latency = LatencyHistogram()
+        self.read_request_latency = LatencyHistogram()
 
     # -- AddEntries --------------------------------------------------------------------------------------
 
@@ -130,13 +135,14 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 if item.__class__ is _AddResponse:
                     yield item  # rejected up front
                     continue
-                batch_id, n, batch = item
+                batch_id, n, batch, received = item
                 try:
                     statuses, message = await batch.result()
                 except Exception as e:  # noqa: BLE001 - an engine bug must not kill the stream silently
                     self._log(f"add_entries failed: {type(e).__name__}: {e}")
                     statuses, message = [_IO_ERROR] * n, f"bookie internal error: {type(e).__name__}: {e}"
                 stream.admission.answered(n)
+                self.add_request_latency.observe((time.monotonic() - received) * 1000.0, n)
                 yield _AddResponse(batch_id=batch_id, statuses=statuses, message=message)
         finally:
             stream.admission.close()  # unanswered adds of a stream that ended stop counting
@@ -150,6 +156,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         admit = stream.admission.admit
         try:
             async for req in request_iterator:
+                received = time.monotonic()
                 entries = req.entries
                 n = len(entries)
                 refused = admit(n)
@@ -161,7 +168,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 except Exception as e:  # noqa: BLE001 - an engine bug must not kill the stream silently
                     self._log(f"add_entries failed: {type(e).__name__}: {e}")
                     batch = _FailedBatch(n, f"bookie internal error: {type(e).__name__}: {e}")
-                await queue.put((req.batch_id, n, batch))
+                await queue.put((req.batch_id, n, batch, received))
         except asyncio.CancelledError:
             pass  # draining, or the RPC ended: stop reading; what was accepted is still answered
         except grpc.RpcError:
@@ -194,15 +201,18 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
     # -- unary calls -----------------------------------------------------------------------------------
 
     async def ReadEntry(self, request, context):
+        received = time.monotonic()
         try:
             status, entry, lac, message = await self._engine.read_entry(
                 request.ledger_id, request.entry_id, bool(request.flags & FLAG_FENCE), request.master_key)
         except Exception as e:  # noqa: BLE001
             return bookie_pb2.ReadEntryResponse(status=_IO_ERROR, last_add_confirmed=-1,
                                                 message=self._internal(e, "read_entry"))
+        self.read_request_latency.observe((time.monotonic() - received) * 1000.0)
         return bookie_pb2.ReadEntryResponse(status=status, entry=entry, last_add_confirmed=lac, message=message)
 
     async def ReadEntries(self, request, context):
+        received = time.monotonic()
         ids = request.entry_ids
         ledger_id = request.ledger_id
         self.read_batches += 1
@@ -211,6 +221,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         results = await read_entries(self._engine, self._config, ledger_id, ids, bool(request.flags & FLAG_FENCE),
                                      request.master_key,
                                      internal_error=lambda e: self._internal(e, "read_entries"))
+        self.read_request_latency.observe((time.monotonic() - received) * 1000.0, len(results))
         return bookie_pb2.ReadEntriesResponse(results=[
             _ReadEntryResult(status=status, entry=entry, last_add_confirmed=lac, message=message)
             for status, entry, lac, message in results])

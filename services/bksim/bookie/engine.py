@@ -218,6 +218,10 @@ class BookieEngine:
         return {"state": "read-only" if self.read_only else "writable", "free_bytes": self._free_bytes,
                 "total_bytes": self._total_bytes, "instance_id": self.instance_id}
 
+    def latencies(self) -> dict:
+        """The journal's LatencyHistograms by name ("journal_sync", "journal_add"): exported as metrics."""
+        return {"journal_sync": self._journal.sync_latency, "journal_add": self._journal.add_latency}
+
     def statistics(self) -> dict:
         return dict(self.stats, journal=self._journal.statistics(), write_cache_bytes=self._write_cache.active_bytes,
                     flushing_bytes=self._write_cache.flushing_bytes, persisted_mark=tuple(

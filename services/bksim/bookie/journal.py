@@ -28,6 +28,7 @@ from typing import Callable
 
 from bksim.formats import journal as fmt
 from bksim.model.errors import BookieError
+from bksim.model.histogram import LatencyHistogram
 from bksim.model.status import StatusCode
 from bksim.ports.clock import Clock
 from bksim.ports.disk import AppendFile, Disk
@@ -79,6 +80,10 @@ class Journal:
         self._stopping = False
         self._failure: str | None = None
         self.stats = {"groups": 0, "records": 0, "bytes": 0, "rolls": 0}
+        # latencies (exported as bookie_journal_JOURNAL_SYNC / _ADD_ENTRY): a group's write + sync, and a record's
+        # queueing -> its covering sync (the time an add waits for durability here)
+        self.sync_latency = LatencyHistogram()
+        self.add_latency = LatencyHistogram()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def open(self, after_id: int) -> None:
@@ -200,6 +205,7 @@ class Journal:
         chunks = [c for pending in group for c in pending.chunks]
         data = b"".join([fmt.group_record(chunks)] + chunks)  # framed: replay can tell a torn last group
         assert self._file is not None
+        started_ms = self._clock.monotonic_ms()
         if self._sync_on_loop:
             self._file.write_synced_now(data)  # blocks the loop for one sync; no thread hand-off
         else:
@@ -208,7 +214,11 @@ class Journal:
         self.stats["groups"] += 1
         self.stats["records"] += sum(p.nrecords for p in group)
         self.stats["bytes"] += len(data)
+        synced_ms = self._clock.monotonic_ms()
+        self.sync_latency.observe(synced_ms - started_ms)
+        add_latency = self.add_latency
         for pending in group:
+            add_latency.observe(synced_ms - pending.enqueued_ms, pending.nrecords)
             if not pending.future.done():
                 pending.future.set_result(None)
         if self._file.size >= self._file_bytes_max:
