@@ -16,7 +16,8 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the status of a command killed by the s
 
 # family modules, in help order; each defines register(subparsers) -> None
 FAMILIES = ("audit_cmd", "autorecovery_cmd", "bookie_cmd", "broker_cmd", "certs_cmd", "chaos_cmd", "cluster_cmd",
-            "compose_cmd", "dump_cmd", "ledger_cmd", "metadata_cmd", "perf_cmd", "security_cmd", "sim_cmd", "topic_cmd")
+            "compose_cmd", "dump_cmd", "ledger_cmd", "metadata_cmd", "monitor_cmd", "perf_cmd", "security_cmd",
+            "sim_cmd", "topic_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:
