@@ -9,9 +9,9 @@ cluster.broker_port_base + i - 1 and registers as /brokers/available/<broker.hos
 ZooKeeper, then the bookies, then the brokers, and returns once every bookie is registered (writable or
 read-only) and every broker is registered and answers gRPC health SERVING, or fails with the tail of the log
 of the first process that did not make it within cluster.start_timeout_ms (at once when it exits).
-`down` stops in the reverse order: brokers (they close the ledgers they write, which needs the bookies),
-bookies, ZooKeeper; each SIGTERM by pid, a bounded wait, then SIGKILL. `down` and `status` use only the pid
-files.
+`down` stops in the reverse order: the monitoring Prometheus when `bksim monitor up` started one, brokers (they
+close the ledgers they write, which needs the bookies), bookies, ZooKeeper; each SIGTERM by pid, a bounded wait,
+then SIGKILL. `down` and `status` use only the pid files.
 
 `up --tls` runs every gRPC link over TLS with certificates under <run_dir>/tls (security/certs.py makes the
 CA, bookie-<i>, broker-<i> and client certificates when absent, and keeps them across runs); it writes
@@ -241,12 +241,16 @@ def init_metadata(config: Config) -> str:
 # -- down ----------------------------------------------------------------------------------------------
 
 def cmd_down(args) -> int:
+    from bksim.cli.monitor_cmd import stop_monitor
+
     config = loader.load(getattr(args, "config", None))
     cluster = cluster_of(config)
+    # the monitoring Prometheus (`bksim monitor up`) first, so it records no scrape failures of a stopping cluster
+    failures = [] if stop_monitor(config, _say) else ["prometheus"]
     # brokers first: a stopping broker closes its ledgers on the bookies; a broker's SIGTERM may take two
     # grace periods (closing its ledgers, then draining the gRPC server)
-    failures = stop_pid_files(pid_files(cluster.run_dir, "broker"),
-                              2 * config.broker.shutdown_grace_ms / 1000.0 + BROKER_KILL_GRACE_S, _say)
+    failures += stop_pid_files(pid_files(cluster.run_dir, "broker"),
+                               2 * config.broker.shutdown_grace_ms / 1000.0 + BROKER_KILL_GRACE_S, _say)
     failures += stop_pid_files(pid_files(cluster.run_dir, "bookie"),
                                config.bookie.shutdown_grace_ms / 1000.0 + BOOKIE_KILL_GRACE_S, _say)
     failures += stop_zookeeper_pid_file(cluster.zookeeper, _say)
