@@ -56,7 +56,8 @@ class LedgerDriver:
     def __init__(self, *, ledger_id: int, metadata: LedgerMetadata, version: int, store: MetadataStore,
                  transport: BookieTransport, master_key: bytes, batch_entries_max: int, cas_attempts_max: int,
                  writable_bookies: Callable[[Sequence[str]], Awaitable[list[str]]], log: Log,
-                 bookie_failed: Callable[[str], None] = lambda bookie: None) -> None:
+                 bookie_failed: Callable[[str], None] = lambda bookie: None,
+                 ensemble_changed: Callable[[], None] = lambda: None) -> None:
         self.ledger_id = ledger_id
         self.metadata = metadata
         self.version = version
@@ -68,6 +69,7 @@ class LedgerDriver:
         self._writable_bookies = writable_bookies
         self._log = log
         self._bookie_failed = bookie_failed
+        self._ensemble_changed = ensemble_changed  # told once per ensemble change this driver stored
         self._outboxes: dict[str, list[tuple[int, bytes, int]]] = {}  # bookie -> (entry id, entry, flags)
         self._flush_scheduled = False
         self._tasks: set[asyncio.Task] = set()
@@ -228,6 +230,7 @@ class LedgerDriver:
                     break
                 wanted = self.metadata.with_new_segment(command.first_entry_id, command.ensemble)
                 if await self._cas(wanted):
+                    self._ensemble_changed()
                     return self.execute(self._sink_ensemble_changed(command.first_entry_id, command.ensemble))
                 if self.metadata.last_segment == wanted.last_segment and self.metadata.state is wanted.state:
                     return self.execute(self._sink_ensemble_changed(command.first_entry_id, command.ensemble))

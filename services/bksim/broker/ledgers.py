@@ -91,6 +91,10 @@ class LedgerService:
         self._failures: dict[str, collections.deque[float]] = {}
         self._quarantine: dict[str, float] = {}
         self._fallback_logged: frozenset[str] = frozenset()  # the quarantined set of the last fallback logged
+        # counters since start (exported as metrics): ledgers created, ensemble changes stored by this broker's
+        # writers and recoveries, recoveries that closed a ledger / failed, writers of this broker fenced
+        self.stats = {"ledgers_created": 0, "ensemble_changes": 0, "recoveries": 0, "recoveries_failed": 0,
+                      "writers_fenced": 0}
 
     # -- bookies -------------------------------------------------------------------------------------------
     async def writable_bookies(self) -> list[str]:
@@ -225,6 +229,7 @@ class LedgerService:
                               inflight_max=self.config.append_inflight_max, on_done=self._handle_done,
                               **self._driver_args(ledger_id, metadata, version))
         self._handles[ledger_id] = handle
+        self.stats["ledgers_created"] += 1
         return handle
 
     def _driver_args(self, ledger_id: int, metadata: LedgerMetadata, version: int) -> dict:
@@ -233,10 +238,15 @@ class LedgerService:
                     batch_entries_max=self.config.add_batch_entries_max,
                     cas_attempts_max=self.config.metadata_cas_attempts_max,
                     writable_bookies=self.replacement_candidates, log=self._log,
-                    bookie_failed=self.note_bookie_failure)
+                    bookie_failed=self.note_bookie_failure, ensemble_changed=self._note_ensemble_change)
+
+    def _note_ensemble_change(self) -> None:
+        self.stats["ensemble_changes"] += 1
 
     def _handle_done(self, handle: LedgerHandle) -> None:
         if self._handles.get(handle.ledger_id) is handle:
+            if handle.error is not None and handle.error.status is LedgerStatus.FENCED:
+                self.stats["writers_fenced"] += 1
             del self._handles[handle.ledger_id]
             self._ended[handle.ledger_id] = (handle.error or LedgerError(
                 LedgerStatus.LEDGER_CLOSED, f"ledger {handle.ledger_id} is closed"), handle.metadata)
@@ -339,6 +349,10 @@ class LedgerService:
         try:
             run = RecoveryRun(recovery=recovery, **self._driver_args(ledger_id, metadata, version))
             closed = await run.run()
+            self.stats["recoveries"] += 1
+        except BaseException:
+            self.stats["recoveries_failed"] += 1
+            raise
         finally:
             self._recoveries.remove(recovery)
         self._log(f"ledger {ledger_id}: recovered and CLOSED at last_entry_id {closed.last_entry_id} "

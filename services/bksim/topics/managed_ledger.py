@@ -60,6 +60,7 @@ from bksim.topics.errors import TopicError
 from bksim.topics.names import TopicName
 from bksim.topics.positions import Position
 from bksim.metadata.ledger_metadata import LedgerMetadata
+from bksim.model.histogram import LatencyHistogram
 from bksim.model.config import BrokerConfig, TopicConfig
 from bksim.model.errors import BadVersionError, BksimError, FormatError, LedgerError, MetadataError, NoNodeError
 from bksim.model.invariants import InvariantError
@@ -138,10 +139,11 @@ class ManagedLedgerInfo:
 
 
 class _PendingAdd:
-    __slots__ = ("payload", "future", "on_confirmed", "ledger_id", "sent_id", "entry_id")
+    __slots__ = ("payload", "future", "on_confirmed", "ledger_id", "sent_id", "entry_id", "added_ms")
 
     def __init__(self, payload: bytes, future: asyncio.Future,
-                 on_confirmed: Callable[[Position], None] | None) -> None:
+                 on_confirmed: Callable[[Position], None] | None, added_ms: float = 0.0) -> None:
+        self.added_ms = added_ms  # when add() took it: its append latency runs to its confirmation
         self.payload = payload
         self.future = future
         self.on_confirmed = on_confirmed
@@ -182,6 +184,7 @@ class ManagedLedger:
         self._cache_bytes_max = entry_cache_bytes
         self.fence_reason = ""
         self.entries_added = 0   # since this broker opened the topic
+        self.add_latency = LatencyHistogram()  # add() -> confirmed, per entry (pulsar_storage_write_latency)
         self.bytes_added = 0
         self.last_ledger_created_ms = 0
 
@@ -351,7 +354,7 @@ class ManagedLedger:
                              f"topic {self.name} has {len(self._pending)} appends pending "
                              f"(topic.pending_adds_max)")
         future = asyncio.get_running_loop().create_future()
-        op = _PendingAdd(payload, future, on_confirmed)
+        op = _PendingAdd(payload, future, on_confirmed, self._clock.monotonic_ms())
         self._pending.append(op)
         if self._roll_task is None and self._handle is not None:
             self._send(op)
@@ -393,8 +396,12 @@ class ManagedLedger:
 
     def _confirm_head(self) -> None:
         confirmed = False
+        now_ms = None
         while self._pending and self._pending[0].entry_id >= 0:
             op = self._pending.popleft()
+            if now_ms is None:
+                now_ms = self._clock.monotonic_ms()
+            self.add_latency.observe(now_ms - op.added_ms)
             pos = Position(op.ledger_id, op.entry_id)
             info = self._info_of(op.ledger_id)
             if info is not None and not info.closed_ms:

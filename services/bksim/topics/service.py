@@ -79,6 +79,8 @@ class TopicService:
         self._loading: dict[str, asyncio.Future] = {}
         self._watchdog: asyncio.Task | None = None
         self._closing = False
+        # ownership changes since start (exported as metrics): topics loaded here, topics fenced here (lost)
+        self.stats = {"topics_loaded": 0, "topics_lost": 0}
 
     def start(self) -> None:
         self._watchdog = asyncio.get_running_loop().create_task(self._watch_ownership())
@@ -389,6 +391,7 @@ class TopicService:
                 pass
             raise
         self.topics[str(name)] = topic
+        self.stats["topics_loaded"] += 1
         self._log(f"topic {name}: now served by {self.broker_id}")
         return topic
 
@@ -409,6 +412,7 @@ class TopicService:
     async def fence_topic(self, key: str, reason: str) -> None:
         topic = self.topics.pop(key, None)
         if topic is not None:
+            self.stats["topics_lost"] += 1
             self._log(f"topic {key}: lost ownership ({reason}); fenced here")
             await topic.fence(reason)
 
