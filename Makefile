@@ -13,7 +13,7 @@ PIP_PKGS = $(PIP_RUNTIME) $(PIP_DEV)
 ZK_JAR := /usr/share/java/zookeeper.jar
 STAMP := $(VENV)/.bksim-installed
 
-.PHONY: deps venv zookeeper proto interop-deps ruby-grpc up down status init test test-unit test-integration test-abuse fuzz clean
+.PHONY: deps venv zookeeper proto interop-deps ruby-grpc up down status init monitor prometheus test test-unit test-integration test-abuse fuzz clean
 
 # The `bksim` command from the venv. The configuration is deploy/bksim.toml, or $BKSIM_CONFIG, with
 # BKSIM_<SECTION>_<OPTION> environment overrides (e.g. `BKSIM_CLUSTER_BOOKIES=0 make up`).
@@ -72,14 +72,28 @@ status: venv proto
 init: venv proto
 	$(BKSIM) cluster init
 
+# `make monitor`: Debian's Prometheus on $(MONITOR_HOST):$(MONITOR_PORT) (loopback only) scraping the running cluster's
+# /metrics, with bksim's recording and alerting rules (bksim monitor up: files and data under $(RUN_DIR)/monitor,
+# pid file $(RUN_DIR)/pids/prometheus.pid; `make down` stops it). MONITOR_ARGS passes more flags (--retention 1h).
+MONITOR_HOST ?= 127.0.0.1
+MONITOR_PORT ?= 9090
+MONITOR_ARGS ?=
+PROMETHEUS_BIN := /usr/bin/prometheus
+prometheus: $(PROMETHEUS_BIN)
+$(PROMETHEUS_BIN):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+
+monitor: venv proto prometheus
+	$(BKSIM) monitor up --host $(MONITOR_HOST) --port $(MONITOR_PORT) $(MONITOR_ARGS)
+
 # ---- tests ---------------------------------------------------------------------------------------------
-test: deps compose-tools interop-deps
+test: deps compose-tools interop-deps prometheus
 	$(PYTEST) tests
 
 test-unit: deps
 	$(PYTEST) $(wildcard tests/unit tests/architecture)
 
-test-integration: deps compose-tools
+test-integration: deps compose-tools prometheus
 	$(PYTEST) tests/integration
 
 # The gRPC abuse suite (tests/abuse/, about 35 s; `make test` runs it too): hostile clients against a real bookie
