@@ -131,6 +131,9 @@ class BrokerConfig:
     port: int = option(6650, "broker gRPC port")
     http_port: int = option(0, "broker HTTP port: /metrics (Prometheus), the admin REST API (/admin/v2/...) and "
                                "/dashboard; 0 = none (`cluster up` gives each broker one)")
+    metrics_topics_max: int = option(1_000, "topics (and subscriptions) with series of their own on /metrics; the "
+                                            "rest are summed into one series labelled topic=\"_other\" "
+                                            "(docs/observability.md)")
     broker_id: str = option("", "broker id registered in ZooKeeper (/brokers/available); empty = <host>:<port>")
     bookie_timeout_ms: int = option(5_000, "a bookie call unanswered this long fails; for an add that means an "
                                            "ensemble change; must be > bookie.write_cache_throttle_ms_max")
@@ -348,6 +351,7 @@ class Config:
                            ("cluster.broker_http_port_base", self.cluster.broker_http_port_base)):
             _require(0 <= port < 65536, f"{name} must be within 0..65535 (0 = no HTTP)")
         _require(0 <= self.zookeeper.secure_port < 65536, "zookeeper.secure_port must be within 0..65535")
+        _require(r.metrics_topics_max >= 0, "broker.metrics_topics_max must be >= 0 (0 = every topic in _other)")
         sec = self.security
         _require(sec.tls_refresh_interval_ms >= 0, "security.tls_refresh_interval_ms must be >= 0")
         if sec.tls_enabled or self.zookeeper.secure_port:
