@@ -238,7 +238,9 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
 def bookie_http_routes() -> list:
     """The features a bookie serves on its HTTP port: each a function of the process's ProcessParts that
     returns aiohttp routes (adapters/http_server.py)."""
-    return []
+    from bksim.adapters import http_bookie_admin
+
+    return [http_bookie_admin.routes]
 
 
 _STOPPED = object()
