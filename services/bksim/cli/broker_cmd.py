@@ -174,7 +174,9 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
 def broker_http_routes() -> list:
     """The features a broker serves on its HTTP port: each a function of the process's ProcessParts that
     returns aiohttp routes (adapters/http_server.py)."""
-    return []
+    from bksim.adapters.dashboard import dashboard_routes
+
+    return [dashboard_routes]
 
 
 def make_topic_service(config: Config, store, ledgers, clock, log):
