@@ -1,7 +1,8 @@
 """What the monitoring Prometheus reads: its configuration (`prometheus.yml`) and its rule files, as text.
 
 Owns: the scrape targets of a cluster (one per bookie and broker HTTP port, job "bookie" / "broker", a `node`
-label naming the process: bookie-1, broker-2, ...), the recording rules and the alerting rules, and their YAML.
+label naming the process: bookie-1, broker-2, ...; and Prometheus itself, job "prometheus"), the recording rules
+and the alerting rules, and their YAML.
 The files are written by adapters.prometheus_server; nothing here touches a file, a socket or a clock.
 
 Invariants: every target is a loopback address (ScrapeTarget refuses any other host), so the Prometheus this
@@ -78,12 +79,20 @@ def cluster_targets(host_bookie: str, bookie_http_port_base: int, bookies: int,
     return targets
 
 
-def prometheus_config(targets: list[ScrapeTarget], rule_files: list[str], scrape_interval_s: float) -> dict:
-    """prometheus.yml as a dict: one job per kind, one static config per target (so its `node` label is its own)."""
+def prometheus_config(targets: list[ScrapeTarget], rule_files: list[str], scrape_interval_s: float,
+                      self_address: str | None = None) -> dict:
+    """prometheus.yml as a dict: one job per kind, one static config per target (so its `node` label is its own);
+    with `self_address` (host:port, loopback) also job "prometheus", the server scraping its own /metrics."""
     if scrape_interval_s <= 0:
         raise MonitorConfigError(f"scrape interval {scrape_interval_s}s must be positive")
     interval = duration(scrape_interval_s)
     jobs = []
+    if self_address is not None:
+        host = self_address.rsplit(":", 1)[0]
+        if not is_loopback(host):
+            raise MonitorConfigError(f"Prometheus's own address {self_address} is not a loopback address")
+        jobs.append({"job_name": "prometheus", "static_configs": [{"targets": [self_address],
+                                                                   "labels": {"node": "prometheus"}}]})
     for job in ("bookie", "broker"):
         ours = [t for t in targets if t.job == job]
         if ours:

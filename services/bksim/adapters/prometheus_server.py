@@ -81,7 +81,8 @@ class PrometheusServer:
     def write_files(self, targets: list[ScrapeTarget], scrape_interval_s: float) -> list[str]:
         """prometheus.yml and the rule files; their paths (configuration first)."""
         os.makedirs(self.rules_dir, exist_ok=True)
-        files = {self.config_path: prometheus_config(targets, self.rule_paths, scrape_interval_s),
+        files = {self.config_path: prometheus_config(targets, self.rule_paths, scrape_interval_s,
+                                                     f"{self.host}:{self.port}"),
                  self.rule_paths[0]: recording_rules(), self.rule_paths[1]: alerting_rules()}
         for path, doc in files.items():
             tmp = f"{path}.tmp"

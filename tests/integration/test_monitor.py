@@ -1,0 +1,238 @@
+"""`bksim monitor`: Debian's Prometheus scraping a real cluster (ZooKeeper, a bookie, a broker) on loopback.
+
+The first test runs the whole path: `cluster up`, `monitor up` on a free port, Prometheus's HTTP API showing
+every target up and a sample of the bookie's and the broker's own metrics, the rule groups loaded and evaluated,
+the process-down alert pending once the broker is killed, `monitor status` following, and `cluster down`
+stopping Prometheus by its pid. The others check the rule files with promtool: `check rules` accepts them and
+refuses a broken one, and `promtool test rules` feeds synthetic series to the alerting rules (read-only bookie,
+under-replicated ledgers, growing backlog) and the recording rules, so their expressions are checked against
+the metric names and the `for` durations without waiting minutes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from bksim.adapters import processes
+from bksim.adapters.prometheus_config import (RULES_FILE_ALERTS, RULES_FILE_RECORDING, alerting_rules,
+                                              recording_rules, to_yaml)
+from bksim.adapters.prometheus_server import PROMTOOL
+from helpers import free_port, kill_leftovers, wait_until
+
+SCRAPE_INTERVAL_S = 0.5
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running(tmp_path):
+    """Every process a test here starts names its tmp dir: none may outlive the test (killed by pid, and the
+    test fails)."""
+    yield
+    left = kill_leftovers(str(tmp_path))
+    assert not left, f"processes left running after the test (killed now): {left}"
+
+
+def write_config(tmp_path) -> str:
+    path = tmp_path / "bksim.toml"
+    path.write_text(f"""
+[cluster]
+run_dir = "{tmp_path / 'run'}"
+bookies = 1
+bookie_port_base = {free_port()}
+brokers = 1
+broker_port_base = {free_port()}
+bookie_http_port_base = {free_port()}
+broker_http_port_base = {free_port()}
+start_timeout_ms = 20000
+[zookeeper]
+port = {free_port()}
+tick_time_ms = 200
+session_timeout_ms = 2000
+heap_mb = 64
+[bookie]
+shutdown_grace_ms = 2000
+[broker]
+shutdown_grace_ms = 2000
+""")
+    return str(path)
+
+
+def bksim(config: str, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
+    return subprocess.run([sys.executable, "-m", "bksim.cli.main", "--config", config, *args], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def api(port: int, path: str, **params) -> dict:
+    url = f"http://127.0.0.1:{port}/api/v1/{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback only, never a proxy
+    with opener.open(url, timeout=2.0) as response:
+        body = json.loads(response.read())
+    assert body["status"] == "success", body
+    return body["data"]
+
+
+def test_monitor_scrapes_a_real_cluster_and_stops_with_it(tmp_path):
+    config = write_config(tmp_path)
+    run = tmp_path / "run"
+    port = free_port()
+    up = bksim(config, "cluster", "up")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        started = time.monotonic()
+        mon = bksim(config, "monitor", "up", "--port", str(port), "--scrape-interval", str(SCRAPE_INTERVAL_S),
+                    "--retention", "1h")
+        assert mon.returncode == 0, mon.stdout + mon.stderr + _log(run)
+        assert "files checked by promtool" in mon.stdout and f"on http://127.0.0.1:{port}" in mon.stdout
+        pid = processes.read_pid(str(run / "pids" / "prometheus.pid"))
+        assert processes.is_alive(pid, "prometheus")
+        cmdline = processes.cmdline(pid)
+        assert f"--web.listen-address=127.0.0.1:{port}" in cmdline
+        assert f"--storage.tsdb.path={run / 'monitor' / 'data'}" in cmdline
+
+        def all_up():
+            targets = api(port, "targets", state="active")["activeTargets"]
+            return len(targets) == 3 and all(t["health"] == "up" for t in targets) and targets
+        targets = wait_until(all_up, 20.0, 0.1, "every scrape target up")
+        assert sorted(t["labels"]["node"] for t in targets) == ["bookie-1", "broker-1", "prometheus"]
+        assert all(urllib.parse.urlsplit(t["scrapeUrl"]).hostname == "127.0.0.1" for t in targets)
+        scrape_s = time.monotonic() - started
+
+        ups = api(port, "query", query="up")["result"]
+        assert sorted((s["metric"]["node"], s["value"][1]) for s in ups) == \
+            [("bookie-1", "1"), ("broker-1", "1"), ("prometheus", "1")]
+        # the processes' own metrics, not only Prometheus's synthetic `up`: samples from each node's /metrics
+        own = api(port, "query", query='count by (node) ({job=~"bookie|broker"})')["result"]
+        assert sorted(s["metric"]["node"] for s in own) == ["bookie-1", "broker-1"], own
+        assert all(int(s["value"][1]) > 1 for s in own)
+
+        def rules_evaluated():
+            groups = api(port, "rules")["groups"]
+            rules = [r for g in groups for r in g["rules"]]
+            return (sorted(g["name"] for g in groups) == ["bksim-alerts", "bksim-recording"]
+                    and all(r["health"] == "ok" for r in rules) and groups)
+        groups = wait_until(rules_evaluated, 10.0, 0.1, "both rule groups loaded and evaluated")
+        by_name = {g["name"]: g for g in groups}
+        assert {r["name"] for r in by_name["bksim-alerts"]["rules"]} == \
+            {"BksimProcessDown", "BookieReadOnly", "UnderReplicatedLedgers", "TopicBacklogGrowing"}
+        assert len(by_name["bksim-recording"]["rules"]) == len(recording_rules()["groups"][0]["rules"])
+
+        status = bksim(config, "monitor", "status", "--port", str(port), "--json")
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert {t["node"]: t["health"] for t in json.loads(status.stdout)["targets"]} == \
+            {"bookie-1": "up", "broker-1": "up", "prometheus": "up"}
+
+        broker_pid = processes.read_pid(str(run / "pids" / "broker-1.pid"))
+        assert processes.kill9(broker_pid)
+
+        def process_down_pending():
+            alerts = api(port, "alerts")["alerts"]
+            return [a for a in alerts if a["labels"]["alertname"] == "BksimProcessDown"]
+        alerts = wait_until(process_down_pending, 10.0, 0.1, "BksimProcessDown pending for the killed broker")
+        assert [(a["labels"]["node"], a["state"]) for a in alerts] == [("broker-1", "pending")]
+        assert bksim(config, "monitor", "status", "--port", str(port)).returncode == 1
+        print(f"\nmonitor: every target up {scrape_s:.1f}s after `monitor up` began")
+    finally:
+        down = bksim(config, "cluster", "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert f"prometheus: stopped pid {pid}" in down.stdout
+    assert not processes.is_alive(pid) and not (run / "pids" / "prometheus.pid").exists()
+    assert bksim(config, "monitor", "status", "--port", str(port)).returncode == 3
+
+
+def _log(run) -> str:
+    path = run / "logs" / "prometheus.log"
+    return path.read_text() if path.exists() else ""
+
+
+def test_monitor_refuses_a_non_loopback_address(tmp_path):
+    config = write_config(tmp_path)
+    done = bksim(config, "monitor", "up", "--host", "0.0.0.0", "--port", str(free_port()))
+    assert done.returncode == 2 and "loopback" in done.stderr, done.stdout + done.stderr
+    assert not (tmp_path / "run" / "pids" / "prometheus.pid").exists()
+
+
+def test_promtool_checks_the_rule_files_and_refuses_a_broken_one(tmp_path):
+    config = write_config(tmp_path)
+    done = bksim(config, "monitor", "config")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rules = tmp_path / "run" / "monitor" / "rules"
+    checked = subprocess.run([PROMTOOL, "check", "rules", str(rules / RULES_FILE_RECORDING),
+                              str(rules / RULES_FILE_ALERTS)], capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS: 8 rules found" in checked.stdout and "SUCCESS: 4 rules found" in checked.stdout
+    broken = tmp_path / "broken.rules.yml"
+    broken.write_text(to_yaml({"groups": [{"name": "b", "rules": [{"alert": "X", "expr": "rate(up[1m]"}]}]}))
+    refused = subprocess.run([PROMTOOL, "check", "rules", str(broken)], capture_output=True, text=True, timeout=30)
+    assert refused.returncode != 0 and "FAILED" in refused.stdout + refused.stderr
+
+
+def test_promtool_unit_tests_of_the_rules(tmp_path):
+    """Synthetic series through the alerting and recording rules (promtool test rules, 15 s evaluation)."""
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / RULES_FILE_ALERTS).write_text(to_yaml(alerting_rules()))
+    (rules / RULES_FILE_RECORDING).write_text(to_yaml(recording_rules()))
+    base = {"job": "bookie", "node": "bookie-1", "instance": "127.0.0.1:8000"}
+
+    def labels(name: str, **extra) -> str:
+        pairs = {**base, **extra}
+        return name + "{" + ",".join(f'{k}="{v}"' for k, v in pairs.items()) + "}"
+    topic = "persistent://public/default/t"
+    broker = {"job": "broker", "node": "broker-1", "instance": "127.0.0.1:8080"}
+    tests = {"rule_files": [str(rules / RULES_FILE_ALERTS), str(rules / RULES_FILE_RECORDING)],
+             "evaluation_interval": "15s",
+             "tests": [{
+                 "interval": "15s",
+                 "input_series": [
+                     # writable 2 minutes, then read-only
+                     {"series": labels("bookie_SERVER_STATUS"), "values": "1x7 0x12"},
+                     {"series": labels("bookkeeper_server_auditor_NUM_UNDER_REPLICATED_LEDGERS"),
+                      "values": "0x3 4x40"},
+                     # a backlog growing by 15 messages every 15 s for 20 minutes
+                     {"series": 'pulsar_msg_backlog{job="broker",node="broker-1",instance="127.0.0.1:8080",'
+                                f'topic="{topic}"}}', "values": "0+15x80"},
+                     {"series": labels("bookkeeper_server_ADD_ENTRY_REQUEST_count"), "values": "0+150x20"},
+                     {"series": 'up{' + ",".join(f'{k}="{v}"' for k, v in broker.items()) + '}',
+                      "values": "1x3 0x8"},
+                 ],
+                 "alert_rule_test": [
+                     {"eval_time": "1m", "alertname": "BookieReadOnly", "exp_alerts": []},
+                     # read-only from 2m, pending for 1m: firing at 3m
+                     {"eval_time": "3m15s", "alertname": "BookieReadOnly",
+                      "exp_alerts": [{"exp_labels": {**base, "severity": "warning"},
+                                      "exp_annotations": {"summary": "bookie bookie-1 is read-only (disk full or "
+                                                                     "marked read-only)"}}]},
+                     {"eval_time": "4m", "alertname": "UnderReplicatedLedgers", "exp_alerts": []},
+                     {"eval_time": "6m", "alertname": "UnderReplicatedLedgers",
+                      "exp_alerts": [{"exp_labels": {"severity": "warning"},
+                                      "exp_annotations": {"summary": "4 ledger(s) under-replicated for 5m"}}]},
+                     {"eval_time": "9m", "alertname": "TopicBacklogGrowing", "exp_alerts": []},
+                     {"eval_time": "16m", "alertname": "TopicBacklogGrowing",
+                      "exp_alerts": [{"exp_labels": {"topic": topic, "severity": "warning"},
+                                      "exp_annotations": {"summary": f"backlog of {topic} growing for 10m "
+                                                                     "(1 msg/s)"}}]},
+                     {"eval_time": "2m30s", "alertname": "BksimProcessDown",
+                      "exp_alerts": [{"exp_labels": {**broker, "severity": "critical"},
+                                      "exp_annotations": {"summary": "broker-1 (127.0.0.1:8080) does not answer "
+                                                                     "/metrics"}}]},
+                 ],
+                 "promql_expr_test": [
+                     {"expr": "node:bookkeeper_server_ADD_ENTRY_REQUEST:rate1m", "eval_time": "3m",
+                      "exp_samples": [{"labels": 'node:bookkeeper_server_ADD_ENTRY_REQUEST:rate1m{'
+                                                 'instance="127.0.0.1:8000",node="bookie-1"}', "value": 10}]},
+                     {"expr": "cluster:pulsar_msg_backlog:sum", "eval_time": "1m",
+                      "exp_samples": [{"labels": "cluster:pulsar_msg_backlog:sum", "value": 60}]},
+                 ],
+             }]}
+    path = tmp_path / "rules_test.yml"
+    path.write_text(to_yaml(tests))
+    done = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout + done.stderr
