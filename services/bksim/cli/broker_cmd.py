@@ -75,7 +75,8 @@ def cmd_run(args) -> int:
 
 def registration_data(config: Config) -> bytes:
     r = config.broker
-    return json.dumps({"broker_id": r.broker_id, "host": r.host, "port": r.port, "pid": os.getpid()},
+    return json.dumps({"broker_id": r.broker_id, "host": r.host, "port": r.port, "http_port": r.http_port,
+                       "pid": os.getpid()},
                       sort_keys=True).encode()
 
 
@@ -174,9 +175,10 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
 def broker_http_routes() -> list:
     """The features a broker serves on its HTTP port: each a function of the process's ProcessParts that
     returns aiohttp routes (adapters/http_server.py)."""
+    from bksim.adapters import http_broker_admin
     from bksim.adapters.dashboard import dashboard_routes
 
-    return [dashboard_routes]
+    return [dashboard_routes, http_broker_admin.routes]
 
 
 def make_topic_service(config: Config, store, ledgers, clock, log):
