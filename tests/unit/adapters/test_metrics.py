@@ -1,0 +1,100 @@
+"""adapters/metrics.py: the families a scrape exports, from a real BookieEngine and from topic objects; the
+per-topic cap; the text parses with prometheus_client's parser."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from types import SimpleNamespace
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bksim.adapters.clock import SystemClock
+from bksim.adapters.localdisk import LocalDisk
+from bksim.adapters.metrics import OTHER, bookie_families, registry_of, topic_families
+from bksim.adapters.rocks import open_rocks
+from bksim.bookie.engine import BookieEngine
+from bksim.formats.entry import encode_entry
+from bksim.model.config import BookieConfig
+from bksim.model.histogram import LatencyHistogram
+
+KEY = b"k" * 32
+
+
+def scrape(families) -> dict[str, list]:
+    """name -> samples, through the text format and prometheus_client's parser."""
+    text = generate_latest(registry_of(families)).decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def value(samples, name, **labels):
+    found = [s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())]
+    assert len(found) == 1, (name, labels, samples)
+    return found[0]
+
+
+def test_a_bookie_exports_its_journal_latencies_and_state(tmp_path):
+    async def run():
+        engine = BookieEngine(BookieConfig(), disk=LocalDisk(), clock=SystemClock(), open_kv=open_rocks,
+                              instance_id=str(uuid.uuid4()), journal_dir=str(tmp_path / "j"),
+                              ledger_dir=str(tmp_path / "l"), log=lambda line: None)
+        await engine.start()
+        try:
+            statuses, _ = await engine.add_entries([(encode_entry(1, i, -1, 0, b"x" * 10), KEY, 0) for i in range(25)])
+            assert all(s == 0 for s in statuses)
+            return scrape(lambda: bookie_families(engine))
+        finally:
+            await engine.close()
+
+    m = asyncio.run(run())
+    assert value(m["bookie_journal_JOURNAL_ADD_ENTRY"], "bookie_journal_JOURNAL_ADD_ENTRY_count") >= 25
+    syncs = value(m["bookie_journal_JOURNAL_SYNC"], "bookie_journal_JOURNAL_SYNC_count")
+    assert syncs >= 1 and value(m["bookie_journal_JOURNAL_SYNC"], "bookie_journal_JOURNAL_SYNC_bucket", le="+Inf") == syncs
+    assert value(m["bksim_bookie_add_entries"], "bksim_bookie_add_entries_total") == 25
+    assert value(m["bookie_SERVER_STATUS"], "bookie_SERVER_STATUS") == 1
+    assert value(m["bookie_ACTIVE_LEDGER_TOTAL"], "bookie_ACTIVE_LEDGER_TOTAL") == 1
+    assert value(m["bookie_write_cache_size"], "bookie_write_cache_size") > 0
+    assert value(m["bookie_ACTIVE_ENTRY_LOG_TOTAL"], "bookie_ACTIVE_ENTRY_LOG_TOTAL") >= 1
+    assert "process_cpu_seconds" in m  # prometheus_client's process collector rides along
+
+
+def _topic(key: str, messages_in: int, subs: dict[str, tuple[int, int, int]]):
+    """A stand-in for topics/topic.Topic with the attributes the exporter reads; subs: name -> (out, backlog,
+    unacked)."""
+    tenant, ns = key.split("//")[1].split("/")[:2]
+    ml = SimpleNamespace(add_latency=LatencyHistogram(), total_size=100 * messages_in)
+    ml.add_latency.observe(2.0, messages_in)
+    return SimpleNamespace(
+        name=SimpleNamespace(ns=f"{tenant}/{ns}"), messages_in=messages_in, bytes_in=10 * messages_in, ml=ml,
+        producers={"p": object()},
+        subscriptions={n: SimpleNamespace(messages_out=o, bytes_out=10 * o,
+                                          stats=lambda b=b, u=u: {"msgBacklog": b, "unackedMessages": u})
+                       for n, (o, b, u) in subs.items()})
+
+
+def test_topics_beyond_the_cap_are_summed_into_one_series():
+    loaded = {f"persistent://t/ns/topic-{i:02d}": _topic(f"persistent://t/ns/topic-{i:02d}", i + 1,
+                                                          {"a": (i, 2 * i, 1), "b": (0, 1, 0)}) for i in range(5)}
+    m = scrape(lambda: topic_families(loaded, 3))
+    in_samples = m["pulsar_in_messages"]
+    assert [s.labels["topic"] for s in in_samples] == [*sorted(loaded)[:3], OTHER]
+    assert value(in_samples, "pulsar_in_messages_total", topic="persistent://t/ns/topic-00", namespace="t/ns") == 1
+    assert value(in_samples, "pulsar_in_messages_total", topic=OTHER) == 4 + 5  # topic-03 and topic-04
+    assert sum(s.value for s in in_samples) == sum(t.messages_in for t in loaded.values())
+    assert value(m["pulsar_msg_backlog"], "pulsar_msg_backlog", topic="persistent://t/ns/topic-02") == 4 + 1
+    backlog = m["pulsar_subscription_back_log"]
+    assert len(backlog) == 3 + 1  # three (topic, subscription) pairs of their own, the other seven summed
+    assert value(backlog, "pulsar_subscription_back_log", topic=OTHER, subscription=OTHER) == \
+        sum(2 * i + 1 for i in range(5)) - (0 + 1 + 2)  # everything but topic-00's a, b and topic-01's a
+    assert value(m["pulsar_storage_write_latency"], "pulsar_storage_write_latency_count") == 15
+    assert value(m["pulsar_out_messages"], "pulsar_out_messages_total", topic=OTHER) == 3 + 4
+
+
+def test_a_cap_of_zero_keeps_one_series_and_no_topics_keeps_none():
+    loaded = {"persistent://t/ns/x": _topic("persistent://t/ns/x", 7, {"s": (1, 2, 3)})}
+    m = scrape(lambda: topic_families(loaded, 0))
+    assert [(s.labels["topic"], s.value) for s in m["pulsar_in_messages"]] == [(OTHER, 7)]
+    assert value(m["pulsar_subscription_unacked_messages"], "pulsar_subscription_unacked_messages",
+                 subscription=OTHER) == 3
+    empty = scrape(lambda: topic_families({}, 10))
+    assert empty["pulsar_in_messages"] == [] and empty["pulsar_subscription_back_log"] == []
