@@ -239,8 +239,9 @@ def bookie_http_routes() -> list:
     """The features a bookie serves on its HTTP port: each a function of the process's ProcessParts that
     returns aiohttp routes (adapters/http_server.py)."""
     from bksim.adapters import http_bookie_admin
+    from bksim.adapters.metrics import bookie_metrics_routes
 
-    return [http_bookie_admin.routes]
+    return [http_bookie_admin.routes, bookie_metrics_routes]
 
 
 _STOPPED = object()

@@ -177,8 +177,9 @@ def broker_http_routes() -> list:
     returns aiohttp routes (adapters/http_server.py)."""
     from bksim.adapters import http_broker_admin
     from bksim.adapters.dashboard import dashboard_routes
+    from bksim.adapters.metrics import broker_metrics_routes
 
-    return [dashboard_routes, http_broker_admin.routes]
+    return [dashboard_routes, http_broker_admin.routes, broker_metrics_routes]
 
 
 def make_topic_service(config: Config, store, ledgers, clock, log):
