@@ -114,7 +114,7 @@ class DashboardState:
     def _sample_add_rates(self, now: float) -> None:
         """Per bookie, entries/s this broker's open ledgers striped onto it since the previous poll."""
         current = {}
-        for handle in self.parts.service.open_handles():
+        for handle in self.parts.service.open_handles:
             m = handle.metadata
             current[handle.ledger_id] = (handle.last_add_confirmed, tuple(m.segments[-1].ensemble),
                                          m.write_quorum_size)

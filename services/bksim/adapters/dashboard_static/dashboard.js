@@ -40,7 +40,7 @@ function spark(values, color = "var(--accent)", w = 120, h = 24) {
 function more(n, what) { return n > 0 ? `<div class="more" data-more="${n}">+${n} more ${what}</div>` : ""; }
 function stateClass(state) {
   return {"writable": "ok", "read-only": "warn", "unreachable": "bad", "OPEN": "info", "IN_RECOVERY": "warn",
-          "CLOSED": "ok", "Open": "ok", "Fenced": "bad", "Closed": "warn"}[state] || "info";
+          "CLOSED": "ok", "LedgerOpened": "ok", "Fenced": "bad", "Closed": "warn"}[state] || "info";
 }
 
 function drawBookies(b) {
@@ -54,12 +54,12 @@ function drawBookies(b) {
     return `<tr data-bookie="${esc(x.id)}" data-state="${esc(x.state)}" data-add-rate="${x.add_rate}">
       <td class="mono">${esc(x.id)}${x.error ? `<div class="err">${esc(x.error)}</div>` : ""}</td>
       <td><span class="badge ${stateClass(x.state)}">${esc(x.state)}</span></td>
-      <td>${meter}</td><td class="num">${pct === null ? "–" : pct.toFixed(1) + "%"}<div class="muted">${bytes(x.free_bytes)} free</div></td>
+      <td>${meter}</td><td class="num" style="white-space:nowrap">${pct === null ? "–" : pct.toFixed(1) + "%"} <span class="muted">· ${bytes(x.free_bytes)} free</span></td>
       <td class="num">${fmt(x.add_rate, 0)}</td><td>${spark(h, "var(--ok)")}</td>
       <td class="num" title="the bookie's gRPC API does not export it; see its /metrics">${x.journal_sync_p99_ms === null ? "–" : fmt(x.journal_sync_p99_ms, 2)}</td></tr>`;
   });
   $("bookies").innerHTML = `<table><thead><tr><th>Bookie</th><th>State</th><th>Disk</th><th class="num">Used</th>
-    <th class="num">Adds/s*</th><th></th><th class="num">Journal sync p99 ms</th></tr></thead>
+    <th class="num">Adds/s*</th><th></th><th class="num">Sync p99</th></tr></thead>
     <tbody>${rows.join("")}</tbody></table>
     <div class="more">* entries/s this broker's open ledgers stripe onto the bookie</div>${more(b.more, "bookies")}`;
 }
