@@ -13,7 +13,7 @@ PIP_PKGS = $(PIP_RUNTIME) $(PIP_DEV)
 ZK_JAR := /usr/share/java/zookeeper.jar
 STAMP := $(VENV)/.bksim-installed
 
-.PHONY: deps venv zookeeper proto interop-deps ruby-grpc up down status init monitor prometheus test test-unit test-integration test-abuse fuzz clean
+.PHONY: deps venv zookeeper proto interop-deps ruby-grpc up down status init monitor prometheus browser-deps test test-unit test-integration test-abuse fuzz clean
 
 # The `bksim` command from the venv. The configuration is deploy/bksim.toml, or $BKSIM_CONFIG, with
 # BKSIM_<SECTION>_<OPTION> environment overrides (e.g. `BKSIM_CLUSTER_BOOKIES=0 make up`).
@@ -86,14 +86,21 @@ $(PROMETHEUS_BIN):
 monitor: venv proto prometheus
 	$(BKSIM) monitor up --host $(MONITOR_HOST) --port $(MONITOR_PORT) $(MONITOR_ARGS)
 
+# browser-deps: Debian's Chromium, the headless browser tests/integration/test_dashboard.py drives (--dump-dom,
+# --screenshot) to check the broker's /dashboard.
+CHROMIUM_BIN := /usr/bin/chromium
+browser-deps: $(CHROMIUM_BIN)
+$(CHROMIUM_BIN):
+	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+
 # ---- tests ---------------------------------------------------------------------------------------------
-test: deps compose-tools interop-deps prometheus
+test: deps compose-tools interop-deps prometheus browser-deps
 	$(PYTEST) tests
 
 test-unit: deps
 	$(PYTEST) $(wildcard tests/unit tests/architecture)
 
-test-integration: deps compose-tools prometheus
+test-integration: deps compose-tools prometheus browser-deps
 	$(PYTEST) tests/integration
 
 # The gRPC abuse suite (tests/abuse/, about 35 s; `make test` runs it too): hostile clients against a real bookie
