@@ -5,7 +5,8 @@ ZooKeeper read through the adapters), which driver runs (PySpark, or --local), w
                 [--master local[*] | spark://HOST:7077 | ...] [--local] [--no-parquet]
 
 Writes DIR/report.json, DIR/report.html and (Spark) DIR/records.parquet; progress lines go to stderr, a summary
-to stdout. Exit status: 0 clean, 1 violations, 2 unusable input (a missing directory, an unreadable snapshot,
+to stdout (on a terminal, without --json or --quiet, the progress is one status line instead: the current
+phase and the elapsed time, cli/progress.py). Exit status: 0 clean, 1 violations, 2 unusable input (a missing directory, an unreadable snapshot,
 journals whose bookie cannot be told, ZooKeeper unreachable).
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import shutil
 import sys
 import time
 
+from bksim.cli.progress import Progress
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -48,15 +50,20 @@ def register(subparsers) -> None:
 
 
 def cmd_audit(args) -> int:
+    started = time.perf_counter()
+    with Progress("audit", json=args.json or args.quiet, ticking=True) as status:
+        return _audit(args, status, started)
+
+
+def _audit(args, status: Progress, started: float) -> int:
     from bksim.audit import job, report as report_mod
     from bksim.audit.inputs import ENTRYLOGS, JOURNALS, make_plan, parse_dir_arg
     from bksim.audit.snapshot import AuditInputError, load_snapshot, read_snapshot_file
 
-    started = time.perf_counter()
-    quiet = args.quiet
-
     def progress(message: str) -> None:
-        if not quiet:
+        if status.enabled:  # a terminal: the phase on the status line, with the elapsed time
+            status.phase(message)
+        elif not args.quiet:
             print(f"bksim audit: {message}", file=sys.stderr, flush=True)
 
     if args.findings_max is not None and args.findings_max < 0:
@@ -84,10 +91,11 @@ def cmd_audit(args) -> int:
         run["timing_s"]["total"] = round(time.perf_counter() - started, 3)
     else:
         files, ledgers, run, plan = _run_spark(args, dirs, snapshot, options, progress, started)
-    report, status = job.finish(plan, snapshot, files, ledgers, run, options)
+    report, exit_status = job.finish(plan, snapshot, files, ledgers, run, options)
+    status.close()  # the line is erased before the summary
     _print_summary(report, args.json)
-    assert status in (report_mod.EXIT_CLEAN, report_mod.EXIT_VIOLATIONS)
-    return status
+    assert exit_status in (report_mod.EXIT_CLEAN, report_mod.EXIT_VIOLATIONS)
+    return exit_status
 
 
 def _run_spark(args, dirs, snapshot, options, progress, started):

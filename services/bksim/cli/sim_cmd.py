@@ -15,8 +15,9 @@ Four worlds (`--world`):
 `bksim sim --seed N [--trace]` prints the seed and every knob of its plan (for the ledger world, the fault
 plan: every fault event with its time), runs it, and prints PASS (with the trace digest: the same seed always
 gives the same one) or the violated invariant with the tail of the trace and the lines that replay it.
-`bksim sim --sweep N [--from S]` runs N seeds with a progress line and a summary that lists every failure
-with its replay command.
+`bksim sim --sweep N [--from S]` runs N seeds and prints a summary that lists every failure with its replay
+command; on a terminal a progress line (cli/progress.py: seeds done of N, rate, ETA, failures so far) is redrawn
+on stderr, otherwise stderr gets a line every PROGRESS_EVERY_SEEDS seeds and after the last.
 
 Exit status: 0 every run passed, 1 an invariant was violated, 2 bad arguments.
 `--tolerate-known` (bookie and gc worlds) records violations of the known engine issues (bksim.sim.known_issues)
@@ -28,6 +29,7 @@ import collections
 import sys
 import time
 
+from bksim.cli.progress import Progress
 from bksim.model.errors import ConfigError
 from bksim.sim.autorecovery_scenario import run_autorecovery_sim
 from bksim.sim.bookie_scenario import SimResult, run_bookie_sim
@@ -92,6 +94,16 @@ def cmd_sim(args) -> int:
     if args.sweep < 1:
         raise ConfigError("--sweep needs at least one seed")
     return _sweep(args.first, args.sweep, steps, tolerated, args.world)
+
+
+def _report_seed(status: Progress, i: int, count: int, seed: int, failed: int, started: float) -> None:
+    """After seed `i` of `count`: on a terminal the progress line (seeds done, rate, ETA, violations so far);
+    otherwise a line on stderr every PROGRESS_EVERY_SEEDS seeds and after the last."""
+    if status.enabled:
+        status.update(i, note=f"last seed {seed}, {failed} failed")
+    elif i % PROGRESS_EVERY_SEEDS == 0 or i == count:
+        print(f"  {i}/{count} seeds (last {seed}), {failed} failed, {time.perf_counter() - started:.1f} s",
+              file=sys.stderr, flush=True)
 
 
 def replay_commands(seed: int, steps: int, tolerate_known: bool, world: str = "bookie") -> str:
@@ -170,20 +182,17 @@ def _sweep(first: int, count: int, steps: int, tolerated: frozenset[str], world:
     run = run_gc_sim if world == "gc" else run_bookie_sim
     print(f"bksim sim --world {world} --sweep: seeds {first}..{first + count - 1}, {steps} steps each"
           + (f"; tolerating known engine issues: {', '.join(sorted(tolerated))}" if tolerated else ""))
-    tty = sys.stderr.isatty()
     started = time.perf_counter()
     failures: list[SimResult] = []
     tolerated_counts: collections.Counter[str] = collections.Counter()
-    for i, seed in enumerate(range(first, first + count), start=1):
-        result = run(seed, steps, tolerated=tolerated)
-        for violation in result.tolerated:
-            tolerated_counts[violation.split(":", 1)[0]] += 1
-        if not result.passed:
-            failures.append(result)
-        if tty or i % PROGRESS_EVERY_SEEDS == 0 or i == count:
-            line = (f"  {i}/{count} seeds (last {seed}), {len(failures)} failed, "
-                    f"{time.perf_counter() - started:.1f} s")
-            print(f"\r{line}" if tty else line, end="" if tty and i < count else "\n", file=sys.stderr, flush=True)
+    with Progress(f"sim --world {world} --sweep", count, "seeds") as status:
+        for i, seed in enumerate(range(first, first + count), start=1):
+            result = run(seed, steps, tolerated=tolerated)
+            for violation in result.tolerated:
+                tolerated_counts[violation.split(":", 1)[0]] += 1
+            if not result.passed:
+                failures.append(result)
+            _report_seed(status, i, count, seed, len(failures), started)
     elapsed_s = time.perf_counter() - started
     by_invariant = collections.Counter(r.violation.invariant for r in failures)
     print(f"{count - len(failures)} passed, {len(failures)} failed in {elapsed_s:.1f} s "
@@ -228,17 +237,14 @@ def _one_ledger(seed: int, print_trace: bool, world: str = "ledger") -> int:
 
 def _sweep_ledger(first: int, count: int, world: str = "ledger") -> int:
     print(f"bksim sim --sweep ({world} world): seeds {first}..{first + count - 1}")
-    tty = sys.stderr.isatty()
     started = time.perf_counter()
     failures: list[LedgerSimResult] = []
-    for i, seed in enumerate(range(first, first + count), start=1):
-        result = RUNS[world](seed)
-        if not result.passed:
-            failures.append(result)
-        if tty or i % PROGRESS_EVERY_SEEDS == 0 or i == count:
-            line = (f"  {i}/{count} seeds (last {seed}), {len(failures)} failed, "
-                    f"{time.perf_counter() - started:.1f} s")
-            print(f"\r{line}" if tty else line, end="" if tty and i < count else "\n", file=sys.stderr, flush=True)
+    with Progress(f"sim --world {world} --sweep", count, "seeds") as status:
+        for i, seed in enumerate(range(first, first + count), start=1):
+            result = RUNS[world](seed)
+            if not result.passed:
+                failures.append(result)
+            _report_seed(status, i, count, seed, len(failures), started)
     elapsed_s = time.perf_counter() - started
     by_invariant = collections.Counter(r.violation.invariant for r in failures)
     print(f"{count - len(failures)} passed, {len(failures)} failed in {elapsed_s:.1f} s "
