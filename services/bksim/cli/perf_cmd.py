@@ -10,7 +10,8 @@ verdicts ("targets" in the JSON). ledger-write and produce with --tls and/or --a
 secured cluster (perf/security_cost.py) and print the secured/plain ratio and p99 difference. Every run is bounded by --seconds and/or --records (audit and rereplication
 by --size); all files go
 to a fresh temp dir under --dir that is removed at the end, and every child process is stopped by pid,
-also on Ctrl-C, SIGTERM or an error.
+also on Ctrl-C, SIGTERM or an error. On a terminal (without --json) a status line on stderr shows the
+measurement under way and its seconds (cli/progress.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import sys
 import tempfile
 from typing import Callable
 
+from bksim.cli.progress import Progress
 from bksim.perf import harness, machine
 from bksim.perf.stats import Ratio, Result, ratio
 
@@ -626,7 +628,17 @@ def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple
     options = harness.RunOptions(out_dir=args.dir, seconds=args.seconds, records=args.records, repeat=args.repeat,
                                  idle_min=args.idle_min, idle_wait_s=args.idle_wait_s, json=args.json, keep=args.keep,
                                  record_bytes=args.record_bytes, group=args.group, sweep=getattr(args, "sweep", False))
-    return harness.run(name, options, measure, shape)
+    with Progress(f"perf {name}", json=args.json, ticking=True) as status:
+        def measure_shown(workdir: str, idle: Callable[[str], float]) -> tuple:
+            def idle_shown(label: str) -> float:  # each measurement waits for idle CPUs first: a new phase
+                status.phase(f"{label}: waiting for idle CPUs")
+                fraction = idle(label)
+                status.phase(label)
+                return fraction
+
+            return measure(workdir, idle_shown)
+
+        return harness.run(name, options, measure_shown, shape)
 
 
 def _check_shape(args) -> None:
