@@ -140,7 +140,7 @@ def broker_families(service, topics, topics_max: int) -> Iterator[Metric]:
                    ["result"], [(["closed"], s["recoveries"]), (["failed"], s["recoveries_failed"])])
     yield counter("bksim_broker_writers_fenced", "ledgers this broker wrote that another client fenced",
                   s["writers_fenced"])
-    yield gauge("bksim_broker_ledgers_open", "ledgers this broker writes now", len(service.open_handles()))
+    yield gauge("bksim_broker_ledgers_open", "ledgers this broker writes now", len(service.open_handles))
     yield gauge("bksim_broker_quarantined_bookies", "bookies kept out of new ensembles now",
                 len(service.quarantined()))
     if topics is None:
