@@ -98,7 +98,9 @@ def test_monitor_scrapes_a_real_cluster_and_stops_with_it(tmp_path):
 
         def all_up():
             targets = api(port, "targets", state="active")["activeTargets"]
-            return len(targets) == 3 and all(t["health"] == "up" for t in targets) and targets
+            if len(targets) == 3 and all(t["health"] == "up" for t in targets):
+                return targets
+            raise AssertionError([(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets])
         targets = wait_until(all_up, 20.0, 0.1, "every scrape target up")
         assert sorted(t["labels"]["node"] for t in targets) == ["bookie-1", "broker-1", "prometheus"]
         assert all(urllib.parse.urlsplit(t["scrapeUrl"]).hostname == "127.0.0.1" for t in targets)
@@ -193,7 +195,7 @@ def test_promtool_unit_tests_of_the_rules(tmp_path):
                  "input_series": [
                      # writable 2 minutes, then read-only
                      {"series": labels("bookie_SERVER_STATUS"), "values": "1x7 0x12"},
-                     {"series": labels("bookkeeper_server_auditor_NUM_UNDER_REPLICATED_LEDGERS"),
+                     {"series": labels("auditor_NUM_UNDER_REPLICATED_LEDGERS"),
                       "values": "0x3 4x40"},
                      # a backlog growing by 15 messages every 15 s for 20 minutes
                      {"series": 'pulsar_msg_backlog{job="broker",node="broker-1",instance="127.0.0.1:8080",'

@@ -144,7 +144,7 @@ def alerting_rules() -> dict:
               "{{ $labels.node }} ({{ $labels.instance }}) does not answer /metrics"),
         alert("BookieReadOnly", "bookie_SERVER_STATUS == 0", BOOKIE_READ_ONLY_FOR, "warning",
               "bookie {{ $labels.node }} is read-only (disk full or marked read-only)"),
-        alert("UnderReplicatedLedgers", "max(bookkeeper_server_auditor_NUM_UNDER_REPLICATED_LEDGERS) > 0",
+        alert("UnderReplicatedLedgers", "max(auditor_NUM_UNDER_REPLICATED_LEDGERS) > 0",
               UNDER_REPLICATED_FOR, "warning",
               "{{ $value }} ledger(s) under-replicated for " + UNDER_REPLICATED_FOR),
         alert("TopicBacklogGrowing", f"sum by (topic) (deriv(pulsar_msg_backlog[{BACKLOG_TREND_WINDOW}])) > 0",
