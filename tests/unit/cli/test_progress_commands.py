@@ -5,73 +5,10 @@ BKSIM_PROGRESS=0 no line is drawn. Commands that need no cluster: `sim --sweep`,
 cluster's files), `perf fsync-baseline`."""
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import pty
-import re
-import struct
-import subprocess
-import sys
-import termios
 
+from pty_run import assert_ends_clean, frames, run_on_pipes, run_on_tty, untimed
 from tests.audit.synth import Synth
-
-TIMEOUT_S = 60
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-
-def _env(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
-    env.update(extra)
-    return env
-
-
-def run_on_tty(*args: str, cwd: str = ROOT, **env: str) -> tuple[int, str, str]:
-    """(exit status, stdout, what reached the terminal) of `bksim ARGS` with stderr on a pseudo-terminal."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 200, 0, 0))  # 24 rows, 200 columns
-    try:
-        child = subprocess.Popen([sys.executable, "-m", "bksim.cli.main", *args], stdout=subprocess.PIPE,
-                                 stderr=slave, stdin=subprocess.DEVNULL, env=_env(**env), cwd=cwd)
-        os.close(slave)
-        slave = -1
-        chunks = []
-        while True:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: every writer of the terminal is gone
-                break
-            if not data:
-                break
-            chunks.append(data)
-        stdout = child.stdout.read().decode()
-        status = child.wait(timeout=TIMEOUT_S)
-    finally:
-        os.close(master)
-        if slave >= 0:
-            os.close(slave)
-    return status, stdout, b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")  # the tty's onlcr
-
-
-def run_on_pipes(*args: str, cwd: str = ROOT, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bksim.cli.main", *args], capture_output=True, text=True,
-                          env=_env(**env), cwd=cwd, timeout=TIMEOUT_S)
-
-
-def untimed(text: str) -> str:
-    return re.sub(r"[0-9.]+ (s|ms)\b", "T", text)
-
-
-def frames(terminal: str) -> list[str]:
-    """The status lines drawn (the text between carriage returns, blanks left out)."""
-    return [f.strip() for f in terminal.split("\r") if f.strip()]
-
-
-def assert_ends_clean(terminal: str) -> None:
-    tail = terminal.rsplit("\n", 1)[-1]  # after the last full line written to stderr
-    assert tail.endswith("\r") and tail.split("\r")[-2].strip() == "", repr(tail[-200:])
-
 
 def test_sim_sweep_shows_seeds_done_rate_eta_and_failures_on_a_terminal_only():
     status, stdout, terminal = run_on_tty("sim", "--sweep", "30")
