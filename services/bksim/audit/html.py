@@ -3,13 +3,16 @@
 Made from report.json alone (so it can be regenerated): a verdict banner with the totals, a chart of how many
 bookies hold each checked entry (replica-count histogram), a chart of each bookie's volume, the violations,
 what is reported but not a violation, the benign findings and counts, warnings, per-ledger summaries, inputs
-and run facts. Charts are inline SVG drawn here (no plotting library, no scripts, no external resources).
+and run facts. Charts are inline SVG drawn here (no plotting library, no scripts, no external resources); the
+stylesheet is bksim's one (formats/style.py, the broker dashboard's), embedded.
 Tables show at most ROWS_MAX rows each; report.json has the rest.
 """
 from __future__ import annotations
 
 import html
 import os
+
+from bksim.formats.style import STYLESHEET
 
 ROWS_MAX = 500
 BAR_COLOURS = ("#3b7dd8", "#8fb8ef")
@@ -143,14 +146,15 @@ def render(report: dict) -> str:
     return f"""<!doctype html>
 <html lang=en><head><meta charset=utf-8><title>bksim audit: {_e(report['verdict'])}</title>
 <style>
-body {{ font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #222; max-width: 1400px; }}
-.banner {{ padding: 14px 18px; border-radius: 6px; font-size: 20px; font-weight: 600; color: white;
-          background: {'#2e8b57' if clean else '#c0392b'}; }}
-.summary {{ margin: 10px 0 20px; color: #444; }} .summary span {{ margin-right: 18px; }}
-table {{ border-collapse: collapse; margin: 6px 0 18px; font-size: 13px; }}
-th, td {{ border: 1px solid #ddd; padding: 3px 7px; text-align: left; vertical-align: top; }}
-th {{ background: #f3f3f3; }} code {{ font-size: 12px; }} .muted {{ color: #777; }}
-h2 {{ margin-top: 28px; border-bottom: 1px solid #ddd; }} .charts {{ display: flex; flex-wrap: wrap; gap: 40px; }}
+{STYLESHEET}
+body {{ margin: 24px auto; padding: 0 24px; max-width: 1400px; }}
+.banner {{ padding: 14px 18px; border-radius: 10px; font-size: 20px; font-weight: 600; color: white;
+          background: {'var(--ok)' if clean else 'var(--bad)'}; }}
+.summary {{ margin: 10px 0 20px; color: var(--muted); }} .summary span {{ margin-right: 18px; }}
+table {{ width: auto; margin: 6px 0 18px; background: var(--panel); border: 1px solid var(--line); }}
+td {{ vertical-align: top; }}
+h2 {{ margin-top: 28px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }}
+.charts {{ display: flex; flex-wrap: wrap; gap: 40px; }}
 </style></head><body>
 <h1>bksim journal audit</h1>
 <div class=banner>{banner}</div>
