@@ -33,7 +33,7 @@ from aiohttp import web
 from kazoo.exceptions import NoNodeError
 
 from bksim.adapters import registration
-from bksim.adapters.http_calls import CallContext, CallRefused
+from bksim.adapters.http_calls import Answer, CallContext, CallRefused, answering
 from bksim.adapters.http_server import ProcessParts, error_response, json_response
 from bksim.gen import bookie_pb2
 from bksim.metadata import ledger_metadata
@@ -187,24 +187,6 @@ class BookieHttpAdmin:
             return await admin.GcStatus(bookie_pb2.GcStatusRequest(), CallContext())
         except CallRefused as e:
             raise Answer(error_response(e.http_status, e.details)) from None
-
-
-class Answer(Exception):
-    """Ends a handler early with `response` (caught by the `answering` middleware)."""
-
-    def __init__(self, response: web.Response) -> None:
-        super().__init__(response.status)
-        self.response = response
-
-
-def answering(handler):
-    """`handler` with an Answer it raises turned into its response."""
-    async def wrapped(request: web.Request) -> web.Response:
-        try:
-            return await handler(request)
-        except Answer as a:
-            return a.response
-    return wrapped
 
 
 def routes(parts: ProcessParts) -> list[web.RouteDef]:

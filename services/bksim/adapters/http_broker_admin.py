@@ -43,7 +43,7 @@ import json
 
 from aiohttp import web
 
-from bksim.adapters.http_calls import CallContext, CallRefused
+from bksim.adapters.http_calls import Answer, CallContext, CallRefused, answering
 from bksim.adapters.http_server import ProcessParts, json_response
 from bksim.gen import topic_pb2
 from bksim.metadata.paths import BROKERS_AVAILABLE
@@ -73,12 +73,6 @@ def reason(status: int, text: str) -> web.Response:
 
 def no_content() -> web.Response:
     return web.Response(status=204)
-
-
-class Answer(Exception):
-    def __init__(self, response: web.Response) -> None:
-        super().__init__(response.status)
-        self.response = response
 
 
 def _exact(value: int, unit: int):
@@ -330,16 +324,6 @@ class BrokerHttpAdmin:
     async def internal_stats(self, request: web.Request) -> web.Response:
         r = await self._call(request, "TopicStatsInternal", topic_pb2.TopicRequest(topic=self._topic(request)))
         return json_response(json.loads(r.json))
-
-
-def answering(handler):
-    """`handler` with an Answer it raises turned into its response."""
-    async def wrapped(request: web.Request) -> web.Response:
-        try:
-            return await handler(request)
-        except Answer as a:
-            return a.response
-    return wrapped
 
 
 def routes(parts: ProcessParts) -> list[web.RouteDef]:

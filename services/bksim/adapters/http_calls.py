@@ -11,6 +11,8 @@ Must not: log or echo tokens (the caller's role is set by the broker module, nev
 """
 from __future__ import annotations
 
+from aiohttp import web
+
 HTTP_OF_GRPC = {
     "INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "ALREADY_EXISTS": 409, "FAILED_PRECONDITION": 412,
     "PERMISSION_DENIED": 403, "UNAUTHENTICATED": 401, "RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503,
@@ -47,3 +49,21 @@ class CallContext:
         self.set_trailing_metadata(trailing_metadata)
         name = getattr(code, "name", str(code))
         raise CallRefused(name, details, self.trailer.get("bksim-status", ""), self.trailer.get("bksim-owner", ""))
+
+
+class Answer(Exception):
+    """Ends a handler early with `response`."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
+def answering(handler):
+    """`handler` with an Answer it raises turned into its response."""
+    async def wrapped(request: web.Request) -> web.Response:
+        try:
+            return await handler(request)
+        except Answer as a:
+            return a.response
+    return wrapped
