@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 from kazoo.client import KazooClient
@@ -322,6 +323,13 @@ def test_up_with_real_bookies_survives_kill9_and_restart(tmp_path):
         assert [(r["name"], r["registered"]) for r in status["processes"][1:]] == \
             [("bookie-1", "writable"), ("bookie-2", "writable"), ("broker-1", "yes")]
         assert status["brokers_registered"] == [broker_id]
+        c = cfg.cluster  # each process's HTTP port is in the status, and serves /metrics
+        assert [r["http_port"] for r in status["processes"][1:]] == \
+            [c.bookie_http_port_base, c.bookie_http_port_base + 1, c.broker_http_port_base]
+        for port, name in ((c.bookie_http_port_base + 1, "bookie_SERVER_STATUS"),
+                           (c.broker_http_port_base, "pulsar_topics_count")):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=20) as r:
+                assert f"\n{name} " in r.read().decode()
         assert (run / "bookie-1" / "journal").is_dir() and (run / "bookie-2" / "ledgers").is_dir()
 
         assert processes.kill9(broker_pid)

@@ -294,7 +294,7 @@ def cmd_status(args) -> int:
         state = ("writable" if bookie_id in registered["writable"] else
                  "read-only" if bookie_id in registered["readonly"] else "no")
         rows.append({"name": name, "pid": pid, "alive": processes.is_alive(pid, CHILD_MARKER),
-                     "address": bookie_id, "registered": state})
+                     "address": bookie_id, "registered": state, "http_port": _http_port_of(config, name)})
 
     ours = {r["address"] for r in rows[1:]}
     others = sorted(set(registered["writable"]) - ours) + sorted(set(registered["readonly"]) - ours)
@@ -302,7 +302,8 @@ def cmd_status(args) -> int:
     for name, broker_id in _rows_of(cluster, config, "broker"):
         pid = processes.read_pid(cluster.pid_path(name))
         rows.append({"name": name, "pid": pid, "alive": processes.is_alive(pid, CHILD_MARKER),
-                     "address": broker_id, "registered": "yes" if broker_id in brokers_registered else "no"})
+                     "address": broker_id, "registered": "yes" if broker_id in brokers_registered else "no",
+                     "http_port": _http_port_of(config, name)})
     our_brokers = {r["address"] for r in rows if r["name"].startswith("broker-")}
     brokers_elsewhere = sorted(set(brokers_registered) - our_brokers)
     others += brokers_elsewhere
@@ -312,10 +313,10 @@ def cmd_status(args) -> int:
                           "zookeeper_error": zk_error}, indent=2))
     else:
         print(f"run dir: {cluster.run_dir}")
-        print(f"{'NAME':<12} {'PID':>8} {'ALIVE':<6} {'ADDRESS':<22} REGISTERED")
+        print(f"{'NAME':<12} {'PID':>8} {'ALIVE':<6} {'ADDRESS':<22} {'HTTP':<6} REGISTERED")
         for r in rows:
             print(f"{r['name']:<12} {r['pid'] if r['pid'] else '-':>8} {'yes' if r['alive'] else 'no':<6} "
-                  f"{r['address']:<22} {r['registered']}")
+                  f"{r['address']:<22} {r.get('http_port') or '-':<6} {r['registered']}")
         if others:
             print(f"also registered (not started by this cluster): {', '.join(others)}")
         if zk_error:
@@ -323,6 +324,13 @@ def cmd_status(args) -> int:
     if not zk_alive:
         return 3
     return 0 if all(r["alive"] for r in rows if r["pid"]) else 1
+
+
+def _http_port_of(config: Config, name: str) -> int | None:
+    """The HTTP port (/metrics, admin API) of bookie-<i> / broker-<i>, as cluster_of gives it; None without."""
+    kind, i = name.split("-")
+    base = config.cluster.bookie_http_port_base if kind == "bookie" else config.cluster.broker_http_port_base
+    return base + int(i) - 1 if base else None
 
 
 def _rows_of(cluster: LocalCluster, config: Config, kind: str) -> list[tuple[str, str]]:
