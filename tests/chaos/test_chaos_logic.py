@@ -250,3 +250,23 @@ def test_verify_gc_checks_only_ledgers_that_lived_away_from_every_fault():
     # 2 closed within the margin before the first fault, 3 during it, 5 not closed by its writer, 6 not closed,
     # 7 during the unhealed one
     assert [r.ledger_id for r in away] == [1, 4]
+
+
+def test_the_html_report_shows_the_verdict_the_acks_per_second_and_links_the_audit(tmp_path):
+    from bksim.formats.style import STYLESHEET
+
+    rep = report.Report("bookie-kill", 3, 8.0, str(tmp_path), audit={"verdict": "clean"},
+                        timeline=[{"t": 1.25, "kind": "fault", "what": "kill -9 <bookie-2>"}],
+                        faults=[{"t": 2.0, "action": "kill", "victims": "bookie-2"}],
+                        throughput={"ledger": {"per_second": [0, 90, 100, 20, 95], "baseline_per_s": 95,
+                                               "min_per_s_after_first_fault": 20, "dip_fraction": 0.79}},
+                        recovery={"per_fault": [{"t": 2.0, "action": "kill", "victims": "bookie-2", "ledger_s": 0.7,
+                                                 "topic_s": 0.0, "recovery_s": 0.7, "not_recovered": []}],
+                                  "tail_acks": {"ledger": 0}})
+    rep.judge()
+    report.write(rep.to_dict(), str(tmp_path))
+    page = (tmp_path / "report.html").read_text()
+    assert STYLESHEET in page and '<a href="audit/report.html">' in page
+    assert page.index("FAIL") < page.index("<svg") and "liveness: no ledger acknowledgement" in page
+    assert page.count("<polyline") == 1 and page.count('stroke="var(--bad)"') == 1  # one stream, one fault
+    assert "kill -9 &lt;bookie-2&gt;" in page and "<bookie-2>" not in page

@@ -1,7 +1,8 @@
 """A chaos run's report: the `Report` the runner fills in, the figures computed from the recorded
 acknowledgements (throughput and its dips, recovery times), the verdict rules (`violations`), and its two
-renderings: report.json (`Report.to_dict()`, the same plain dict `bksim chaos run --json` prints) and
-report.txt (`render_text`). A campaign's summary row and table come from the same dicts.
+renderings: report.json (`Report.to_dict()`, the same plain dict `bksim chaos run --json` prints),
+report.txt (`render_text`) and report.html (`render_html`: the same facts as a page in bksim's one stylesheet,
+formats/style.py, with acknowledgements per second drawn as SVG and a link to the run's audit/report.html). A campaign's summary row and table come from the same dicts.
 
 The JSON fields, in this order: scenario, seed, duration_s, run_dir, plan, cluster_start_s, tail, entrylog_flips,
 check_s, ledgers, ledger_writers, ledger_ends, topic, audit, rereplication, failed_checks, timeline, faults,
@@ -17,12 +18,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import html
 import json
 import os
 import statistics
 from dataclasses import dataclass
 
 from bksim.chaos.workload import Recorder
+from bksim.formats.style import STYLESHEET
 
 GAP_S = 0.5  # an acknowledgement gap at least this long is a disruption
 
@@ -75,11 +78,13 @@ def aborted(scenario: str, seed: int, duration_s: float, run_dir: str, timeline:
 
 
 def write(report: dict, run_dir: str) -> None:
-    """report.json and report.txt in `run_dir`."""
+    """report.json, report.txt and report.html in `run_dir`."""
     with open(os.path.join(run_dir, "report.json"), "w") as f:
         json.dump(report, f, indent=1, default=str)
     with open(os.path.join(run_dir, "report.txt"), "w") as f:
         f.write(render_text(report))
+    with open(os.path.join(run_dir, "report.html"), "w", encoding="utf-8") as f:
+        f.write(render_html(report))
 
 
 # ------------------------------------------------------------------------------------------------ figures
@@ -201,6 +206,93 @@ def render_text(report: dict) -> str:
         lines.append(f"  finding: {f}")
     lines.append(f"verdict: {report['verdict']}")
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ html
+def _e(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+    if not rows:
+        return "<p class=muted>None.</p>"
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _acks_svg(stream: str, t: dict, fault_times: list[float], w: int = 640, h: int = 120) -> str:
+    """Acknowledgements per second of one stream as a polyline, each fault a red line at its second."""
+    series = t.get("per_second") or []
+    if not series:
+        return f"<p class=muted>{_e(stream)}: no acknowledgement recorded.</p>"
+    top = max(max(series), 1)
+    step = w / max(len(series) - 1, 1)
+    points = " ".join(f"{i * step:.1f},{h - 14 - v / top * (h - 24):.1f}" for i, v in enumerate(series))
+    faults = "".join(f'<line x1="{ft * step:.1f}" x2="{ft * step:.1f}" y1="0" y2="{h - 14}" stroke="var(--bad)" '
+                     f'stroke-dasharray="3 2"/>' for ft in fault_times if 0 <= ft <= len(series) - 1)
+    return (f'<div><h3>{_e(stream)} <span class=muted>baseline {_e(t.get("baseline_per_s"))}/s, lowest after the '
+            f'first fault {_e(t.get("min_per_s_after_first_fault"))}/s</span></h3>'
+            f'<svg width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" aria-label="{_e(stream)} acks per second">'
+            f'<line x1="0" x2="{w}" y1="{h - 14}" y2="{h - 14}" stroke="var(--line)"/>{faults}'
+            f'<polyline fill="none" stroke="var(--accent)" stroke-width="1.5" points="{points}"/>'
+            f'<text x="0" y="{h - 2}">0 s</text><text x="{w}" y="{h - 2}" text-anchor="end">{len(series) - 1} s</text>'
+            f'<text x="2" y="10">{top}/s</text></svg></div>')
+
+
+def render_html(report: dict) -> str:
+    """report.html: the verdict first, then acknowledgements per second, the timeline, recovery, counts."""
+    passed = report.get("verdict") == "PASS"
+    faults = [f["t"] for f in report.get("faults") or []]
+    led, top, audit = report.get("ledgers", {}), report.get("topic", {}), report.get("audit", {})
+    charts = "".join(_acks_svg(s, t, faults) for s, t in (report.get("throughput") or {}).items())
+    timeline = [[f"{e['t']:.2f}s", e["kind"], e["what"] + (f" ({e['seconds']:.2f} s)" if "seconds" in e else "")]
+                for e in report.get("timeline", [])]
+    recovery = [[f"{f['t']:.2f}s", f["action"], f["victims"], f"{f['ledger_s']:.2f}", f"{f['topic_s']:.2f}",
+                 ", ".join(f.get("not_recovered", []))] for f in report.get("recovery", {}).get("per_fault", [])]
+    counts = [["ledgers", led.get("acknowledged"), led.get("lost"), led.get("duplicates"), led.get("reordered"),
+               led.get("divergent")],
+              ["topic", top.get("acknowledged"), top.get("lost"), top.get("duplicates"), top.get("reordered"),
+               top.get("divergent")]]
+    rereplication = [[r["cause"], r["bookie"], f"{r['t']:.2f}s",
+                      "NOT within the bound" if r["rereplication_s"] is None else f"{r['rereplication_s']:.2f} s"]
+                     for r in report.get("rereplication", [])]
+    audit_link = (f'<a href="audit/report.html">the audit\'s report</a> ({_e(audit.get("verdict"))})'
+                  if audit else "not run")
+    verdict = _e(report.get("verdict"))
+    return f"""<!doctype html>
+<html lang=en><head><meta charset=utf-8><title>bksim chaos {_e(report['scenario'])}: {verdict}</title>
+<style>
+{STYLESHEET}
+body {{ margin: 24px auto; padding: 0 24px; max-width: 1400px; }}
+.banner {{ padding: 14px 18px; border-radius: 10px; font-size: 20px; font-weight: 600; color: white;
+          background: {'var(--ok)' if passed else 'var(--bad)'}; }}
+.summary {{ margin: 10px 0 20px; color: var(--muted); }} .summary span {{ margin-right: 18px; }}
+table {{ width: auto; margin: 6px 0 18px; background: var(--panel); border: 1px solid var(--line); }}
+h2 {{ margin-top: 28px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }}
+.charts {{ display: flex; flex-wrap: wrap; gap: 32px; }}
+</style></head><body>
+<h1>bksim chaos: {_e(report['scenario'])} <span class=muted>seed {_e(report['seed'])}\
+{' (secure)' if report.get('secure') else ''}</span></h1>
+<div class=banner>{verdict}{'' if passed else f": {len(report.get('violations', []))} violation(s)"}</div>
+<div class=summary><span>{_e(report.get('elapsed_s', '?'))} s</span><span>run dir <code>{_e(report['run_dir'])}</code></span>
+<span>audit: {audit_link}</span><span><a href="report.json">report.json</a></span></div>
+<h2>Violations</h2>
+{''.join(f'<p class=bad>{_e(v)}</p>' for v in report.get('violations', [])) or '<p class=muted>None.</p>'}
+<h2>Acknowledgements per second</h2>
+<div class=charts>{charts or '<p class=muted>None recorded.</p>'}</div>
+<h2>Timeline</h2>
+{_table(['t', 'kind', 'what'], timeline)}
+<h2>Recovery (fault to acknowledgements flowing again)</h2>
+{_table(['t', 'action', 'victims', 'ledger s', 'topic s', 'not recovered'], recovery)}
+<h2>What was acknowledged and what became of it</h2>
+{_table(['', 'acknowledged', 'lost', 'duplicates', 'reordered', 'divergent'], counts)}
+{('<h2>Re-replication</h2>' + _table(['cause', 'bookie', 't', 'every closed ledger fully replicated'], rereplication))
+ if rereplication else ''}
+<h2>Problems</h2>
+{''.join(f'<p>{_e(p.splitlines()[0])}</p>' for p in report.get('problems', [])) or '<p class=muted>None.</p>'}
+</body></html>
+"""
 
 
 # ------------------------------------------------------------------------------------------------ campaigns
