@@ -17,6 +17,10 @@ paths and JSON shapes (BookKeeper's `server/http/service/*Service.java`; docs/ob
     GET      /api/v1/bookie/gc_details                    [{upstream's GarbageCollectionStatus fields bksim has,
                                                            plus "lastRounds" and "totals"}]
 
+Security: the reads are open, like upstream's (bind the port to loopback). Running a round changes the bookie, so
+with security.tls_client_auth (the gRPC BookieAdmin then needs a client certificate, which plain HTTP does not
+carry) PUT /api/v1/bookie/gc answers 403 and `bksim bookie gc` is the way.
+
 Errors: {"message": ...} (http_server.error_response) with 400 for bad input, 404 for an unknown ledger, 405 for
 another method; the GC refusals of BookieAdmin mapped by http_calls.HTTP_OF_GRPC (412 no GC, 429 too many
 rounds asked, 503 shutting down). A ZooKeeper read that does not answer within zookeeper.operation_timeout_ms
@@ -145,6 +149,10 @@ class BookieHttpAdmin:
         if request.method == "GET":
             status = await self._gc_status(admin)
             return json_response({"is_in_force_gc": "true" if status.running else "false"})
+        if self.config.security.tls_client_auth:
+            return error_response(403, "this bookie's admin calls need a client certificate "
+                                       "(security.tls_client_auth), which plain HTTP does not carry: "
+                                       "use `bksim bookie gc`")
         body = (await request.text()).strip()
         kind = "gc"
         if body:

@@ -59,3 +59,29 @@ def test_call_context_turns_an_abort_into_a_refusal_with_its_trailers():
         ("UNAVAILABLE", "served elsewhere", "NOT_OWNER", "127.0.0.1:9")
     assert e.value.http_status == 503
     assert CallRefused("PERMISSION_DENIED", "x").http_status == 403
+
+
+def test_a_gc_round_over_plain_http_is_refused_when_bookies_require_client_certificates():
+    from aiohttp.test_utils import make_mocked_request
+
+    from bksim.adapters.http_bookie_admin import BookieHttpAdmin
+    from bksim.adapters.http_server import ProcessParts
+    from bksim.model.config import Config, SecurityConfig
+
+    class Admin:
+        asked = 0
+
+        async def RunGc(self, request, context):
+            Admin.asked += 1
+
+    class Server:
+        admin = Admin()
+
+    def answer(security: SecurityConfig):
+        config = Config(security=security)
+        handler = BookieHttpAdmin(ProcessParts("bookie", config, {"server": Server()})).gc
+        return asyncio.run(handler(make_mocked_request("PUT", "/api/v1/bookie/gc")))
+
+    refused = answer(SecurityConfig(tls_client_auth=True))
+    assert refused.status == 403 and "client certificate" in refused.text and Admin.asked == 0
+    assert answer(SecurityConfig()).status == 200 and Admin.asked == 1
