@@ -1,7 +1,8 @@
 """`bksim monitor`: Debian's Prometheus scraping a real cluster (ZooKeeper, a bookie, a broker) on loopback.
 
 The first test runs the whole path: `cluster up`, `monitor up` on a free port, Prometheus's HTTP API showing
-every target up and a sample of the bookie's and the broker's own metrics, the rule groups loaded and evaluated,
+every target up, samples of the bookie's and the broker's own metrics (bookie_SERVER_STATUS 1,
+pulsar_topics_count) and of a recording rule over the bookie's histogram, the rule groups loaded and evaluated,
 the process-down alert pending once the broker is killed, `monitor status` following, and `cluster down`
 stopping Prometheus by its pid. The others check the rule files with promtool: `check rules` accepts them and
 refuses a broken one, and `promtool test rules` feeds synthetic series to the alerting rules (read-only bookie,
@@ -113,6 +114,15 @@ def test_monitor_scrapes_a_real_cluster_and_stops_with_it(tmp_path):
         own = api(port, "query", query='count by (node) ({job=~"bookie|broker"})')["result"]
         assert sorted(s["metric"]["node"] for s in own) == ["bookie-1", "broker-1"], own
         assert all(int(s["value"][1]) > 1 for s in own)
+        status = api(port, "query", query="bookie_SERVER_STATUS")["result"]
+        assert [(s["metric"]["node"], s["value"][1]) for s in status] == [("bookie-1", "1")]  # writable
+        topics = api(port, "query", query="pulsar_topics_count")["result"]
+        assert [(s["metric"]["node"], s["value"][1]) for s in topics] == [("broker-1", "0")]
+
+        def recorded():  # a recording rule's output over the bookie's add-request histogram (two scrapes needed)
+            return api(port, "query", query="node:bookkeeper_server_ADD_ENTRY_REQUEST:rate1m")["result"]
+        rates = wait_until(recorded, 10.0, 0.1, "the add-rate recording rule's series")
+        assert [(s["metric"]["node"], s["value"][1]) for s in rates] == [("bookie-1", "0")]  # no traffic yet
 
         def rules_evaluated():
             groups = api(port, "rules")["groups"]
