@@ -25,6 +25,7 @@ from bksim.cli import cluster_cmd
 from bksim.cli.ledger_cmd import PASSWORD_ENV, make_payload
 from bksim.cli.main import main
 from helpers import free_port
+from pty_run import assert_ends_clean, frames, run_on_pipes, run_on_tty
 
 BOOKIES = 3
 BROKERS = 2
@@ -296,6 +297,28 @@ def test_errors_as_a_shell_sees_them(cluster, tmp_path):
     r = bksim("ledger", "list", "--broker", dead)
     assert r.returncode == 2 and r.stderr.startswith(f"bksim: error: UNAVAILABLE: broker {dead}: "), r.stderr
     assert "--broker" in r.stderr and "bksim cluster up" in r.stderr
+
+
+def test_write_and_read_show_progress_on_a_terminal_only(cluster):
+    """`ledger write` and `ledger read` with stderr on a pseudo-terminal: a status line with the entries done of
+    the total, the rate and the ETA, erased at the end; stdout is what a pipe gets; with stderr on a pipe (or
+    --json) no line is drawn."""
+    ledger = create(cluster)
+    config = ("--config", cluster["config"])
+    status, stdout, terminal = run_on_tty(*config, "ledger", "write", str(ledger), "--count", "4000", "--size",
+                                          "100", "--batch", "5", "--window", "2")
+    assert status == 0 and f"ledger {ledger}: appended 4000 entries" in stdout, terminal
+    drawn = [f for f in frames(terminal) if f.startswith(f"ledger write {ledger}")]
+    assert any("/4,000 entries" in f and "/s" in f and "ETA" in f for f in drawn), terminal
+    assert_ends_clean(terminal)
+    status, stdout, terminal = run_on_tty(*config, "ledger", "read", str(ledger), "--to", "3999")
+    assert status == 0 and stdout.endswith("4000 entries, 400000 bytes (ids 0..3999)\n"), terminal
+    assert any("/4,000 entries" in f for f in frames(terminal) if f.startswith(f"ledger read {ledger}")), terminal
+    assert_ends_clean(terminal)
+    piped = run_on_pipes(*config, "ledger", "read", str(ledger), "--to", "3999")
+    assert (piped.returncode, piped.stdout, piped.stderr) == (0, stdout, "")
+    status, stdout, terminal = run_on_tty(*config, "ledger", "read", str(ledger), "--from", "3990", "--json")
+    assert status == 0 and len(stdout.splitlines()) == 10 and terminal == ""
 
 
 def test_argument_errors(cluster, tmp_path):

@@ -22,6 +22,9 @@ Every command talks to one broker (adapters/broker_client.py):
 Bounds: `write` keeps at most `--window` AppendRequests unanswered, each at most `--batch` payloads and
 REQUEST_BYTES_MAX bytes (so the entries in flight are bounded); `read` prints as it streams, holding one
 message at a time, with or without --json.
+
+Progress: on a terminal, without --json, `write` and `read` draw a status line on stderr (cli/progress.py):
+entries acknowledged (read: received) of the total, rate and ETA; `read` up to the LAC counts without a total.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import os
 import time
 
 from bksim.cli import config as cfgload
+from bksim.cli.progress import Progress
 from bksim.model.config import Config
 from bksim.model.errors import BksimError
 from bksim.model.status import LedgerStatus
@@ -264,16 +268,18 @@ def cmd_write(args) -> int:
     from bksim.adapters.broker_client import BrokerCallError
 
     per_request = max(1, min(args.batch, REQUEST_BYTES_MAX // max(1, args.size)))
-    progress = WriteProgress(args.size)
     broker = args.broker
-    try:
-        with _Session(args) as s:
-            broker = s.address
-            s.client.run(_write(s.client.client, args.ledger_id, s.password, args.count, per_request,
-                                args.window, progress))
-    except BrokerCallError as e:
-        _report_partial_write(args, progress, broker, per_request, e)
-        raise
+    with Progress(f"ledger write {args.ledger_id}", args.count, "entries", json=args.json) as status:
+        progress = WriteProgress(args.size, status)
+        try:
+            with _Session(args) as s:
+                broker = s.address
+                s.client.run(_write(s.client.client, args.ledger_id, s.password, args.count, per_request,
+                                    args.window, progress))
+        except BrokerCallError as e:
+            status.close()
+            _report_partial_write(args, progress, broker, per_request, e)
+            raise
     result = progress.summary() | {"ledger_id": args.ledger_id, "broker": broker, "batch": per_request,
                                    "window": args.window}
     if args.json:
@@ -303,8 +309,9 @@ class WriteProgress:
     """What the Append stream of one `write` has acknowledged so far (kept by the caller, so a failure part-way
     still knows it)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, status: Progress | None = None) -> None:
         self.size = size
+        self.status = status  # the terminal's progress line, if any
         self.first = self.last = self.lac = -1
         self.acknowledged = 0
         self.started = time.perf_counter()
@@ -316,6 +323,8 @@ class WriteProgress:
         self.last = r.first_entry_id + r.count - 1
         self.lac = max(self.lac, r.last_add_confirmed)
         self.acknowledged += r.count
+        if self.status is not None:
+            self.status.update(self.acknowledged)
 
     def summary(self) -> dict:
         seconds = max(time.perf_counter() - self.started, 1e-9)
@@ -356,11 +365,13 @@ async def _write(client, ledger_id: int, password: bytes, count: int, per_reques
 # -- read ----------------------------------------------------------------------------------------------------
 
 def cmd_read(args) -> int:
-    with _Session(args) as s:
-        return s.client.run(_read(s.client.client, args, s.password))
+    total = args.last - args.first + 1 if args.last >= 0 else None  # to the LAC: not known beforehand
+    with Progress(f"ledger read {args.ledger_id}", total, "entries", json=args.json) as status:
+        with _Session(args) as s:
+            return s.client.run(_read(s.client.client, args, s.password, status))
 
 
-async def _read(client, args, password: bytes) -> int:
+async def _read(client, args, password: bytes, status: Progress) -> int:
     count = total = 0
     first = last = None
     entries = client.read_entries(args.ledger_id, args.first, args.last, password=password)
@@ -372,6 +383,7 @@ async def _read(client, args, password: bytes) -> int:
             total += len(payload)
             first = entry_id if first is None else first
             last = entry_id
+            status.update(count)
             if args.json:  # one object per line as the entries arrive: a large ledger is never held in memory
                 row = {"ledger_id": args.ledger_id, "entry_id": entry_id, "size": len(payload),
                        "preview": preview(payload)}
@@ -380,6 +392,7 @@ async def _read(client, args, password: bytes) -> int:
                 print(json.dumps(row, sort_keys=True))
             else:
                 print(f"{entry_id:>10} {len(payload):>9}  {preview(payload)}")
+    status.close()
     if not args.json:
         span = f"ids {first}..{last}" if count else "no entries"
         print(f"{count} entries, {total} bytes ({span})")
