@@ -9,14 +9,18 @@ and ZooKeeper digest ACLs (bksim.security.kit, files under the run's security/ d
 
 Runs go under <cluster.run_dir>/chaos/<scenario>-s<seed>-<time>-<pid>/ (report.json, report.txt, logs/,
 audit/; the data directories are removed after a passing run unless --keep). Exit status: 0 every run
-passed, 1 a violation (or a run that could not be carried out), 2 bad arguments.
+passed, 1 a violation (or a run that could not be carried out), 2 bad arguments. On a terminal, `campaign`
+keeps a status line under its log on stderr: runs done of N, ETA, failures so far (cli/progress.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import sys
+
+from bksim.cli.progress import Progress
 
 DURATION_DEFAULT_S = 15.0
 SECURE_HELP = ("TLS on every gRPC link, tokens and authorization at the brokers, ZooKeeper digest ACLs; the workload "
@@ -101,12 +105,19 @@ def cmd_campaign(args) -> int:
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()] or None
     base = _base_dir(args)
     _log(f"chaos campaign: {args.runs} runs, seed {seed}, {args.duration:g} s each, under {base}")
-    try:
-        rows, table = runner.campaign(args.runs, seed, args.duration, base, names, keep=args.keep, log=_log,
-                                      progress=_log, secure=args.secure)
-    except runner.ChaosError as e:
-        print(f"bksim: error: {e}", file=sys.stderr)
-        return 2
+    with Progress("chaos campaign", args.runs, "runs", ticking=True) as status:
+        def progress(line: str) -> None:  # once per run done, "[i/N] ... | failed F | ..."
+            _log(line)
+            failed = re.search(r"\| failed (\d+) \|", line)
+            status.advance(1, note=f"{failed.group(1)} failed" if failed else None)
+
+        try:
+            rows, table = runner.campaign(args.runs, seed, args.duration, base, names, keep=args.keep, log=_log,
+                                          progress=progress, secure=args.secure)
+        except runner.ChaosError as e:
+            status.close()
+            print(f"bksim: error: {e}", file=sys.stderr)
+            return 2
     print(table)
     failed = [r for r in rows if r["verdict"] != "PASS"]
     for r in failed:

@@ -18,7 +18,8 @@ prints data as JSON (one object; `consume` prints one object per message, one pe
 
 `consume` prints each message like pulsar-client ("----- got message -----", then key, properties and
 content) and acknowledges it; `-n 0` consumes until interrupted. `produce` sends every message `--count` times
-(at most `--rate` messages/s; 0 = as fast as the producer's pending bound allows) and waits for every receipt.
+(at most `--rate` messages/s; 0 = as fast as the producer's pending bound allows) and waits for every receipt;
+on a terminal, without --json, a status line on stderr counts the receipts (rate, ETA; cli/progress.py).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import sys
 import time
 
 from bksim.cli import config as cfgload
+from bksim.cli.progress import Progress
 from bksim.model.errors import BksimError
 from bksim.model.status import TopicStatus
 
@@ -341,11 +343,14 @@ def cmd_produce(args) -> int:
     ok: list = []
     failed: list = []
 
+    status = Progress(f"produce {args.topic}", total, "messages", json=args.json)
+
     def done(error, mid) -> None:
         (failed if error is not None else ok).append(error if error is not None else mid)
+        status.update(len(ok) + len(failed), note=f"{len(failed)} failed" if failed else None)
 
     start = time.monotonic()
-    with _client(args) as c:
+    with status, _client(args) as c:
         producer = c.create_producer(args.topic, producer_name=args.producer_name,
                                      batching_enabled=not args.no_batching, block_if_queue_full=True)
         try:
