@@ -129,6 +129,10 @@ def test_bookie_endpoints(env, produced):
     assert named[env.bookie.bookie_id] == "127.0.0.1"
     assert http("GET", f"{env.bookie_url}/api/v1/bookie/list_bookies?type=ro")[2] == {}
     assert http("GET", f"{env.bookie_url}/api/v1/bookie/list_bookies?type=xx")[0] == 400
+    status, _, cluster = http("GET", f"{env.bookie_url}/api/v1/bookie/cluster_info")
+    assert status == 200 and cluster["writableBookiesCount"] == len(rw) >= 1 and cluster["readonlyBookiesCount"] == 0
+    assert cluster["totalBookiesCount"] == len(rw) + cluster["unavailableBookiesCount"]
+    assert cluster["ledgerReplicationEnabled"] is True and isinstance(cluster["auditorElected"], bool)
 
 
 def test_ledger_metadata_matches_the_broker(env, produced):

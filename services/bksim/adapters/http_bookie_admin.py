@@ -9,6 +9,10 @@ paths and JSON shapes (BookKeeper's `server/http/service/*Service.java`; docs/ob
                                                           {bookie id: hostname or null}
     GET      /api/v1/ledger/metadata?ledger_id=N          {"N": ledger metadata, upstream's field names; never
                                                            the password}
+    GET      /api/v1/bookie/cluster_info                  {"auditorElected", "auditorId", "clusterUnderReplicated",
+                                                           "ledgerReplicationEnabled", "totalBookiesCount",
+                                                           "writableBookiesCount", "readonlyBookiesCount",
+                                                           "unavailableBookiesCount"} (autorecovery/admin.status)
     GET      /api/v1/bookie/gc                            {"is_in_force_gc": "true"|"false"}
     PUT      /api/v1/bookie/gc   body {"forceMajor"|"forceMinor": true} or none
                                                           runs a round (gc, minor or major) through the bookie's
@@ -42,7 +46,7 @@ from bksim.adapters.http_server import ProcessParts, error_response, json_respon
 from bksim.gen import bookie_pb2
 from bksim.metadata import ledger_metadata
 from bksim.metadata.paths import ledger_path
-from bksim.model.errors import MetadataFormatError
+from bksim.model.errors import MetadataError, MetadataFormatError
 
 # BookKeeper's DigestType names (its DUMMY is a ledger without a digest)
 DIGEST_NAMES = {"crc32c": "CRC32C", "none": "DUMMY"}
@@ -80,6 +84,7 @@ class BookieHttpAdmin:
         self.parts = parts
         self.config = parts.config
         self.zk_timeout_s = parts.config.zookeeper.operation_timeout_ms / 1000
+        self._store = None
 
     async def _zk(self, fn):
         try:
@@ -144,6 +149,28 @@ class BookieHttpAdmin:
             return error_response(500, str(e))
         return json_response({str(ledger_id): metadata_json(ledger_id, md)})
 
+    async def cluster_info(self, request: web.Request) -> web.Response:
+        from bksim.adapters.clock import SystemClock
+        from bksim.adapters.zk_metadata import RenewingZkMetadataStore
+        from bksim.autorecovery import admin
+        from bksim.autorecovery.marks import UnderReplicationMarks
+
+        if self._store is None:  # the async metadata port over the process's ZooKeeper client, made once
+            self._store = RenewingZkMetadataStore(self.parts.zk,
+                                                  operation_timeout_ms=self.config.zookeeper.operation_timeout_ms,
+                                                  read_tries_max=self.config.zookeeper.read_tries_max)
+        try:
+            s = await admin.status(self._store, UnderReplicationMarks(self._store, SystemClock()), SystemClock())
+        except MetadataError as e:
+            return error_response(503, f"reading the cluster's state: {e}")
+        bookies = s["bookies"]
+        writable, read_only, missing = len(bookies["writable"]), len(bookies["readonly"]), len(bookies["missing"])
+        return json_response({
+            "auditorElected": s["auditor"] is not None, "auditorId": s["auditor"] or "",
+            "clusterUnderReplicated": s["underreplicated"] > 0, "ledgerReplicationEnabled": not s["disabled"],
+            "totalBookiesCount": writable + read_only + missing, "writableBookiesCount": writable,
+            "readonlyBookiesCount": read_only, "unavailableBookiesCount": missing})
+
     async def gc(self, request: web.Request) -> web.Response:
         admin = self.parts.server.admin
         if request.method == "GET":
@@ -201,6 +228,7 @@ def routes(parts: ProcessParts) -> list[web.RouteDef]:
     admin = BookieHttpAdmin(parts)
     table = [("GET", "/heartbeat", admin.heartbeat), ("GET", "/api/v1/bookie/info", admin.info),
              ("GET", "/api/v1/bookie/state", admin.state), ("GET", "/api/v1/bookie/list_bookies", admin.list_bookies),
-             ("GET", "/api/v1/ledger/metadata", admin.ledger_metadata), ("GET", "/api/v1/bookie/gc", admin.gc),
+             ("GET", "/api/v1/ledger/metadata", admin.ledger_metadata),
+             ("GET", "/api/v1/bookie/cluster_info", admin.cluster_info), ("GET", "/api/v1/bookie/gc", admin.gc),
              ("PUT", "/api/v1/bookie/gc", admin.gc), ("GET", "/api/v1/bookie/gc_details", admin.gc_details)]
     return [web.route(method, path, answering(handler)) for method, path, handler in table]
