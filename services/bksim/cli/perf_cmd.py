@@ -7,7 +7,8 @@ records/s, MB/s and per-record p50/p99/p99.9 latency; `--json` prints one JSON o
 lines go to stderr). The bookie figures run their baseline first, in the same run and with the same record
 and group/batch size, and print the ratio; ledger-write, recovery and rereplication also print their targets'
 verdicts ("targets" in the JSON). ledger-write and produce with --tls and/or --auth measure a plain and then a
-secured cluster (perf/security_cost.py) and print the secured/plain ratio and p99 difference. Every run is bounded by --seconds and/or --records (audit and rereplication
+secured cluster (perf/security_cost.py) and print the secured/plain ratio and p99 difference; bookie-add and
+produce with --metrics measure with metrics off and then on (perf/metrics_cost.py) and print the on/off ratio. Every run is bounded by --seconds and/or --records (audit and rereplication
 by --size); all files go
 to a fresh temp dir under --dir that is removed at the end, and every child process is stopped by pid,
 also on Ctrl-C, SIGTERM or an error. On a terminal (without --json) a status line on stderr shows the
@@ -60,6 +61,7 @@ def register(subparsers) -> None:
     _inflight(p)
     p.add_argument("--py-spy", metavar="OUT", help="sample the bookie's GIL-holding threads with py-spy "
                    "(installed by hand) during the measurement; write collapsed stacks to OUT")
+    _metrics_flag(p)
     p.set_defaults(func=cmd_bookie_add)
 
     from bksim.perf import ledger_write, recovery
@@ -214,6 +216,7 @@ def register(subparsers) -> None:
                        help=f"producer's max_pending_messages (default {perf_produce.MAX_PENDING_DEFAULT})")
         if name == "produce":
             _security(p)
+            _metrics_flag(p)
         if name == "consume":
             p.add_argument("--receiver-queue", type=int, default=perf_consume.RECEIVER_QUEUE_DEFAULT,
                            help=f"consumer's receiver_queue_size, its permits (default "
@@ -261,6 +264,26 @@ def _security(p: argparse.ArgumentParser) -> None:
                    "p99 difference against the targets (no grpc-baseline)")
     p.add_argument("--auth", action="store_true", help="as --tls, with token authentication and authorization at "
                    "the broker (an HS256 secret and a super-user token made for the run); both flags: TLS + auth")
+
+
+def _metrics_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics", action="store_true", help="measure twice in this run, metrics off (no HTTP port) and "
+                   "then on (/metrics of every process scraped every second), and print the on/off throughput "
+                   "ratio against the target >= 0.95 (perf/metrics_cost.py; no grpc-baseline)")
+
+
+def _metrics_pair(measure_one: Callable[[bool], list[Result]]) -> tuple[list[Result], list[Ratio], list[dict]]:
+    """Metrics off, then on (same shape), and metrics_cost's verdict on each pair."""
+    from bksim.perf import metrics_cost
+
+    off = measure_one(False)
+    on = measure_one(True)
+    ratios, targets = [], []
+    for a, b in zip(off, on):
+        q, t = metrics_cost.compare(a, b)
+        ratios.append(q)
+        targets += t
+    return off + on, ratios, targets
 
 
 def _secured_pair(measure_one: Callable[[bool, bool], list[Result]], tls: bool, auth: bool
@@ -331,6 +354,13 @@ def cmd_bookie_add(args) -> int:
 
     config = cfgload.load(args.config)  # the bookie process loads the same file (and environment) itself
 
+    def measure_metrics(workdir: str, idle: Callable[[str], float]):
+        def one(metrics: bool) -> list[Result]:
+            return [bookie_add.measure(workdir, args.record_bytes, args.group, args.inflight, args.seconds,
+                                       args.records, idle, config, config_path=args.config, keep=args.keep,
+                                       metrics=metrics)]
+        return _metrics_pair(one)
+
     def measure(workdir: str, idle: Callable[[str], float]) -> tuple[list[Result], list[Ratio]]:
         base = grpc_baseline.measure(workdir, args.record_bytes, args.group, args.inflight, args.seconds,
                                      args.records, idle)
@@ -339,6 +369,8 @@ def cmd_bookie_add(args) -> int:
                                      py_spy_out=args.py_spy, keep=args.keep)
         return [base, subject], [ratio(subject, base, bookie_add.TARGET_RATIO)]
 
+    if args.metrics:
+        return _run("bookie-add", args, measure_metrics, shape="metrics off, then on (scraped every second)")
     return _run("bookie-add", args, measure)
 
 
@@ -491,6 +523,13 @@ def _topic_perf(args, name: str) -> int:
 
     def measure(workdir: str, idle: Callable[[str], float]):
         common = dict(config=config, config_path=args.config, keep=args.keep)
+        if name == "produce" and args.metrics:
+            def one_metrics(metrics: bool) -> list[Result]:
+                return perf_produce.measure(workdir, shape, args.record_bytes, args.group, args.max_pending,
+                                            args.partitions, args.seconds, args.records, idle, metrics=metrics,
+                                            **common)
+            results, ratios, targets = _metrics_pair(one_metrics)
+            return results, ratios, targets + perf_produce.targets(results)
         if name == "produce" and _secured_words(args):
             def one(tls: bool, auth: bool) -> list[Result]:
                 return perf_produce.measure(workdir, shape, args.record_bytes, args.group, args.max_pending,
@@ -514,7 +553,9 @@ def _topic_perf(args, name: str) -> int:
     secured = _secured_words(args)
     return _run(name, args, measure, shape=f"{shape}, {topic} topic, {args.record_bytes} B messages, batches of "
                                            f"<= {args.group}, max pending {args.max_pending}; {what}"
-                                           + (f"; plain, then {secured}" if secured else ""))
+                                           + (f"; plain, then {secured}" if secured else "")
+                                           + ("; metrics off, then on (scraped every second)"
+                                              if getattr(args, "metrics", False) else ""))
 
 
 def cmd_audit(args) -> int:

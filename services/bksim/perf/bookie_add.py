@@ -11,6 +11,7 @@ Target on this machine: >= 0.5x grpc-baseline's records/s at the same batch size
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import sys
@@ -26,6 +27,7 @@ from bksim.model.errors import BookieUnreachable
 from bksim.perf.grpc_baseline import RESPONSE_TIMEOUT_S, EntryFactory, drive, drive_result
 from bksim.perf.machine import process_cpu_s
 from bksim.perf.ledger_write import LedgerCluster
+from bksim.perf.metrics_cost import Scraper
 from bksim.perf.procs import Child, ProcessGroup, run_interruptible
 from bksim.perf.stats import Result
 
@@ -37,27 +39,37 @@ PY_SPY_WAIT_S = 90.0  # py-spy stops by itself after the measurement's duration;
 
 def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds: float, records_max: int,
             idle_guard: Callable[[str], float], config: Config, config_path: str | None = None,
-            py_spy_out: str | None = None, keep: bool = False) -> Result:
+            py_spy_out: str | None = None, keep: bool = False, metrics: bool = False) -> Result:
     """Start ZooKeeper + one bookie under `workdir`, measure adds, stop both; return the figures.
 
     With `py_spy_out`, py-spy (installed by hand, not a dependency) samples the bookie's GIL-holding
     threads during the measurement and writes collapsed stacks (flamegraph.pl / speedscope input) there. The cluster's
-    directory (a fresh one per call) is removed afterwards unless `keep`, so repeated runs start alike.
+    directory (a fresh one per call) is removed afterwards unless `keep`, so repeated runs start alike. With
+    `metrics`, the bookie serves HTTP and its /metrics is scraped during the measurement (perf/metrics_cost.py;
+    the result is named "bookie-add-metrics").
     """
     group = ProcessGroup()  # py-spy, when asked for
-    with LedgerCluster(workdir, 1, config, config_path, keep, brokers=0) as cluster:
+    scraper = None
+    with LedgerCluster(workdir, 1, config, config_path, keep, brokers=0, http=metrics) as cluster:
         try:
             bookie = cluster.bookies[0]
             profiler = _profiler(group, bookie, py_spy_out, seconds, cluster.run_dir)
+            if metrics:
+                scraper = Scraper([bookie.http_port], "bookkeeper_server_ADD_ENTRY_REQUEST")
             result, bookie_cpu_s, idle = run_interruptible(_measure(bookie, record_bytes, batch, inflight, seconds,
-                                                                    records_max, idle_guard, profiler))
+                                                                    records_max, idle_guard, profiler, scraper))
             server_pid, zk_pid = bookie.pid, cluster.zookeeper.pid
             stop_started = time.monotonic()
             stopped = cluster.stop(bookie)
             stop_s = time.monotonic() - stop_started
         finally:
             group.stop_all()
-    out = drive_result("bookie-add", record_bytes, batch, inflight, result, idle, bookie_cpu_s)
+    out = drive_result("bookie-add-metrics" if metrics else "bookie-add", record_bytes, batch, inflight, result,
+                       idle, bookie_cpu_s)
+    if scraper is not None:
+        if scraper.errors or not scraper.scrapes:
+            raise RuntimeError(f"/metrics scrapes failed ({scraper.scrapes} done): {scraper.errors[:3]}")
+        out.extra.update(scraper.extra())
     out.extra["bookie_stop_s"] = stop_s if stopped else -1.0
     out.extra["server_pid"] = server_pid  # both stopped before measure() returns
     out.extra["zookeeper_pid"] = zk_pid
@@ -79,7 +91,8 @@ def _profiler(group: ProcessGroup, bookie: Node, out: str | None, seconds: float
 
 
 async def _measure(bookie: Node, record_bytes: int, batch: int, inflight: int, seconds: float,
-                   records_max: int, idle_guard: Callable[[str], float], profiler: Callable[[], Child] | None):
+                   records_max: int, idle_guard: Callable[[str], float], profiler: Callable[[], Child] | None,
+                   scraper: Scraper | None = None):
     async with BookieClient(bookie.address, deadline_s=RESPONSE_TIMEOUT_S) as client:
         await _wait_serving(client, bookie)
         idle = idle_guard("bookie-add")
@@ -87,8 +100,9 @@ async def _measure(bookie: Node, record_bytes: int, batch: int, inflight: int, s
         cpu_start = process_cpu_s(bookie.pid)
         stream = client.add_stream(window_max=inflight, response_timeout_s=RESPONSE_TIMEOUT_S)
         try:
-            result = await drive(stream, bookie_pb2.AddRequest, EntryFactory(record_bytes, LEDGER_ID), batch,
-                                 seconds, records_max)
+            with scraper or contextlib.nullcontext():
+                result = await drive(stream, bookie_pb2.AddRequest, EntryFactory(record_bytes, LEDGER_ID), batch,
+                                     seconds, records_max)
         except BookieUnreachable as e:
             raise RuntimeError(f"bookie (pid {bookie.pid}) stream broke: {e}; its log:\n{bookie.log_tail()}") from None
         cpu_s = process_cpu_s(bookie.pid) - cpu_start

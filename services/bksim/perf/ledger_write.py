@@ -44,6 +44,7 @@ from typing import Callable
 
 from bksim.adapters.broker_client import BrokerCallError, BrokerClient
 from bksim.adapters.local_cluster import LocalCluster, Node
+from bksim.adapters.ports import free_port
 from bksim.model.config import Config
 from bksim.perf.machine import idle_fraction, read_cpu_times
 from bksim.perf.procs import run_interruptible
@@ -75,7 +76,7 @@ class LedgerCluster(LocalCluster):
 
     def __init__(self, workdir: str, bookies: int, config: Config, config_path: str | None = None,
                  keep: bool = False, brokers: int = 1, child_env: dict[str, str] | None = None,
-                 tls: bool = False, auth: bool = False) -> None:
+                 tls: bool = False, auth: bool = False, http: bool = False) -> None:
         if bookies < 1:
             raise ValueError(f"a cluster needs at least 1 bookie, got {bookies}")
         run_dir = tempfile.mkdtemp(prefix="cluster-", dir=workdir)
@@ -90,6 +91,7 @@ class LedgerCluster(LocalCluster):
         self.broker_count = brokers
         self.config = config
         self.keep = keep
+        self.http = http  # every bookie and broker serves HTTP (/metrics) on a free port of its own
 
     def __enter__(self) -> "LedgerCluster":
         try:
@@ -109,13 +111,18 @@ class LedgerCluster(LocalCluster):
         z = self.config.zookeeper
         self.start_zookeeper(tick_time_ms=z.tick_time_ms, heap_mb=z.heap_mb, timeout_s=ZOOKEEPER_READY_TIMEOUT_S)
         for _ in range(self.bookie_count):
-            self.spawn(self.add_bookie())
+            port = free_port(self.host) if self.http else None
+            node = self.add_bookie(env={"BKSIM_BOOKIE_HTTP_PORT": str(port)} if port else None)
+            node.http_port = port
+            self.spawn(node)
         for _ in range(self.broker_count):
             self.spawn_broker()
 
     def spawn_broker(self) -> Node:
         """Start one more `bksim broker run` on this cluster (perf failover runs two)."""
-        node = self.add_broker()
+        port = free_port(self.host) if self.http else None
+        node = self.add_broker(env={"BKSIM_BROKER_HTTP_PORT": str(port)} if port else None)
+        node.http_port = port
         self.spawn(node)
         return node
 

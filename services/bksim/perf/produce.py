@@ -27,6 +27,7 @@ from typing import Callable, Iterator
 from bksim.client import Client
 from bksim.model.config import Config
 from bksim.perf.ledger_write import CALL_DEADLINE_S, CpuMeter, LedgerCluster, Shape
+from bksim.perf.metrics_cost import Scraper
 from bksim.perf.procs import run_interruptible
 from bksim.perf.stats import LatencyRecorder, Result, make_result
 
@@ -42,13 +43,15 @@ DEADLINE_CHECK_EVERY = 256    # messages between clock reads of the time bound
 
 @contextlib.contextmanager
 def topic_cluster(workdir: str, shape: Shape, config: Config, config_path: str | None = None,
-                  keep: bool = False, tls: bool = False, auth: bool = False) -> Iterator[LedgerCluster]:
+                  keep: bool = False, tls: bool = False, auth: bool = False,
+                  http: bool = False) -> Iterator[LedgerCluster]:
     """A started, ready LedgerCluster whose broker makes topic ledgers of `shape`; stopped (by pid) on exit.
-    `tls` / `auth`: secured (LedgerCluster); its clients take `cluster.tls` and `cluster.token`."""
+    `tls` / `auth`: secured (LedgerCluster); its clients take `cluster.tls` and `cluster.token`. `http`: every
+    process serves HTTP (/metrics) on a port of its own (Node.http_port)."""
     env = {"BKSIM_TOPIC_ENSEMBLE_SIZE": str(shape.ensemble), "BKSIM_TOPIC_WRITE_QUORUM_SIZE": str(shape.write_quorum),
            "BKSIM_TOPIC_ACK_QUORUM_SIZE": str(shape.ack_quorum)}
     cluster = LedgerCluster(workdir, shape.ensemble, config, config_path, keep, child_env=env, tls=tls,
-                            auth=auth).__enter__()
+                            auth=auth, http=http).__enter__()
     try:
         run_interruptible(_wait_ready(cluster, shape.ensemble))
         yield cluster
@@ -121,10 +124,13 @@ def drive_produce(producer, message_bytes: int, seconds: float, records_max: int
 
 def measure(workdir: str, shape: Shape, message_bytes: int, batch: int, max_pending: int, partitions: int,
             seconds: float, records_max: int, idle_guard: Callable[[str], float], config: Config,
-            config_path: str | None = None, keep: bool = False, tls: bool = False, auth: bool = False) -> list[Result]:
+            config_path: str | None = None, keep: bool = False, tls: bool = False, auth: bool = False,
+            metrics: bool = False) -> list[Result]:
     """One closed-loop measurement on a fresh cluster (`tls` / `auth`: secured; the result is named
-    "produce-tls-auth" then)."""
-    with topic_cluster(workdir, shape, config, config_path, keep, tls=tls, auth=auth) as cluster:
+    "produce-tls-auth" then; `metrics`: every process's /metrics scraped meanwhile, perf/metrics_cost.py, the
+    result named "produce-metrics")."""
+    scraper = None
+    with topic_cluster(workdir, shape, config, config_path, keep, tls=tls, auth=auth, http=metrics) as cluster:
         with Client(cluster.broker_address, operation_timeout_ms=OPERATION_TIMEOUT_MS, tls=cluster.tls,
                     token=cluster.token) as client:
             topic = fresh_topic(client, partitions)
@@ -133,7 +139,10 @@ def measure(workdir: str, shape: Shape, message_bytes: int, batch: int, max_pend
             idle = idle_guard("produce")
             meter = CpuMeter(cluster)
             meter.start()
-            run = drive_produce(producer, message_bytes, seconds, records_max)
+            if metrics:
+                scraper = Scraper([n.http_port for n in cluster.servers()], "process_cpu_seconds_total")
+            with scraper or contextlib.nullcontext():
+                run = drive_produce(producer, message_bytes, seconds, records_max)
             cpu = meter.stop(run.elapsed_s)
             producer.close()
             if run.failed:
@@ -151,7 +160,11 @@ def measure(workdir: str, shape: Shape, message_bytes: int, batch: int, max_pend
              "p95_ms": run.latencies.percentile_s(95.0) * 1000.0}
     extra.update(cpu)
     extra.update(cluster.pids())
-    return [make_result("produce" + cluster.security_suffix, message_bytes, batch, run.elapsed_s, run.latencies, idle, extra)]
+    if scraper is not None:
+        if scraper.errors or not scraper.scrapes:
+            raise RuntimeError(f"/metrics scrapes failed ({scraper.scrapes} done): {scraper.errors[:3]}")
+        extra.update(scraper.extra())
+    return [make_result("produce" + cluster.security_suffix + ("-metrics" if metrics else ""), message_bytes, batch, run.elapsed_s, run.latencies, idle, extra)]
 
 
 def _stats(client: Client, topic: str, partitions: int) -> dict:
