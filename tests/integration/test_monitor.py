@@ -248,3 +248,32 @@ def test_promtool_unit_tests_of_the_rules(tmp_path):
     done = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout + done.stderr
+
+
+def test_monitor_refuses_a_port_another_process_holds(tmp_path):
+    """A port already served (here by an HTTP server answering 200 to everything, as another Prometheus answers
+    /-/ready) is an error before anything starts, not another server's readiness taken for ours."""
+    import http.server
+    import threading
+
+    class Ready(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"ready")
+
+        def log_message(self, *args):
+            pass
+
+    config = write_config(tmp_path)
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ready)
+    thread = threading.Thread(target=other.serve_forever, daemon=True)
+    thread.start()
+    try:
+        done = bksim(config, "monitor", "up", "--port", str(other.server_address[1]))
+    finally:
+        other.shutdown()
+        other.server_close()
+        thread.join(5.0)
+    assert done.returncode == 2 and "did not start" in done.stderr, done.stdout + done.stderr
+    assert not (tmp_path / "run" / "pids" / "prometheus.pid").exists()

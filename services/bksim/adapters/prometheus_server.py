@@ -12,7 +12,8 @@ and the command line: `prometheus --config.file=<run_dir>/monitor/prometheus.yml
 --storage.tsdb.path=... --storage.tsdb.retention.time=...`, readiness (GET /-/ready answers 200), and stopping by
 pid. `promtool check config|rules` validates the files.
 
-Invariants: Prometheus listens only on a loopback address (refused otherwise); a pid is signalled only when its
+Invariants: Prometheus listens only on a loopback address (refused otherwise), on a port nothing else answers on
+(checked before the start: another server's /-/ready is never taken for this one's); a pid is signalled only when its
 command line names this run directory's prometheus.yml (a stale pid file whose pid was reused is never
 signalled); every wait has a deadline. HTTP requests here bypass any proxy of the environment (loopback only).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import time
 import urllib.error
@@ -41,6 +43,14 @@ PROMTOOL_TIMEOUT_S = 30.0
 
 class MonitorError(BksimError):
     """The monitoring Prometheus could not be configured, started, reached or stopped."""
+
+
+def _port_answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def _no_proxy_opener() -> urllib.request.OpenerDirector:
@@ -120,6 +130,9 @@ class PrometheusServer:
             os.kill(self.pid, 1)  # SIGHUP: Prometheus rereads its configuration and rule files
             return self.pid
         processes.remove_pid(self.pid_path)
+        if _port_answers(self.host, self.port):  # another server (a system Prometheus?) would answer /-/ready
+            raise MonitorError(f"{self.host}:{self.port} is already in use by a process this run directory did not "
+                               f"start (no live pid in {self.pid_path}); stop it or choose another --port")
         os.makedirs(self.data_dir, exist_ok=True)
         argv = self.command()
         with processes.interrupts_deferred():  # a Ctrl-C between the fork and the pid file orphans nothing
