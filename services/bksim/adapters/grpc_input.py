@@ -19,6 +19,8 @@ import inspect
 import grpc
 from google.protobuf.message import DecodeError
 
+from bksim.security.handlers import around, rebuild
+
 
 class Malformed:
     """A request message that did not parse."""
@@ -45,20 +47,9 @@ async def _refuse(context, request: Malformed):
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
 
 
-def _unary_request(behavior):
-    if inspect.isasyncgenfunction(behavior):
-        async def stream_out(request, context):
-            if isinstance(request, Malformed):
-                await _refuse(context, request)
-            async for response in behavior(request, context):
-                yield response
-        return stream_out
-
-    async def unary(request, context):
-        if isinstance(request, Malformed):
-            await _refuse(context, request)
-        return await behavior(request, context)
-    return unary
+async def _refuse_malformed(request, context) -> None:
+    if isinstance(request, Malformed):
+        await _refuse(context, request)
 
 
 def _checked_requests(request_iterator, context):
@@ -87,15 +78,8 @@ def _stream_request(behavior):
 
 def checked_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     """The same method with a deserializer that never raises and the refusal of malformed requests."""
-    parse = _safe(handler.request_deserializer)
-    serialize = handler.response_serializer
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(_unary_request(handler.unary_unary), parse, serialize)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(_unary_request(handler.unary_stream), parse, serialize)
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(_stream_request(handler.stream_unary), parse, serialize)
-    return grpc.stream_stream_rpc_method_handler(_stream_request(handler.stream_stream), parse, serialize)
+    wrap = _stream_request if handler.request_streaming else (lambda inner: around(inner, before=_refuse_malformed))
+    return rebuild(handler, wrap, request_deserializer=_safe(handler.request_deserializer))
 
 
 class MalformedRequests(grpc.aio.ServerInterceptor):

@@ -20,6 +20,7 @@ import contextvars
 import grpc
 
 from bksim.security.authz import Authorizer, PermissionDenied
+from bksim.security.handlers import around, rebuild
 from bksim.security.tokens import TokenError, TokenVerifier, token_from_metadata
 
 STATUS_KEY = "bksim-status"
@@ -36,36 +37,20 @@ def caller_role() -> str | None:
 
 def _refusing(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, status: str, message: str):
     """A handler of the same shape as `handler` that ends the call with `code` before reading anything."""
-    async def refuse(request_or_iterator, context):
+    async def refuse(_request, context) -> None:
         context.set_trailing_metadata(((STATUS_KEY, status),))
         await context.abort(code, message)
 
-    kind = ("stream" if handler.request_streaming else "unary") + "_" + \
-           ("stream" if handler.response_streaming else "unary")
-    return getattr(grpc, f"{kind}_rpc_method_handler")(refuse, request_deserializer=handler.request_deserializer,
-                                                       response_serializer=handler.response_serializer)
+    return rebuild(handler, lambda inner: around(inner, before=refuse))
 
 
 def _with_role(handler: grpc.RpcMethodHandler, role: str):
     """`handler` with CALLER_ROLE set to `role` while its behaviour runs."""
-    if handler.request_streaming and handler.response_streaming:
-        inner, make = handler.stream_stream, grpc.stream_stream_rpc_method_handler
-    elif handler.request_streaming:
-        inner, make = handler.stream_unary, grpc.stream_unary_rpc_method_handler
-    elif handler.response_streaming:
-        inner, make = handler.unary_stream, grpc.unary_stream_rpc_method_handler
-    else:
-        inner, make = handler.unary_unary, grpc.unary_unary_rpc_method_handler
-
-    async def behaviour(request_or_iterator, context):
+    def scope():
         token = CALLER_ROLE.set(role)
-        try:
-            return await inner(request_or_iterator, context)
-        finally:
-            CALLER_ROLE.reset(token)
+        return lambda: CALLER_ROLE.reset(token)
 
-    return make(behaviour, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+    return rebuild(handler, lambda inner: around(inner, scope=scope))
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):

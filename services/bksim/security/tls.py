@@ -30,7 +30,6 @@ Must not: log or return key bytes.
 """
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 import time
@@ -43,6 +42,7 @@ from cryptography import x509
 from bksim.model.config import SecurityConfig
 from bksim.model.errors import ConfigError
 from bksim.security.certs import roles_of_pem
+from bksim.security.handlers import around, rebuild
 
 UNVERIFIED_HOST_NAME = "localhost"  # the name checked when hostname verification is off (see the docstring)
 PEER_CERT_KEY = "x509_pem_cert"  # the auth_context() key of the peer's PEM certificate
@@ -247,46 +247,14 @@ class RoleCheck(grpc.aio.ServerInterceptor):
         return _checked(handler, self.allowed)
 
 
-# the four kinds of gRPC method handler: (attribute, constructor, whether the response is a stream)
-_HANDLER_KINDS = (("unary_unary", grpc.unary_unary_rpc_method_handler, False),
-                  ("unary_stream", grpc.unary_stream_rpc_method_handler, True),
-                  ("stream_unary", grpc.stream_unary_rpc_method_handler, False),
-                  ("stream_stream", grpc.stream_stream_rpc_method_handler, True))
-
-
 def _checked(handler: grpc.RpcMethodHandler, allowed: tuple[str, ...]) -> grpc.RpcMethodHandler:
     """`handler` behind the role check: the call is aborted before the method runs when role_refusal objects."""
-    for attribute, make, streaming in _HANDLER_KINDS:
-        inner = getattr(handler, attribute)
-        if inner is None:
-            continue
-        if streaming:
-            async def behaviour(request, context, inner=inner):
-                await _refuse(context, allowed)
-                async for response in _responses(inner(request, context)):
-                    yield response
-        else:
-            async def behaviour(request, context, inner=inner):
-                await _refuse(context, allowed)
-                return await inner(request, context)
-        return make(behaviour, handler.request_deserializer, handler.response_serializer)
-    raise AssertionError(f"a gRPC method handler of no known kind: {handler!r}")
+    async def refuse(_request, context) -> None:
+        refusal = role_refusal(peer_certificate(context), allowed)
+        if refusal is not None:
+            await context.abort(*refusal)
 
-
-async def _refuse(context, allowed: tuple[str, ...]) -> None:
-    refusal = role_refusal(peer_certificate(context), allowed)
-    if refusal is not None:
-        await context.abort(*refusal)
-
-
-async def _responses(result):
-    """The responses of a streaming handler: an async generator's items, or none from a coroutine that writes
-    them itself (context.write) and returns None."""
-    if inspect.isasyncgen(result):
-        async for response in result:
-            yield response
-    else:
-        await result
+    return rebuild(handler, lambda inner: around(inner, before=refuse))
 
 
 def server_interceptors(security: SecurityConfig | None) -> list[grpc.aio.ServerInterceptor]:
