@@ -9,7 +9,8 @@ What the JSON holds (every list capped; `more` counts what was left out):
 - `brokers`: registered in ZooKeeper, each with the topics it owns (/ownership/<tenant>/<ns>/<topic>).
 - `topics`: the topics this broker serves: rates, backlog, storage, ledgers, and each cursor's mark-delete,
   read position and acked ranges after mark-delete as entry offsets (0 = the entry after mark-delete,
-  `span` = entries up to the last confirmed one; the gaps between acked ranges are the ack holes).
+  `span` = entries up to the last confirmed one, `read_offset` = entries delivered: before the read position);
+  `holes` = delivered entries not acked (the gaps between acked ranges below the read position).
 - `ledgers`: the newest ledgers of those topics with state, LAC, E/Qw/Qa and segments (first entry, ensemble).
 
 Reads go through the process's async metadata store and async gRPC (never blocking the event loop); a bookie
@@ -252,10 +253,12 @@ class DashboardState:
         for a, b in s.ranges(RANGES_PER_CURSOR_MAX):
             ranges.append([ml.entries_between(md, a), ml.entries_between(md, b)])
         count = s.range_count()
+        # entries in (mark-delete, read position): delivered; those of them not acked are the holes
+        delivered = min(span, ml.entries_between(md, s.read_position) - 1) if s.read_position > md else 0
         return {"name": name, "type": sub.type, "mark_delete": str(md), "read_position": str(s.read_position),
-                "read_offset": ml.entries_between(md, s.read_position) - 1 if s.read_position > md else 0,
+                "read_offset": max(0, delivered),
                 "backlog": s.backlog(), "acked_after_mark_delete": s.acked_count,
-                "holes": span - s.acked_count if span else 0, "span": span,
+                "holes": max(0, delivered - s.acked_count), "span": span,
                 "consumers": len(sub.consumers), "unacked": sub.stats()["unackedMessages"],
                 "acked_ranges": ranges, "acked_ranges_more": max(0, count - len(ranges))}
 

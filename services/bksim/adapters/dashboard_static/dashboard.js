@@ -96,7 +96,8 @@ function strip(c, w = 900, h = 22) {
   const span = Math.max(c.span, 1);
   const x = (off) => (off / span) * w;
   let svg = `<svg width="100%" height="${h + 14}" viewBox="0 0 ${w} ${h + 14}" preserveAspectRatio="none" role="img"
-    aria-label="cursor strip"><rect x="0" y="0" width="${w}" height="${h}" rx="3" fill="${c.span ? "var(--bad)" : "var(--line)"}" opacity="${c.span ? 0.85 : 1}"/>`;
+    aria-label="cursor strip"><rect x="0" y="0" width="${w}" height="${h}" rx="3" fill="var(--line)"/>`;
+  if (c.read_offset) svg += `<rect class="holes" x="0" y="0" width="${x(c.read_offset).toFixed(2)}" height="${h}" fill="var(--bad)" opacity="0.85"/>`;
   for (const [a, b] of c.acked_ranges) {
     svg += `<rect class="acked" x="${x(a).toFixed(2)}" y="0" width="${Math.max(0.8, x(b) - x(a)).toFixed(2)}" height="${h}" fill="var(--ok)"/>`;
   }
@@ -119,6 +120,7 @@ function drawCursors(t) {
           <b>${esc(c.name)}</b><span class="badge info">${esc(c.type)}</span>
           <span>mark-delete <code>${esc(c.mark_delete)}</code></span><span>read <code>${esc(c.read_position)}</code></span>
           <span class="${c.backlog ? "warn" : "ok"}">backlog ${fmt(c.backlog)}</span>
+          <span class="muted">${fmt(c.span - c.read_offset)} not yet delivered</span>
           <span class="${c.holes ? "bad" : "muted"}">holes ${fmt(c.holes)}</span>
           <span class="muted">${fmt(c.acked_ranges.length + c.acked_ranges_more)} acked ranges · ${c.consumers} consumer${c.consumers === 1 ? "" : "s"} · ${fmt(c.unacked)} unacked</span></div>
         ${strip(c)}${c.acked_ranges_more ? more(c.acked_ranges_more, "acked ranges not drawn") : ""}</div>`);
@@ -163,7 +165,7 @@ function drawLedgers(L) {
       <div class="head"><b>ledger ${l.id}</b><span class="mono muted">${esc(l.topic.replace("persistent://", ""))}</span>
         <span class="badge ${stateClass(l.state)}">${esc(l.state)}</span>${l.writing ? `<span class="badge info">written here</span>` : ""}
         <span>LAC <b class="mono">${l.lac}</b></span>${spark(lac, "var(--info)", 90, 18)}
-        <span class="muted">E=${l.ensemble_size} Qw=${l.write_quorum} Qa=${l.ack_quorum} · ${bytes(l.length)}</span></div>
+        <span class="muted">E=${l.ensemble_size} Qw=${l.write_quorum} Qa=${l.ack_quorum}${l.state === "CLOSED" ? " · " + bytes(l.length) : ""}</span></div>
       <div class="chips">${segs}${l.segments_more ? `<span class="chip">+${l.segments_more} older segments</span>` : ""}</div>
       <div style="margin-top:6px">${striping(l)}</div></div>`;
   }).join("") + more(L.more, "ledgers");
