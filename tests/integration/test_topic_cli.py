@@ -17,6 +17,7 @@ import uuid
 import pytest
 
 from bksim.cli.main import main
+from pty_run import assert_ends_clean, frames, run_on_tty
 
 BOOKIES = 3
 
@@ -116,6 +117,21 @@ def test_produce_file_rate_json_and_consume_json_hex(brokers, ns, tmp_path):
     assert rows[0]["message_id"] == report["message_ids"][0].rsplit(":", 0)[0] or rows[0]["redelivery_count"] == 0
     out = ok(brokers, "consume", topic, "-s", "h", "-n", "1", "--position", "earliest", "--hex", "--timeout", "20")
     assert "00000000  00 01 02 03 04 05 06 07 08 09 0a 0b 0c 0d 0e 0f  |................|" in out
+
+
+def test_produce_shows_progress_on_a_terminal_only(brokers, ns):
+    """`produce --count` with stderr on a pseudo-terminal: receipts of the total with rate and ETA, erased at the
+    end; nothing drawn with --json."""
+    topic = f"persistent://{ns}/progress"
+    ok(brokers, "topic", "create", topic)
+    status, stdout, terminal = run_on_tty("produce", topic, "-m", "x", "--count", "300", "--rate", "300",
+                                          "--broker", brokers)
+    assert status == 0 and stdout.startswith(f"300 messages successfully produced to {topic}"), terminal
+    drawn = [f for f in frames(terminal) if f.startswith(f"produce {topic}")]
+    assert any("/300 messages" in f and "/s" in f and "ETA" in f for f in drawn), terminal
+    assert_ends_clean(terminal)
+    status, stdout, terminal = run_on_tty("produce", topic, "-m", "x", "--count", "30", "--json", "--broker", brokers)
+    assert status == 0 and json.loads(stdout)["produced"] == 30 and terminal == ""
 
 
 def test_bad_arguments_and_refusals_as_a_shell_sees_them(brokers, ns):
