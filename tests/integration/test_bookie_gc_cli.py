@@ -22,6 +22,7 @@ from helpers import free_port, wait_until_async
 from integration.bookie_harness import KEY, BookieProcess
 from integration.test_bookie_gc import logs_by_ledgers, run
 from integration.test_bookie_readonly import ledgers_with_metadata
+from pty_run import assert_ends_clean, frames, run_on_tty
 
 ENTRIES = 60
 PAYLOAD = 1000
@@ -86,6 +87,12 @@ def test_bookie_gc_frees_a_deleted_ledger_and_gc_status_shows_the_round(zookeepe
         assert (last["kind"], last["ledgers_deleted"], last["bytes_freed"]) == ("gc", [doomed], report["bytes_freed"])
         logs = {o["log_id"]: o for o in objects if o["kind"] == "entry_log"}
         assert set(logs) == set(logs_by_ledgers(entrylogs)) | {o["log_id"] for o in logs.values() if o["current"]}
+
+        code, stdout, terminal = run_on_tty("bookie", "gc", "--bookie", bookie.address, cwd=str(tmp_path))
+        assert code == 0 and stdout.startswith(f"bookie {bookie.address}: garbage collection (gc) done in "), terminal
+        assert any(f.startswith(f"bookie {bookie.address}: garbage collection (gc)") and "round running (" in f
+                   for f in frames(terminal)), terminal  # the spinner line while the round runs, then erased
+        assert_ends_clean(terminal)
 
         dump = bksim(tmp_path, "entrylog", "dump", "--json", bookie.ledger_dir)  # beside the running bookie
         assert dump.returncode == 0, dump.stdout + dump.stderr

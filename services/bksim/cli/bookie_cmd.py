@@ -27,6 +27,8 @@ the bookie did not answer, or refused (its gRPC code and reason: a bookie withou
 rounds asked at once, ...), or a malformed --bookie. With --json, `gc` prints one JSON object (the round's report)
 and `gc-status` one JSON object per line, each with a "kind": status (running, disk_full, totals, schedule,
 entry_logs_total, message), last (one per kind of round that ran: {"report": ...}), entry_log (one per log).
+On a terminal, without --json, `gc` shows a spinner and the round's seconds on stderr until its report comes
+(cli/progress.py).
 """
 from __future__ import annotations
 
@@ -382,8 +384,13 @@ async def _ask(address: str, call, tls=None):
 
 
 def cmd_gc(args) -> int:
+    from bksim.cli.progress import Progress
+
     address = bookie_address(args)
-    report = asyncio.run(_ask(address, lambda c: c.run_gc(args.kind, deadline_s=args.timeout_s), client_tls(args)))
+    with Progress(f"bookie {address}: garbage collection ({args.kind})", json=args.json, ticking=True) as status:
+        status.phase("round running")  # one call: a spinner and its seconds until the report comes
+        report = asyncio.run(_ask(address, lambda c: c.run_gc(args.kind, deadline_s=args.timeout_s),
+                                  client_tls(args)))
     if args.json:
         print(json.dumps({"bookie": address, **report}, sort_keys=True))
     else:
