@@ -135,7 +135,7 @@ def test_monitor_scrapes_a_real_cluster_and_stops_with_it(tmp_path):
             {"BksimProcessDown", "BookieReadOnly", "UnderReplicatedLedgers", "TopicBacklogGrowing"}
         assert len(by_name["bksim-recording"]["rules"]) == len(recording_rules()["groups"][0]["rules"])
 
-        status = bksim(config, "monitor", "status", "--port", str(port), "--json")
+        status = bksim(config, "monitor", "status", "--json")
         assert status.returncode == 0, status.stdout + status.stderr
         assert {t["node"]: t["health"] for t in json.loads(status.stdout)["targets"]} == \
             {"bookie-1": "up", "broker-1": "up", "prometheus": "up"}
@@ -148,14 +148,14 @@ def test_monitor_scrapes_a_real_cluster_and_stops_with_it(tmp_path):
             return [a for a in alerts if a["labels"]["alertname"] == "BksimProcessDown"]
         alerts = wait_until(process_down_pending, 10.0, 0.1, "BksimProcessDown pending for the killed broker")
         assert [(a["labels"]["node"], a["state"]) for a in alerts] == [("broker-1", "pending")]
-        assert bksim(config, "monitor", "status", "--port", str(port)).returncode == 1
+        assert bksim(config, "monitor", "status").returncode == 1
         print(f"\nmonitor: every target up {scrape_s:.1f}s after `monitor up` began")
     finally:
         down = bksim(config, "cluster", "down")
     assert down.returncode == 0, down.stdout + down.stderr
     assert f"prometheus: stopped pid {pid}" in down.stdout
     assert not processes.is_alive(pid) and not (run / "pids" / "prometheus.pid").exists()
-    assert bksim(config, "monitor", "status", "--port", str(port)).returncode == 3
+    assert bksim(config, "monitor", "status").returncode == 3
 
 
 def _log(run) -> str:

@@ -123,6 +123,16 @@ class PrometheusServer:
         self.pid = processes.read_pid(self.pid_path)
         return processes.is_alive(self.pid, self.marker)
 
+    def listen_address(self) -> tuple[str, int]:
+        """(host, port) the running Prometheus's command line names (this object's own when it names none)."""
+        flag = "--web.listen-address="
+        for arg in processes.cmdline(self.pid).split(" ") if self.pid else ():
+            if arg.startswith(flag):
+                host, _, port = arg[len(flag):].rpartition(":")
+                if port.isdigit():
+                    return host, int(port)
+        return self.host, self.port
+
     def start(self) -> int:
         """Launch Prometheus in its own session on the files written by write_files(); its pid (does not wait).
         A live one of this run directory is kept (its pid returned) after a reload of the files (SIGHUP)."""

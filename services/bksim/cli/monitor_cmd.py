@@ -42,8 +42,8 @@ def register(subparsers) -> None:
     down = sub.add_parser("down", help="stop Prometheus by its pid file (SIGTERM, bounded wait, SIGKILL)")
     down.set_defaults(func=cmd_down)
     status = sub.add_parser("status", help="Prometheus's scrape targets and their health")
-    status.add_argument("--host", default=DEFAULT_HOST, help=f"where Prometheus listens (default {DEFAULT_HOST})")
-    status.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"its port (default {DEFAULT_PORT})")
+    status.add_argument("--host", help="where Prometheus listens (default: from the running one's command line)")
+    status.add_argument("--port", type=int, help="its port (default: from the running one's command line)")
     status.add_argument("--json", action="store_true", help="print the targets as JSON")
     status.set_defaults(func=cmd_status)
 
@@ -134,10 +134,13 @@ def cmd_status(args) -> int:
     from bksim.adapters.prometheus_server import MonitorError
 
     config = loader.load(getattr(args, "config", None))
-    server = server_of(config, args.host, args.port)
+    server = server_of(config)
     if not server.is_running():
         print(f"prometheus: not running (no live pid in {server.pid_path})")
         return 3
+    host, port = server.listen_address()
+    server = server_of(config, args.host or host, args.port or port)
+    server.is_running()
     try:
         active = server.api("targets?state=active")["activeTargets"]
     except MonitorError as e:
