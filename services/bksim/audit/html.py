@@ -147,17 +147,9 @@ def render(report: dict) -> str:
 <html lang=en><head><meta charset=utf-8><title>bksim audit: {_e(report['verdict'])}</title>
 <style>
 {STYLESHEET}
-body {{ margin: 24px auto; padding: 0 24px; max-width: 1400px; }}
-.banner {{ padding: 14px 18px; border-radius: 10px; font-size: 20px; font-weight: 600; color: white;
-          background: {'var(--ok)' if clean else 'var(--bad)'}; }}
-.summary {{ margin: 10px 0 20px; color: var(--muted); }} .summary span {{ margin-right: 18px; }}
-table {{ width: auto; margin: 6px 0 18px; background: var(--panel); border: 1px solid var(--line); }}
-td {{ vertical-align: top; }}
-h2 {{ margin-top: 28px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }}
-.charts {{ display: flex; flex-wrap: wrap; gap: 40px; }}
-</style></head><body>
+</style></head><body class=report>
 <h1>bksim journal audit</h1>
-<div class=banner>{banner}</div>
+<div class="banner {'ok' if clean else 'bad'}">{banner}</div>
 <div class=summary>{''.join(f'<span>{s}</span>' for s in summary)}</div>
 <div class=charts>
 <div><h2>Replicas per checked entry</h2>{histogram_svg(report['replica_histogram'], {q[2] for q in quorums}, {q[1] for q in quorums})}</div>

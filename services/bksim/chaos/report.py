@@ -264,17 +264,10 @@ def render_html(report: dict) -> str:
 <html lang=en><head><meta charset=utf-8><title>bksim chaos {_e(report['scenario'])}: {verdict}</title>
 <style>
 {STYLESHEET}
-body {{ margin: 24px auto; padding: 0 24px; max-width: 1400px; }}
-.banner {{ padding: 14px 18px; border-radius: 10px; font-size: 20px; font-weight: 600; color: white;
-          background: {'var(--ok)' if passed else 'var(--bad)'}; }}
-.summary {{ margin: 10px 0 20px; color: var(--muted); }} .summary span {{ margin-right: 18px; }}
-table {{ width: auto; margin: 6px 0 18px; background: var(--panel); border: 1px solid var(--line); }}
-h2 {{ margin-top: 28px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }}
-.charts {{ display: flex; flex-wrap: wrap; gap: 32px; }}
-</style></head><body>
+</style></head><body class=report>
 <h1>bksim chaos: {_e(report['scenario'])} <span class=muted>seed {_e(report['seed'])}\
 {' (secure)' if report.get('secure') else ''}</span></h1>
-<div class=banner>{verdict}{'' if passed else f": {len(report.get('violations', []))} violation(s)"}</div>
+<div class="banner {'ok' if passed else 'bad'}">{verdict}{'' if passed else f": {len(report.get('violations', []))} violation(s)"}</div>
 <div class=summary><span>{_e(report.get('elapsed_s', '?'))} s</span><span>run dir <code>{_e(report['run_dir'])}</code></span>
 <span>audit: {audit_link}</span><span><a href="report.json">report.json</a></span></div>
 <h2>Violations</h2>

@@ -3,8 +3,9 @@ the chaos report and the audit report (embedded in their self-contained HTML fil
 
 Contract: plain CSS, no external URLs (fonts are the system's), light and dark schemes by
 `prefers-color-scheme`. State colours are named once here and used by class: `.ok` (writable, passed, acked),
-`.warn` (read-only, backlog, skipped), `.bad` (down, failed, ack hole), `.info` (open, current). Pages may add
-rules of their own after it; they do not redefine these.
+`.warn` (read-only, backlog, skipped), `.bad` (down, failed, ack hole), `.info` (open, current). Report pages
+use `<body class=report>` and a verdict banner `<div class="banner ok|bad">`. Pages may add rules of their own
+after it; they do not redefine these.
 """
 from __future__ import annotations
 
@@ -61,4 +62,13 @@ code, .mono { font-family: var(--mono); font-size: 12px; }
 svg text { font-family: var(--sans); fill: var(--muted); font-size: 10px; }
 a { color: var(--accent); }
 pre { background: var(--bg); border: 1px solid var(--line); border-radius: 6px; padding: 8px; overflow: auto; }
+/* report pages (audit, chaos): <body class=report>, the verdict in <div class="banner ok|bad"> */
+body.report { margin: 24px auto; padding: 0 24px; max-width: 1400px; }
+.banner { padding: 14px 18px; border-radius: 10px; font-size: 20px; font-weight: 600; color: white; }
+.banner.ok { background: var(--ok); } .banner.bad { background: var(--bad); }
+.summary { margin: 10px 0 20px; color: var(--muted); } .summary span { margin-right: 18px; }
+body.report table { width: auto; margin: 6px 0 18px; background: var(--panel); border: 1px solid var(--line); }
+body.report td { vertical-align: top; }
+body.report h2 { margin-top: 28px; padding-bottom: 4px; border-bottom: 1px solid var(--line); }
+.charts { display: flex; flex-wrap: wrap; gap: 40px; }
 """
