@@ -116,6 +116,12 @@ def test_monitor_scrapes_a_real_cluster_and_stops_with_it(tmp_path):
         assert all(int(s["value"][1]) > 1 for s in own)
         status = api(port, "query", query="bookie_SERVER_STATUS")["result"]
         assert [(s["metric"]["node"], s["value"][1]) for s in status] == [("bookie-1", "1")]  # writable
+        # every bookie series the rules read is exported under that name (the topic ones appear with a topic)
+        used = ["bookie_SERVER_STATUS", "bookie_journal_JOURNAL_SYNC_bucket", "bookie_journal_JOURNAL_ADD_ENTRY_bucket",
+                "bookkeeper_server_ADD_ENTRY_REQUEST_bucket", "bookkeeper_server_ADD_ENTRY_REQUEST_count",
+                "bookkeeper_server_READ_ENTRY_REQUEST_count"]
+        names = api(port, "query", query='group by (__name__) ({__name__=~"%s", node="bookie-1"})' % "|".join(used))
+        assert sorted(s["metric"]["__name__"] for s in names["result"]) == sorted(used)
         topics = api(port, "query", query="pulsar_topics_count")["result"]
         assert [(s["metric"]["node"], s["value"][1]) for s in topics] == [("broker-1", "0")]
 
