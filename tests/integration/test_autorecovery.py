@@ -62,6 +62,7 @@ from bksim.metadata.paths import (AUDITOR_ELECTION, AVAILABLE, CHECK_ALL_LEDGERS
 from bksim.model.status import StatusCode
 from helpers import wait_until
 from integration.broker_harness import BrokerConn, check_ledger_contents, payload, stream_appends
+from pty_run import assert_ends_clean, frames, run_on_tty
 
 PASSWORD = b"autorecovery"
 SESSION_TIMEOUT_MS = 2000
@@ -404,6 +405,16 @@ def test_check_all_from_the_command_line_is_run_by_the_elected_auditor(cluster):
     def ran_since() -> bool:  # the auditor records when the check it ran started (0 = asked for, not yet run)
         return int(cluster.zk.get(CHECK_ALL_LEDGERS_CTIME)[0]) >= requested_ms
     wait_until(ran_since, 30, interval_s=0.1, message="the auditor to run the requested check of all ledgers")
+
+
+def test_check_all_here_counts_the_ledgers_checked_on_a_terminal(cluster):
+    write_ledgers(cluster, 2, 5)
+    status, stdout, terminal = run_on_tty("autorecovery", "check-all", "--verify-percentage", "0", cwd=cluster.cwd,
+                                          **{k: v for k, v in cluster.base_env().items() if k.startswith("BKSIM_")})
+    assert status == 0 and stdout.startswith("check of all ledgers (verifying 0% of the entries): "), terminal
+    ledgers = int(re.search(r": (\d+) ledgers, ", stdout).group(1))
+    assert any(f"/{ledgers} ledgers" in f for f in frames(terminal) if f.startswith("check of all ledgers")), terminal
+    assert_ends_clean(terminal)
 
 
 def test_disable_keeps_marks_unrepaired_enable_resumes_and_decommission_deletes_the_cookie(cluster):

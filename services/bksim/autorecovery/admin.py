@@ -134,10 +134,11 @@ async def status(store: MetadataStore, marks: UnderReplicationMarks, clock: Cloc
             "check_all_ctime_ms": check_all}
 
 
-async def check_all(auditor: Auditor, verify_percentage: int) -> dict:
+async def check_all(auditor: Auditor, verify_percentage: int,
+                    on_checked: Callable[[int, int], None] | None = None) -> dict:
     """Run the check of all ledgers now, verifying `verify_percentage` (0..100) percent of the entries' copies;
-    its report (Auditor.check_all_ledgers)."""
-    return await auditor.check_all_ledgers(verify_percentage=verify_percentage)
+    its report (Auditor.check_all_ledgers; `on_checked(done, total)` after each ledger looked at)."""
+    return await auditor.check_all_ledgers(verify_percentage=verify_percentage, on_checked=on_checked)
 
 
 # -- decommission ------------------------------------------------------------------------------------------------

@@ -411,13 +411,15 @@ class Auditor:
 
     # -- check of all ledgers ------------------------------------------------------------------------------
 
-    async def check_all_ledgers(self, verify_percentage: int | None = None) -> dict:
+    async def check_all_ledgers(self, verify_percentage: int | None = None,
+                                on_checked: Callable[[int, int], None] | None = None) -> dict:
         """Ask every replica of every CLOSED ledger which entries it holds, verify the copies of
         `verify_percentage` percent of the entries (None: the configured `ledger_verification_percentage`),
         and mark the ledgers with the bookies that miss some or hold damaged ones. Returns {"ledgers",
         "checked", "marked": {id: {bookie: missing entries}}, "unreachable": {id: [bookie]}, "errors": [text],
         "disabled", "verify_percentage", "copies_verified", "copies_unjudged", "damaged": {id: {bookie:
-        damaged copies}} (counted in "marked" too)}."""
+        damaged copies}} (counted in "marked" too)}. `on_checked(done, total)` is called after each listed ledger
+        (closed or not) is looked at: a command's progress."""
         percentage = self.config.ledger_verification_percentage if verify_percentage is None else verify_percentage
         assert 0 <= percentage <= 100, f"verify percentage {percentage}"
         report: dict = {"disabled": False, "ledgers": 0, "checked": 0, "marked": {}, "unreachable": {},
@@ -431,6 +433,16 @@ class Auditor:
         _, registered = await self._bookies()
         ids = await list_ledger_ids(self.store)
         report["ledgers"] = len(ids)
+        looked_at = 0
+
+        async def check_counted(ledger_id: int) -> None:
+            nonlocal looked_at
+            try:
+                await check(ledger_id)
+            finally:
+                looked_at += 1
+                if on_checked is not None:
+                    on_checked(looked_at, len(ids))
 
         async def check(ledger_id: int) -> None:
             try:
@@ -451,7 +463,7 @@ class Auditor:
                 self._log(f"auditor: ledger {ledger_id} marked under-replicated (missing entries {missing}"
                           + (f"; damaged copies among them {damaged})" if damaged else ")"))
 
-        await _for_each(ids, check, LEDGER_CHECK_CONCURRENCY)
+        await _for_each(ids, check_counted, LEDGER_CHECK_CONCURRENCY)
         for key in ("marked", "unreachable", "damaged"):
             report[key] = dict(sorted(report[key].items()))
         await self._record_check_all(started_ms, ctime_version)

@@ -22,7 +22,8 @@ The other commands connect to ZooKeeper once, act through autorecovery/admin.py 
 switch) and `check-all` (Auditor.trigger_check_all: the elected auditor, in whatever process, runs the check
 of all ledgers at its next turn; with `--verify-percentage N` the command runs the check itself, now, reading
 N% of the entries' copies instead of the configured ledger_verification_percentage, and prints what it found
-and marked: admin.check_all). `bookie decommission` and `ledger replicas` (registered by bookie_cmd and
+and marked: admin.check_all; on a terminal, without --json, a status line on stderr counts the ledgers checked
+of N, cli/progress.py). `bookie decommission` and `ledger replicas` (registered by bookie_cmd and
 ledger_cmd) run here too: `cmd_decommission`, `cmd_replicas`.
 """
 from __future__ import annotations
@@ -362,7 +363,15 @@ def cmd_check_all(args) -> int:
 def _check_all_here(args) -> int:
     from bksim.autorecovery import admin
 
-    report = _run(args, lambda t, c: admin.check_all(_admin_auditor(t, c, "check-all"), args.verify_percentage))
+    from bksim.cli.progress import Progress
+
+    with Progress("check of all ledgers", unit="ledgers", json=args.json) as status:
+        def checked(done: int, total: int) -> None:
+            status.set_total(total)
+            status.update(done)
+
+        report = _run(args, lambda t, c: admin.check_all(_admin_auditor(t, c, "check-all"), args.verify_percentage,
+                                                         on_checked=checked))
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         return 0

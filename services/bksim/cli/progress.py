@@ -121,8 +121,10 @@ class Progress:
             self.update(self.done + n, note)
 
     def set_total(self, total: int | None) -> None:
+        """The total, once known (or changed): shown at the next report, however soon."""
         with self._lock:
-            self.total = total
+            if total != self.total:
+                self.total, self._drawn_at = total, None
 
     def note(self, text: str) -> None:
         """A short text after the counts (a status message, "2 failed"); drawn at the next redraw."""

@@ -295,8 +295,11 @@ def test_a_healthy_cluster_has_nothing_to_mark():
         w = await World().start()
         await ledgers(w)
         await w.ledger(0)  # closed empty
-        report = await w.candidate("node-a").check_all_ledgers()
+        checked: list[tuple[int, int]] = []
+        report = await w.candidate("node-a").check_all_ledgers(on_checked=lambda done, total: checked.append(
+            (done, total)))
         assert report["ledgers"] == report["checked"] == 9
+        assert checked == [(i, 9) for i in range(1, 10)]  # a command's progress: each ledger looked at, of all
         assert report["marked"] == {} and report["unreachable"] == {} and report["errors"] == []
         assert await w.marked() == {}
     run(main())
