@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--token-file", metavar="FILE",
                         help="file of the token to present to brokers (default: $BKSIM_TOKEN, then "
                              "security.token_file); a token is never given on the command line")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress line on the terminal (as BKSIM_PROGRESS=0; off anyway when stderr is "
+                             "not a terminal or with --json)")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in FAMILIES:
         importlib.import_module(f"bksim.cli.{name}").register(subparsers)
@@ -37,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.no_progress:
+        from bksim.cli import progress
+
+        progress.silence()
     try:
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # inside the try: a closed pipe fails here, not at interpreter exit

@@ -25,11 +25,13 @@ def test_sim_sweep_shows_seeds_done_rate_eta_and_failures_on_a_terminal_only():
         piped.stderr.split(", 0 failed, ")[1]  # the one line a pipe gets
 
 
-def test_sim_sweep_is_silent_on_a_terminal_with_bksim_progress_0():
+def test_sim_sweep_is_silent_on_a_terminal_with_bksim_progress_0_or_no_progress():
     status, stdout, terminal = run_on_tty("sim", "--world", "bookie", "--sweep", "3", "--steps", "50",
                                           BKSIM_PROGRESS="0")
     assert status == 0 and "3 passed" in stdout
     assert "\r" not in terminal and "3/3 seeds" in terminal  # the plain line of a non-terminal run
+    status, stdout, terminal = run_on_tty("--no-progress", "sim", "--world", "bookie", "--sweep", "3", "--steps", "50")
+    assert status == 0 and "3 passed" in stdout and "\r" not in terminal and "3/3 seeds" in terminal
 
 
 def test_audit_shows_its_phases_on_a_terminal(tmp_path):
