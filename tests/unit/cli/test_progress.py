@@ -138,3 +138,39 @@ def test_the_line_is_cut_to_the_terminal_width():
 
 def test_format_duration():
     assert [format_duration(s) for s in (0, 59.6, 61, 3725)] == ["0:00", "1:00", "1:01", "1:02:05"]
+
+
+def test_chaos_campaign_counts_runs_done_of_n_and_failures_under_its_log(monkeypatch, capsys):
+    """`chaos campaign` with its runs replaced (no cluster): the line counts the runs and the failures the
+    campaign reports, and every log line is written with the line erased first."""
+    import argparse
+
+    from bksim.chaos import runner
+    from bksim.cli import chaos_cmd
+
+    terminal, clock = FakeTerminal(), FakeClock()
+    seen: list[str] = []
+
+    def campaign(runs, seed, duration_s, base_dir, names, *, keep, log, progress, secure):
+        for i in range(1, runs + 1):
+            clock.now += 10.0
+            log(f"run {i}: a log line")
+            failed = 1 if i >= 2 else 0
+            progress(f"[{i}/{runs}] kill-bookie seed 7: {'FAIL' if i == 2 else 'PASS'} (10 s; 5 acked, recovery 1 "
+                     f"s) | failed {failed} | elapsed 0.2 min, eta 0.3 min")
+            seen.append(terminal.getvalue().split("\r")[-1].strip())
+        return [{"verdict": "PASS"}] * runs, "the table"
+
+    monkeypatch.setattr(runner, "campaign", campaign)
+    def fake_progress(*a, **kw) -> Progress:  # on the fake terminal; no ticker: the fake clock does not move
+        return Progress(*a, **{**kw, "ticking": False}, stream=terminal, clock=clock, environ={}, width=200,
+                        interval_s=0.0)
+
+    monkeypatch.setattr(chaos_cmd, "Progress", fake_progress)
+    args = argparse.Namespace(runs=3, seed=5, scenarios="", duration=1.0, keep=False, dir="/nonexistent",
+                              secure=False)
+    assert chaos_cmd.cmd_campaign(args) == 0
+    assert capsys.readouterr().out == "the table\n"
+    assert seen[0].startswith("chaos campaign  [######..............]  33%  1/3 runs") and "0 failed" in seen[0]
+    assert "2/3 runs" in seen[1] and "1 failed" in seen[1] and "ETA 0:10" in seen[1]
+    assert terminal.getvalue().endswith("\r")
