@@ -2,7 +2,9 @@
 
 The first test runs the whole path: `cluster up`, `monitor up` on a free port, Prometheus's HTTP API showing
 every target up, samples of the bookie's and the broker's own metrics (bookie_SERVER_STATUS 1,
-pulsar_topics_count) and of a recording rule over the bookie's histogram, the rule groups loaded and evaluated,
+pulsar_topics_count), every bookie series the rules read, a topic's pulsar_in_messages_total and
+pulsar_msg_backlog equal to the broker's own topic stats after a produce and a consume, the add-rate and backlog
+recording rules' series, the rule groups loaded and evaluated,
 the process-down alert pending once the broker is killed, `monitor status` following, and `cluster down`
 stopping Prometheus by its pid. The others check the rule files with promtool: `check rules` accepts them and
 refuses a broken one, and `promtool test rules` feeds synthetic series to the alerting rules (read-only bookie,
@@ -60,6 +62,10 @@ heap_mb = 64
 shutdown_grace_ms = 2000
 [broker]
 shutdown_grace_ms = 2000
+[topic]
+ensemble_size = 1
+write_quorum_size = 1
+ack_quorum_size = 1
 """)
     return str(path)
 
@@ -140,6 +146,29 @@ def test_monitor_scrapes_a_real_cluster_and_stops_with_it(tmp_path):
         assert {r["name"] for r in by_name["bksim-alerts"]["rules"]} == \
             {"BksimProcessDown", "BookieReadOnly", "UnderReplicatedLedgers", "TopicBacklogGrowing"}
         assert len(by_name["bksim-recording"]["rules"]) == len(recording_rules()["groups"][0]["rules"])
+
+        # a topic's messages and backlog: 5 produced, 2 received and acknowledged by subscription s
+        topic = "persistent://acme/ops/t"
+        for args in (("tenant", "create", "acme"), ("namespace", "create", "acme/ops"), ("topic", "create", topic),
+                     ("produce", topic, "--count", "5", "-m", "m"),
+                     ("consume", topic, "-s", "s", "-n", "2", "--position", "earliest")):
+            done = bksim(config, *args)
+            assert done.returncode == 0, (args, done.stdout, done.stderr)
+
+        stats = bksim(config, "topic", "stats", topic)
+        assert stats.returncode == 0, stats.stdout + stats.stderr
+        backlog = json.loads(stats.stdout)["subscriptions"]["s"]["msgBacklog"]
+        assert 0 < backlog < 5  # what the broker itself says; Prometheus must say the same
+
+        def same_as_the_broker():
+            got = {q: api(port, "query", query=q)["result"] for q in (
+                f'pulsar_in_messages_total{{topic="{topic}"}}', f'pulsar_msg_backlog{{topic="{topic}"}}',
+                "cluster:pulsar_msg_backlog:sum")}
+            values = {q: [r["value"][1] for r in rows] for q, rows in got.items()}
+            if list(values.values()) == [["5"], [str(backlog)], [str(backlog)]]:
+                return values
+            raise AssertionError(values)
+        wait_until(same_as_the_broker, 10.0, 0.1, "the topic's messages in and backlog, and the backlog recording rule")
 
         status = bksim(config, "monitor", "status", "--json")
         assert status.returncode == 0, status.stdout + status.stderr
