@@ -407,7 +407,7 @@ def test_check_all_from_the_command_line_is_run_by_the_elected_auditor(cluster):
     wait_until(ran_since, 30, interval_s=0.1, message="the auditor to run the requested check of all ledgers")
 
 
-def test_check_all_here_counts_the_ledgers_checked_on_a_terminal(cluster):
+def test_check_all_here_and_decommission_show_progress_on_a_terminal(cluster):
     write_ledgers(cluster, 2, 5)
     status, stdout, terminal = run_on_tty("autorecovery", "check-all", "--verify-percentage", "0", cwd=cluster.cwd,
                                           **{k: v for k, v in cluster.base_env().items() if k.startswith("BKSIM_")})
@@ -415,6 +415,11 @@ def test_check_all_here_counts_the_ledgers_checked_on_a_terminal(cluster):
     ledgers = int(re.search(r": (\d+) ledgers, ", stdout).group(1))
     assert any(f"/{ledgers} ledgers" in f for f in frames(terminal) if f.startswith("check of all ledgers")), terminal
     assert_ends_clean(terminal)
+    status, stdout, terminal = run_on_tty("bookie", "decommission", "127.0.0.1:1", cwd=cluster.cwd,
+                                          **{k: v for k, v in cluster.base_env().items() if k.startswith("BKSIM_")})
+    assert (status, stdout) == (2, "") and any(f.startswith("decommission 127.0.0.1:1") for f in frames(terminal))
+    last = terminal.rstrip("\n").rsplit("\n", 1)[-1].split("\r")[-1]  # the line erased, then the error alone
+    assert last.startswith("bksim: error: unknown bookie 127.0.0.1:1"), terminal
 
 
 def test_disable_keeps_marks_unrepaired_enable_resumes_and_decommission_deletes_the_cookie(cluster):

@@ -22,9 +22,11 @@ The other commands connect to ZooKeeper once, act through autorecovery/admin.py 
 switch) and `check-all` (Auditor.trigger_check_all: the elected auditor, in whatever process, runs the check
 of all ledgers at its next turn; with `--verify-percentage N` the command runs the check itself, now, reading
 N% of the entries' copies instead of the configured ledger_verification_percentage, and prints what it found
-and marked: admin.check_all; on a terminal, without --json, a status line on stderr counts the ledgers checked
-of N, cli/progress.py). `bookie decommission` and `ledger replicas` (registered by bookie_cmd and
+and marked: admin.check_all). `bookie decommission` and `ledger replicas` (registered by bookie_cmd and
 ledger_cmd) run here too: `cmd_decommission`, `cmd_replicas`.
+
+Progress (cli/progress.py; on a terminal, without --json): `check-all --verify-percentage` counts the ledgers
+looked at of N on stderr; `bookie decommission` keeps a spinner with the seconds waited under its progress lines.
 """
 from __future__ import annotations
 
@@ -406,7 +408,11 @@ def cmd_decommission(args) -> int:
                                         t["clock"], args.bookie_id, timeout_ms=args.timeout_s * 1000,
                                         progress=progress)
 
-    done = _run(args, action)
+    from bksim.cli.progress import Progress
+
+    with Progress(f"decommission {args.bookie_id}", json=args.json, ticking=True) as status:
+        status.phase("waiting until no ledger names it")  # under its progress lines: a spinner and the seconds
+        done = _run(args, action)
     if args.json:
         print(json.dumps(done, sort_keys=True))
     return 0
