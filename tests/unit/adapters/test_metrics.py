@@ -1,22 +1,30 @@
-"""adapters/metrics.py: the families a scrape exports, from a real BookieEngine and from topic objects; the
-per-topic cap; the text parses with prometheus_client's parser."""
+"""adapters/metrics.py: the families a scrape exports, from a real BookieEngine, a real LedgerService over fake
+bookies, and stand-in topic objects; the per-topic cap; the text parses with prometheus_client's parser."""
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from types import SimpleNamespace
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bksim.adapters.clock import SystemClock
 from bksim.adapters.localdisk import LocalDisk
-from bksim.adapters.metrics import OTHER, bookie_families, registry_of, topic_families
+from bksim.adapters.metrics import OTHER, bookie_families, broker_families, registry_of, topic_families
 from bksim.adapters.rocks import open_rocks
 from bksim.bookie.engine import BookieEngine
+from bksim.broker.ledgers import LedgerService
 from bksim.formats.entry import encode_entry
-from bksim.model.config import BookieConfig
+from bksim.metadata.memory import InMemoryMetadataStore
+from bksim.metadata.paths import bookie_path
+from bksim.model.config import BookieConfig, BrokerConfig
+from bksim.model.errors import LedgerError
 from bksim.model.histogram import LatencyHistogram
+from fakes.bookies import FakeBookies
+from fakes.clock import ManualClock
 
 KEY = b"k" * 32
 
@@ -98,3 +106,36 @@ def test_a_cap_of_zero_keeps_one_series_and_no_topics_keeps_none():
                  subscription=OTHER) == 3
     empty = scrape(lambda: topic_families({}, 10))
     assert empty["pulsar_in_messages"] == [] and empty["pulsar_subscription_back_log"] == []
+
+
+# -- broker counters: a real LedgerService over fake bookies and the in-memory metadata store -----------------
+
+def test_a_broker_counts_ensemble_changes_recoveries_and_fenced_writers():
+    bookies, password = [f"b{i}" for i in range(5)], b"pw"
+
+    async def run():
+        store = InMemoryMetadataStore()
+        for b in bookies:
+            await store.session("bookies").create(bookie_path(b), b"{}", ephemeral=True, make_parents=True)
+        fake = FakeBookies(bookies)
+        a, b = (LedgerService(store=store.session(f"broker-{i}"), transport=fake, rng=random.Random(i),
+                              clock=ManualClock(sleeps_advance=True), config=BrokerConfig(speculative_read_ms=50))
+                for i in range(2))
+        h = await a.create_ledger(3, 3, 2, password=password)
+        await asyncio.gather(*[h.append(b"x") for _ in range(10)])
+        fake[h.metadata.ensemble[1]].down = True
+        await asyncio.gather(*[h.append(b"y") for _ in range(10)])  # an ensemble change
+        await b.open_ledger(h.ledger_id, password=password, recover=True)  # B fences A's writer
+        with pytest.raises(LedgerError):
+            await h.append(b"late")
+        return scrape(lambda: broker_families(a, None, 10)), scrape(lambda: broker_families(b, None, 10))
+
+    m_a, m_b = asyncio.run(run())
+    assert value(m_a["bookkeeper_client_NUM_ENSEMBLE_CHANGE"], "bookkeeper_client_NUM_ENSEMBLE_CHANGE") == 1
+    assert value(m_a["bksim_broker_ledgers_created"], "bksim_broker_ledgers_created_total") == 1
+    assert value(m_a["bksim_broker_writers_fenced"], "bksim_broker_writers_fenced_total") == 1
+    assert value(m_a["bksim_broker_ledgers_open"], "bksim_broker_ledgers_open") == 0
+    assert value(m_b["bksim_broker_ledger_recoveries"], "bksim_broker_ledger_recoveries_total", result="closed") == 1
+    assert value(m_b["bksim_broker_ledger_recoveries"], "bksim_broker_ledger_recoveries_total", result="failed") == 0
+    assert value(m_b["bksim_broker_writers_fenced"], "bksim_broker_writers_fenced_total") == 0
+    assert "pulsar_in_messages" not in m_a  # no topic layer: no topic families
