@@ -255,7 +255,7 @@ def test_promtool_unit_tests_of_the_rules(tmp_path):
                      {"eval_time": "3m15s", "alertname": "BookieReadOnly",
                       "exp_alerts": [{"exp_labels": {**base, "severity": "warning"},
                                       "exp_annotations": {"summary": "bookie bookie-1 is read-only (disk full or "
-                                                                     "marked read-only)"}}]},
+                                                                     "journal failed)"}}]},
                      {"eval_time": "4m", "alertname": "UnderReplicatedLedgers", "exp_alerts": []},
                      {"eval_time": "6m", "alertname": "UnderReplicatedLedgers",
                       "exp_alerts": [{"exp_labels": {"severity": "warning"},

@@ -143,7 +143,7 @@ def alerting_rules() -> dict:
         alert("BksimProcessDown", "up == 0", PROCESS_DOWN_FOR, "critical",
               "{{ $labels.node }} ({{ $labels.instance }}) does not answer /metrics"),
         alert("BookieReadOnly", "bookie_SERVER_STATUS == 0", BOOKIE_READ_ONLY_FOR, "warning",
-              "bookie {{ $labels.node }} is read-only (disk full or marked read-only)"),
+              "bookie {{ $labels.node }} is read-only (disk full or journal failed)"),
         alert("UnderReplicatedLedgers", "max(auditor_NUM_UNDER_REPLICATED_LEDGERS) > 0",
               UNDER_REPLICATED_FOR, "warning",
               "{{ $value }} ledger(s) under-replicated for " + UNDER_REPLICATED_FOR),
