@@ -175,6 +175,11 @@ def test_monitor_scrapes_a_real_cluster_and_stops_with_it(tmp_path):
         assert {t["node"]: t["health"] for t in json.loads(status.stdout)["targets"]} == \
             {"bookie-1": "up", "broker-1": "up", "prometheus": "up"}
 
+        # a running one is reloaded where it listens
+        again = bksim(config, "monitor", "up", "--port", str(free_port()), "--scrape-interval", str(SCRAPE_INTERVAL_S))
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert f"reloaded pid {pid} on http://127.0.0.1:{port}" in again.stdout
+
         broker_pid = processes.read_pid(str(run / "pids" / "broker-1.pid"))
         assert processes.kill9(broker_pid)
 

@@ -98,6 +98,12 @@ def cmd_up(args) -> int:
     server = server_of(config, args.host, args.port, args.retention)
     _write(config, server, args.scrape_interval)
     was_running = server.is_running()
+    if was_running:  # it keeps the address it was started with: reload it there
+        host, port = server.listen_address()
+        if (host, port) != (server.host, server.port):
+            print(f"prometheus: already running on {host}:{port}; reloading it there (`bksim monitor down` first "
+                  f"to move it)")
+            server.host, server.port = host, port
     pid = server.start()
     try:
         waited = server.wait_ready(READY_TIMEOUT_S)
