@@ -109,3 +109,20 @@ def test_the_bookie_counts_the_entries_it_stored(run):
     assert one(m["bookie_SERVER_STATUS"], "bookie_SERVER_STATUS") == 1
     assert one(m["bookie_ACTIVE_LEDGER_TOTAL"], "bookie_ACTIVE_LEDGER_TOTAL") >= 3
     assert one(m["bksim_bookie_add_entries"], "bksim_bookie_add_entries_total") >= entries
+
+
+def test_the_under_replicated_count_reads_real_zookeeper(run, zk):
+    from bksim.adapters.metrics import count_under_replicated
+    from bksim.metadata.paths import underreplicated_path
+
+    assert "auditor_NUM_UNDER_REPLICATED_LEDGERS" not in scrape(run["bookie_http"])  # autorecovery off here
+    before = count_under_replicated(zk.get_children)
+    paths = [underreplicated_path((1 << 50) + int(uuid.uuid4().int % 1_000_000) * 2 + i) for i in range(2)]
+    for path in paths:
+        zk.create(path, b'{"format_version": 1, "missing": ["x:1"]}', makepath=True)
+    try:
+        assert count_under_replicated(zk.get_children) == before + 2
+    finally:
+        for path in paths:
+            zk.delete(path)
+    assert count_under_replicated(zk.get_children) == before

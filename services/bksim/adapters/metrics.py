@@ -19,19 +19,32 @@ topics (and as many (topic, subscription) pairs), in name order; the rest are su
 topic="_other" (namespace="_other", subscription="_other"), so a broker with 100,000 topics still answers a
 scrape of a bounded size and Prometheus's series count stays bounded.
 
-Must not: block the event loop beyond one collection (no I/O: every value is already in memory).
+Under-replicated ledgers (`auditor_NUM_UNDER_REPLICATED_LEDGERS`, upstream's auditor gauge): a bookie that runs
+autorecovery (`autorecovery.enabled`) counts the marks under /ledgers/underreplication/ledgers in ZooKeeper,
+in a worker thread before the scrape is answered, at most every UNDER_REPLICATED_REFRESH_S (a cached count in
+between), visiting at most UNDER_REPLICATED_NODES_MAX znodes (beyond that the count is a lower bound); every such
+bookie exports the cluster's count (upstream: the elected auditor only), so alerts take max(). When ZooKeeper
+does not answer within zookeeper.operation_timeout_ms the gauge is left out of that scrape.
+
+Must not: block the event loop beyond one collection (no I/O on the loop: every other value is in memory).
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+import asyncio
+import time
+from typing import Awaitable, Callable, Iterable, Iterator
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from bksim.metadata.paths import UNDERREPLICATED_LEDGERS, ledger_id_from_underreplicated_name
 from bksim.model.histogram import LatencyHistogram
 
 OTHER = "_other"  # the label value of the series that sums the topics beyond the cap
+UNDER_REPLICATED_REFRESH_S = 10.0  # ZooKeeper is walked at most this often (Prometheus scrapes every 15 s)
+UNDER_REPLICATED_NODES_MAX = 50_000  # znodes one count visits at most (4 hex levels + the marks)
+_HEX = frozenset("0123456789abcdef")
 
 
 # -- building blocks ---------------------------------------------------------------------------------------
@@ -209,6 +222,59 @@ _TOPIC_FIELDS = {
 }
 
 
+# -- under-replicated ledgers (autorecovery) -----------------------------------------------------------------
+
+def count_under_replicated(children: Callable[[str], list[str]], nodes_max: int = UNDER_REPLICATED_NODES_MAX) -> int:
+    """The marks under UNDERREPLICATED_LEDGERS (4 hex levels, then urL<id>), listing with `children(path)` (a
+    blocking ZooKeeper call: run in a thread); a vanished node counts as empty. Stops after `nodes_max` listed
+    or counted znodes (the count is then a lower bound)."""
+    budget = [nodes_max]
+
+    def walk(path: str, levels: int) -> int:
+        if budget[0] <= 0:
+            return 0
+        budget[0] -= 1
+        try:
+            names = children(path)
+        except Exception as e:  # noqa: BLE001 - kazoo's NoNodeError: removed while we walked
+            if type(e).__name__ == "NoNodeError":
+                return 0
+            raise
+        if levels == 0:
+            found = sum(1 for n in names if ledger_id_from_underreplicated_name(n) is not None)
+            budget[0] -= found
+            return found
+        return sum(walk(f"{path}/{n}", levels - 1) for n in names if len(n) == 4 and set(n) <= _HEX)
+
+    return walk(UNDERREPLICATED_LEDGERS, 4)
+
+
+class UnderReplicatedCount:
+    """The cached count of under-replicated ledgers (module docstring); `value` None until a count succeeded
+    and after one failed."""
+
+    def __init__(self, children: Callable[[str], list[str]], timeout_s: float,
+                 refresh_s: float = UNDER_REPLICATED_REFRESH_S) -> None:
+        self._children, self._timeout_s, self._refresh_s = children, timeout_s, refresh_s
+        self.value: int | None = None
+        self._counted_at = float("-inf")
+
+    async def refresh(self) -> None:
+        if time.monotonic() - self._counted_at < self._refresh_s:
+            return
+        self._counted_at = time.monotonic()
+        try:
+            self.value = await asyncio.wait_for(asyncio.to_thread(count_under_replicated, self._children),
+                                                self._timeout_s)
+        except Exception:  # noqa: BLE001 - ZooKeeper unreachable or slow: no gauge this time
+            self.value = None
+
+    def families(self) -> Iterator[Metric]:
+        if self.value is not None:
+            yield gauge("auditor_NUM_UNDER_REPLICATED_LEDGERS", "ledgers marked under-replicated in ZooKeeper "
+                                                                "(the whole cluster)", self.value)
+
+
 # -- the route --------------------------------------------------------------------------------------------
 
 def registry_of(families: Callable[[], Iterator[Metric]]) -> CollectorRegistry:
@@ -218,16 +284,29 @@ def registry_of(families: Callable[[], Iterator[Metric]]) -> CollectorRegistry:
     return registry
 
 
-def metrics_route(registry: CollectorRegistry) -> list[web.RouteDef]:
+def metrics_route(registry: CollectorRegistry,
+                  before: Callable[[], Awaitable[None]] | None = None) -> list[web.RouteDef]:
+    """GET /metrics: `before()` (if any: async, e.g. a count read in a thread), then one collection."""
     async def handle(request: web.Request) -> web.Response:
+        if before is not None:
+            await before()
         return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     return [web.get("/metrics", handle)]
 
 
 def bookie_metrics_routes(parts) -> list[web.RouteDef]:
-    """The bookie's `/metrics` (bookie_cmd.bookie_http_routes)."""
-    return metrics_route(registry_of(lambda: bookie_families(parts.engine, parts.server, parts.gc)))
+    """The bookie's `/metrics` (bookie_cmd.bookie_http_routes); with autorecovery, the under-replicated count."""
+    config = parts.config
+    under = (UnderReplicatedCount(parts.zk.get_children, config.zookeeper.operation_timeout_ms / 1000)
+             if config.autorecovery.enabled else None)
+
+    def families() -> Iterator[Metric]:
+        yield from bookie_families(parts.engine, parts.server, parts.gc)
+        if under is not None:
+            yield from under.families()
+
+    return metrics_route(registry_of(families), under.refresh if under is not None else None)
 
 
 def broker_metrics_routes(parts) -> list[web.RouteDef]:

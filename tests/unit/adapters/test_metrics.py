@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import random
+import tempfile
 import uuid
 from types import SimpleNamespace
 
 import pytest
+from aiohttp import ClientSession, web
+from aiohttp.test_utils import TestServer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bksim.adapters.clock import SystemClock
+from bksim.adapters.http_server import ProcessParts
 from bksim.adapters.localdisk import LocalDisk
-from bksim.adapters.metrics import OTHER, bookie_families, broker_families, registry_of, topic_families
+from bksim.adapters.metrics import (OTHER, bookie_families, bookie_metrics_routes, broker_families,
+                                    count_under_replicated, registry_of, topic_families)
 from bksim.adapters.rocks import open_rocks
 from bksim.bookie.engine import BookieEngine
 from bksim.broker.ledgers import LedgerService
 from bksim.formats.entry import encode_entry
 from bksim.metadata.memory import InMemoryMetadataStore
-from bksim.metadata.paths import bookie_path
-from bksim.model.config import BookieConfig, BrokerConfig
+from bksim.metadata.paths import bookie_path, underreplicated_path
+from bksim.model.config import BookieConfig, BrokerConfig, Config
 from bksim.model.errors import LedgerError
 from bksim.model.histogram import LatencyHistogram
 from fakes.bookies import FakeBookies
@@ -139,3 +144,60 @@ def test_a_broker_counts_ensemble_changes_recoveries_and_fenced_writers():
     assert value(m_b["bksim_broker_ledger_recoveries"], "bksim_broker_ledger_recoveries_total", result="failed") == 0
     assert value(m_b["bksim_broker_writers_fenced"], "bksim_broker_writers_fenced_total") == 0
     assert "pulsar_in_messages" not in m_a  # no topic layer: no topic families
+
+
+# -- under-replicated ledgers: the ZooKeeper walk and the route that runs it before a scrape ------------------
+
+class _Tree:
+    """A stand-in for kazoo's get_children over the marks of `ledger_ids` (plus a stray name)."""
+
+    def __init__(self, ledger_ids) -> None:
+        self.nodes: dict[str, set[str]] = {}
+        for ledger_id in ledger_ids:
+            parts = underreplicated_path(ledger_id).split("/")
+            for i in range(4, len(parts)):
+                self.nodes.setdefault("/".join(parts[:i]), set()).add(parts[i])
+        self.calls = 0
+
+    def children(self, path: str) -> list[str]:
+        self.calls += 1
+        if path not in self.nodes:
+            raise type("NoNodeError", (Exception,), {})(path)
+        return sorted(self.nodes[path]) + (["lock", "zzzz"] if path.endswith("/ledgers") else [])
+
+
+def test_the_under_replicated_count_walks_the_mark_hierarchy():
+    tree = _Tree([1, 2, 70_000, 1 << 40])
+    assert count_under_replicated(tree.children) == 4
+    assert count_under_replicated(_Tree([]).children) == 0  # no marks: the directory does not exist
+    assert count_under_replicated(_Tree(range(100)).children, nodes_max=10) < 100  # bounded: a lower bound
+
+
+def test_a_bookie_with_autorecovery_exports_the_count_and_refreshes_it_at_most_every_interval():
+    tree = _Tree([5, 6, 7])
+
+    async def run(tmp: str):
+        engine = BookieEngine(BookieConfig(), disk=LocalDisk(), clock=SystemClock(), open_kv=open_rocks,
+                              instance_id=str(uuid.uuid4()), journal_dir=f"{tmp}/j", ledger_dir=f"{tmp}/l", log=lambda line: None)
+        await engine.start()
+        app = web.Application()
+        app.add_routes(bookie_metrics_routes(ProcessParts("bookie", Config(), dict(
+            engine=engine, server=None, gc=None, zk=SimpleNamespace(get_children=tree.children)))))
+        try:
+            async with TestServer(app, host="127.0.0.1") as server, ClientSession() as session:
+                texts = []
+                for _ in range(2):
+                    async with session.get(server.make_url("/metrics")) as r:
+                        assert r.status == 200
+                        texts.append(await r.text())
+                return texts
+        finally:
+            await engine.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        first, second = asyncio.run(run(tmp))
+    for text in (first, second):
+        families = {f.name: f.samples for f in text_string_to_metric_families(text)}
+        assert value(families["auditor_NUM_UNDER_REPLICATED_LEDGERS"], "auditor_NUM_UNDER_REPLICATED_LEDGERS") == 3
+    walks = tree.calls
+    assert 0 < walks <= 1 + 3 * 4 + 2  # one walk for both scrapes (cached): root, 4 levels per mark, strays
