@@ -49,6 +49,8 @@ name their module; a module raises only the errors of its own layer or below).
     │                               (adapters/zookeeper_server.py)
     ├── ClusterError                a local cluster process did not start, become ready or stop
     │                               (adapters/local_cluster.py)
+    ├── MonitorError                the monitoring Prometheus could not be configured, started, reached or
+    │                               stopped (adapters/prometheus_server.py)
     ├── SimulationError             the simulated world used in a way it does not support (sim/loop.py)
     │   ├── SimThreadsRefused       run_in_executor or asyncio.to_thread under the simulator
     │   ├── SimDeadlock             no runnable task and no timer while tasks wait
