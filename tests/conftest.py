@@ -5,12 +5,14 @@
   second), data under pytest's tmp dir; stopped by pid at the end of the session. Yields the `ZooKeeperServer`; use `.connect` ("127.0.0.1:port"), `.host`, `.port`.
 - `zk_client` (function): a started kazoo client on that server, stopped afterwards.
 - `zk_root` (function): a unique absolute path ("/t-<hex>") a test may use as its own namespace.
+- (autouse, module) the modules of tests/sim and tests/fuzz run with the heap earlier tests left frozen (below).
 
 `helpers.py` (wait_until, free_port) is importable as `from helpers import wait_until` because pyproject
 puts tests/ on pytest's pythonpath.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import uuid
@@ -57,3 +59,25 @@ def zk_root() -> str:
 @pytest.fixture
 def repo_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# The simulator's sweeps and the fuzz tests run product code in this process and allocate heavily. Every full
+# collection of Python's garbage collector walks every object alive in the process, those earlier tests of the
+# session left behind included: the 500-seed ledger sweep took 80 s inside `make test` and 23 s alone. Their
+# modules run with the heap they found frozen (out of the collector's reach; what a module allocates is collected
+# as usual), so their time is their own.
+IN_PROCESS_HEAVY = ("sim", "fuzz")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _earlier_heap_frozen(request):
+    kind = os.path.basename(os.path.dirname(str(request.path)))
+    if kind not in IN_PROCESS_HEAVY:
+        yield
+        return
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
