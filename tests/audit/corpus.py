@@ -141,6 +141,7 @@ class Record:
     entry: int | None
     lac: int | None
     body: bytes
+    group: int  # offset of the GROUP frame of its group write (version 1: the record's own offset)
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ class Corpus:
                     (ledger,) = jfmt.LEDGER_ID.unpack_from(r.body)
                 out.append(Record(bookie, path, journal_id, journal_id == files[-1][0], i == len(records) - 1,
                                   r.group == records[-1].group, r.offset, r.end, r.type, r.flags, ledger, entry,
-                                  lac, r.body))
+                                  lac, r.body, r.group))
         return out
 
     def newest_journal(self, bookie: str) -> str:
@@ -270,12 +271,29 @@ def _mid_file_copy(corpus: Corpus, ledger: int, entry: int) -> tuple[int, Record
 
 def plant_removed_copy(corpus: Corpus, ledger: int, entry: int) -> Planted:
     """One of the two copies (Qw = Qa = 2) of an entry (`entry` or the next one with a copy outside a last
-    group write) cut out of its journal: one holder left."""
+    group write) cut out of its journal, its group write framed again without it (length and CRC), as if that
+    bookie had never written it: one holder left, the rest of the file reads as before. (Cut without the new
+    frame, the group's old length would run into the next group and misframe it: a last group of the file
+    lost with it.)"""
     entry, r = _mid_file_copy(corpus, ledger, entry)
     copies = corpus.copies(ledger, entry)
     assert len({c.bookie for c in copies}) == 2 and len(copies) == 2, copies
-    _rewrite(r.path, r.offset, r.end, b"")
+    cut_record(r.path, r)
     return Planted("below_ack_quorum", ledger, entry, "", "")
+
+
+def cut_record(path: str, r) -> None:
+    """Remove record `r` (offset, end, group: a Record or a formats.journal.JournalRecord) from the journal at
+    `path`, its group write framed again without it."""
+    if r.group == r.offset:  # version 1: records are not framed in groups
+        _rewrite(path, r.offset, r.end, b"")
+        return
+    with open(path, "rb") as f:
+        data = f.read()
+    start = r.group + jfmt.RECORD_PREFIX_BYTES + jfmt.GROUP_BODY.size  # the group's first record
+    length, _crc = jfmt.GROUP_BODY.unpack_from(data, r.group + jfmt.RECORD_PREFIX_BYTES)
+    records = data[start:r.offset] + data[r.end:start + length]
+    _rewrite(path, r.group, start + length, jfmt.group_record([records]) + records)
 
 
 def plant_divergent_copy(corpus: Corpus, ledger: int, entry: int) -> Planted:
