@@ -85,7 +85,8 @@ signal.sigtimedwait({signal.SIGTERM}, 60)  # until `down` stops it (SIGTERM), at
 """
 
 
-def write_config(tmp_path, bookies: int, brokers: int = 0) -> str:
+def write_config(tmp_path, bookies: int, brokers: int = 0, extra: str = "") -> str:
+    """A cluster configuration on free ports under `tmp_path` (short timeouts); `extra`: more TOML, appended."""
     path = tmp_path / "bksim.toml"
     path.write_text(f"""
 [cluster]
@@ -106,7 +107,7 @@ heap_mb = 64
 shutdown_grace_ms = 2000
 [broker]
 shutdown_grace_ms = 2000
-""")
+""" + extra)
     return str(path)
 
 

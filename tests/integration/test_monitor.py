@@ -28,6 +28,7 @@ from bksim.adapters.prometheus_config import (RULES_FILE_ALERTS, RULES_FILE_RECO
                                               recording_rules, to_yaml)
 from bksim.adapters.prometheus_server import PROMTOOL
 from helpers import free_port, kill_leftovers, wait_until
+from integration.test_cluster_cmd import write_config as cluster_config
 
 SCRAPE_INTERVAL_S = 0.5
 
@@ -42,32 +43,9 @@ def nothing_left_running(tmp_path):
 
 
 def write_config(tmp_path) -> str:
-    path = tmp_path / "bksim.toml"
-    path.write_text(f"""
-[cluster]
-run_dir = "{tmp_path / 'run'}"
-bookies = 1
-bookie_port_base = {free_port()}
-brokers = 1
-broker_port_base = {free_port()}
-bookie_http_port_base = {free_port()}
-broker_http_port_base = {free_port()}
-start_timeout_ms = 20000
-[zookeeper]
-port = {free_port()}
-tick_time_ms = 200
-session_timeout_ms = 2000
-heap_mb = 64
-[bookie]
-shutdown_grace_ms = 2000
-[broker]
-shutdown_grace_ms = 2000
-[topic]
-ensemble_size = 1
-write_quorum_size = 1
-ack_quorum_size = 1
-""")
-    return str(path)
+    """One bookie and one broker, topics on one bookie, every port free."""
+    return cluster_config(tmp_path, bookies=1, brokers=1,
+                          extra="[topic]\nensemble_size = 1\nwrite_quorum_size = 1\nack_quorum_size = 1\n")
 
 
 def bksim(config: str, *args: str) -> subprocess.CompletedProcess:

@@ -18,7 +18,7 @@ from bksim.model.status import TopicStatus
 from bksim.ports.metadata import MetadataStore
 from bksim.security.authz import (AuthPolicies, Authorizer, GrantError, PermissionDenied, check_role, grant,
                                   revoke)
-from bksim.topics.errors import TopicError
+from bksim.topics.errors import TopicError, znode_object
 from bksim.topics.names import TopicName, check_name, parse_namespace, policies_path, tenant_path
 
 CAS_TRIES_MAX = 8
@@ -60,11 +60,7 @@ class Permissions:
             return None
         except MetadataError as e:
             raise _meta(f"reading {what}", e) from None
-        try:
-            doc = json.loads(data or b"{}")
-        except (ValueError, RecursionError):  # not JSON, or nested too deep
-            raise TopicError(TopicStatus.METADATA_ERROR, f"{what}: the znode {path} is not JSON") from None
-        return (doc if isinstance(doc, dict) else {}), version
+        return znode_object(data, path), version
 
     async def tenant_admin_roles(self, tenant: str) -> frozenset[str]:
         """The admin roles of `tenant` (none when it does not exist)."""

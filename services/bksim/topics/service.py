@@ -18,7 +18,7 @@ import json
 from typing import Callable
 
 from bksim.broker.ledgers import LedgerService
-from bksim.topics.errors import TopicError
+from bksim.topics.errors import TopicError, znode_object
 from bksim.topics.cursor_codec import CodecError, decode_znode
 from bksim.topics.managed_cursor import CURSOR_PASSWORD
 from bksim.topics.managed_ledger import LEDGER_PASSWORD, ManagedLedger
@@ -38,18 +38,6 @@ OWNERSHIP_CHECK_MS = 1_000
 
 def _meta(what: str, e: MetadataError) -> TopicError:
     return TopicError(TopicStatus.METADATA_ERROR, f"{what}: {e}")
-
-
-def _doc(data: bytes | None, path: str) -> dict:
-    """A znode's JSON object ({} for an empty node); METADATA_ERROR naming the path when it is not one (not
-    JSON, nested too deep, an integer of thousands of digits, an array)."""
-    try:
-        doc = json.loads(data or b"{}")
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, int() digits: ValueErrors
-        raise TopicError(TopicStatus.METADATA_ERROR, f"{path}: not JSON ({type(e).__name__})") from None
-    if not isinstance(doc, dict):
-        raise TopicError(TopicStatus.METADATA_ERROR, f"{path}: not a JSON object")
-    return doc
 
 
 def _field(doc: dict, path: str, read: Callable):
@@ -141,7 +129,7 @@ class TopicService:
         except MetadataError as e:
             raise _meta(f"reading namespace {namespace}", e) from None
         path = policies_path(tenant, ns)
-        return _field(_doc(data, path), path, Policies.from_json)
+        return _field(znode_object(data, path), path, Policies.from_json)
 
     async def list_namespaces(self, tenant: str) -> list[str]:
         check_name("tenant", tenant)
@@ -190,7 +178,7 @@ class TopicService:
             return None
         except MetadataError as e:
             raise _meta(f"reading {name}", e) from None
-        return _field(_doc(data, name.partitioned_path), name.partitioned_path, lambda d: int(d["partitions"]))
+        return _field(znode_object(data, name.partitioned_path), name.partitioned_path, lambda d: int(d["partitions"]))
 
     async def get_topic(self, topic: str) -> int:
         """Partitions of a topic (0 = non-partitioned); TOPIC_NOT_FOUND when it does not exist."""
@@ -251,7 +239,7 @@ class TopicService:
         cursor_ledgers: list[int] = []
         try:
             data, _ = await self.store.get(name.managed_ledger_path)
-            ledger_ids = _field(_doc(data, name.managed_ledger_path), name.managed_ledger_path,
+            ledger_ids = _field(znode_object(data, name.managed_ledger_path), name.managed_ledger_path,
                                 lambda d: [int(x["ledger_id"]) for x in d.get("ledgers", [])])
             for node in await self._children(name.managed_ledger_path):
                 path = f"{name.managed_ledger_path}/{node}"
@@ -289,7 +277,7 @@ class TopicService:
             return None
         except MetadataError as e:
             raise _meta(f"reading the owner of {name}", e) from None
-        d = _doc(data, name.ownership_path)
+        d = znode_object(data, name.ownership_path)
         return str(d.get("broker_id", "")), str(d.get("address", ""))
 
     async def _brokers(self) -> dict[str, str]:
@@ -297,7 +285,7 @@ class TopicService:
         for b in await self._children(BROKERS_AVAILABLE):
             try:
                 data, _ = await self.store.get(f"{BROKERS_AVAILABLE}/{b}")
-                d = _doc(data, f"{BROKERS_AVAILABLE}/{b}")
+                d = znode_object(data, f"{BROKERS_AVAILABLE}/{b}")
                 out[b] = f"{d.get('host', '127.0.0.1')}:{d.get('port', 0)}"
             except (NoNodeError, TopicError):
                 continue  # gone meanwhile, or not a broker's registration: not a broker to name
