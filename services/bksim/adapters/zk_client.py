@@ -111,9 +111,14 @@ def security_from_config(config: Config) -> ZkSecurity:
 
 
 def client_hosts(config: Config) -> str:
-    """The connect string clients use: the secure port when one is configured, else the plaintext port."""
+    """The connect string clients use: zookeeper.connect when set, else every server of the cluster's ensemble
+    (cluster.zookeepers of them on consecutive ports from the secure port when one is configured, else from the
+    plaintext port)."""
     z = config.zookeeper
-    return f"{z.host}:{z.secure_port or z.port}"
+    if z.connect:
+        return z.connect
+    first = z.secure_port or z.port
+    return ",".join(f"{z.host}:{first + i}" for i in range(config.cluster.zookeepers))
 
 
 def new_client(hosts: str, security: ZkSecurity = OPEN, **kazoo_args) -> KazooClient:

@@ -33,6 +33,9 @@ class ClusterConfig:
     run_dir: str = option(".run", "directory for the cluster's data, logs and pid files (relative to the cwd)")
     bookies: int = option(3, "number of bookies `bksim cluster up` starts")
     bookie_port_base: int = option(3181, "bookie i (1-based) listens on bookie_port_base + i - 1")
+    zookeepers: int = option(1, "number of ZooKeeper servers `bksim cluster up` starts: 1 = standalone, 3 or 5 = an "
+                                "ensemble (server i on zookeeper.port + i - 1, its peer ports quorum_port_base + i "
+                                "- 1 and election_port_base + i - 1)")
     brokers: int = option(2, "number of brokers `bksim cluster up` starts")
     broker_port_base: int = option(6650, "broker i (1-based) listens on broker_port_base + i - 1")
     bookie_http_port_base: int = option(8000, "bookie i serves HTTP (/metrics, admin API) on bookie_http_port_base + "
@@ -45,7 +48,13 @@ class ClusterConfig:
 @dataclass(frozen=True, slots=True)
 class ZooKeeperConfig:
     host: str = option("127.0.0.1", "address ZooKeeper binds to and clients connect to (loopback only)")
-    port: int = option(2181, "ZooKeeper client port")
+    port: int = option(2181, "ZooKeeper client port (of server 1 in an ensemble)")
+    connect: str = option("", "the connect string every bookie, broker and tool uses, HOST:PORT[,HOST:PORT...] "
+                              "(BookKeeper's zkServers); empty = host with port (or secure_port) .. + "
+                              "cluster.zookeepers - 1")
+    quorum_port_base: int = option(2888, "ensemble only: server i talks to the leader on quorum_port_base + i - 1")
+    election_port_base: int = option(3888, "ensemble only: server i's leader-election port is election_port_base "
+                                           "+ i - 1")
     tick_time_ms: int = option(2000, "ZooKeeper tickTime; sessions time out between 2 and 20 ticks")
     session_timeout_ms: int = option(10_000, "session timeout bookies ask for (ephemeral registration lifetime)")
     heap_mb: int = option(256, "JVM heap of the ZooKeeper server")
@@ -58,8 +67,9 @@ class ZooKeeperConfig:
                                               "the cluster authenticates with it and every znode it creates gets a "
                                               "digest ACL for that user (ZooKeeper's digest scheme, BookKeeper's "
                                               "zkEnableSecurity); empty = open ACLs")
-    secure_port: int = option(0, "ZooKeeper's TLS client port (secureClientPort, Netty); with it set, the cluster's "
-                                 "clients connect there using the security.tls_* files; 0 = plaintext port only")
+    secure_port: int = option(0, "ZooKeeper's TLS client port (secureClientPort, Netty; of server 1 in an ensemble, "
+                                 "server i: secure_port + i - 1); with it set, the cluster's clients connect there "
+                                 "using the security.tls_* files; 0 = plaintext port only")
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,6 +361,7 @@ class Config:
                            ("cluster.broker_http_port_base", self.cluster.broker_http_port_base)):
             _require(0 <= port < 65536, f"{name} must be within 0..65535 (0 = no HTTP)")
         _require(0 <= self.zookeeper.secure_port < 65536, "zookeeper.secure_port must be within 0..65535")
+        self._validate_zookeeper_ensemble()
         _require(r.metrics_topics_max >= 0, "broker.metrics_topics_max must be >= 0 (0 = every topic in _other)")
         sec = self.security
         _require(sec.tls_refresh_interval_ms >= 0, "security.tls_refresh_interval_ms must be >= 0")
@@ -366,6 +377,32 @@ class Config:
         _require(not sec.authorization_enabled or sec.auth_enabled,
                  "security.authorization_enabled needs security.auth_enabled: a grant names an authenticated role")
         return self
+
+
+    def _validate_zookeeper_ensemble(self) -> None:
+        z, n = self.zookeeper, self.cluster.zookeepers
+        _require(1 <= n <= ZOOKEEPERS_MAX, f"cluster.zookeepers must be within 1..{ZOOKEEPERS_MAX}")
+        for name, base in (("port", z.port), ("quorum_port_base", z.quorum_port_base),
+                           ("election_port_base", z.election_port_base), ("secure_port", z.secure_port)):
+            if base or name != "secure_port":
+                _require(0 < base and base + n - 1 < 65536,
+                         f"zookeeper.{name} ({base}) + cluster.zookeepers - 1 must be within 1..65535")
+        if z.connect:
+            parse_connect(z.connect)
+
+
+ZOOKEEPERS_MAX = 7  # ZooKeeper ensembles are 1, 3, 5 (sometimes 7) servers: every server is in every write's quorum
+
+
+def parse_connect(connect: str) -> list[tuple[str, int]]:
+    """A ZooKeeper connect string "HOST:PORT[,HOST:PORT...]" as (host, port) pairs; raises ConfigError."""
+    servers = []
+    for item in connect.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        _require(bool(sep and host and port.isdigit() and 0 < int(port) < 65536),
+                 f"zookeeper.connect {connect!r}: {item.strip()!r} is not HOST:PORT (PORT within 1..65535)")
+        servers.append((host, int(port)))
+    return servers
 
 
 SECTIONS = {"cluster": ClusterConfig, "zookeeper": ZooKeeperConfig, "bookie": BookieConfig, "broker": BrokerConfig,
