@@ -55,6 +55,11 @@ class ZooKeeperConfig:
     quorum_port_base: int = option(2888, "ensemble only: server i talks to the leader on quorum_port_base + i - 1")
     election_port_base: int = option(3888, "ensemble only: server i's leader-election port is election_port_base "
                                            "+ i - 1")
+    peers: str = option("", "a ZooKeeper server started from this configuration (containers): its ensemble as "
+                            "HOST:QUORUM_PORT:ELECTION_PORT[,...] in server-id order (ZooKeeper's server.N lines); "
+                            "empty = standalone. `cluster up` derives its ensemble from host and the port bases")
+    server_id: int = option(0, "with peers: this server's id, 1-based (ZooKeeper's myid); 0 = the trailing number "
+                               "of the host name plus one (a StatefulSet's zk-0 is 1)")
     tick_time_ms: int = option(2000, "ZooKeeper tickTime; sessions time out between 2 and 20 ticks")
     session_timeout_ms: int = option(10_000, "session timeout bookies ask for (ephemeral registration lifetime)")
     heap_mb: int = option(256, "JVM heap of the ZooKeeper server")
@@ -389,6 +394,12 @@ class Config:
                          f"zookeeper.{name} ({base}) + cluster.zookeepers - 1 must be within 1..65535")
         if z.connect:
             parse_connect(z.connect)
+        if z.peers:
+            peers = parse_peers(z.peers)
+            _require(0 <= z.server_id <= len(peers),
+                     f"zookeeper.server_id ({z.server_id}) must be within 1..{len(peers)} (the peers), or 0")
+        else:
+            _require(z.server_id == 0, "zookeeper.server_id needs zookeeper.peers (the ensemble it is a member of)")
 
 
 ZOOKEEPERS_MAX = 7  # ZooKeeper ensembles are 1, 3, 5 (sometimes 7) servers: every server is in every write's quorum
@@ -403,6 +414,19 @@ def parse_connect(connect: str) -> list[tuple[str, int]]:
                  f"zookeeper.connect {connect!r}: {item.strip()!r} is not HOST:PORT (PORT within 1..65535)")
         servers.append((host, int(port)))
     return servers
+
+
+def parse_peers(peers: str) -> list[tuple[str, int, int]]:
+    """zookeeper.peers "HOST:QUORUM_PORT:ELECTION_PORT[,...]" as (host, quorum port, election port), server 1
+    first; raises ConfigError."""
+    out = []
+    for item in peers.split(","):
+        parts = item.strip().rsplit(":", 2)
+        ok = len(parts) == 3 and bool(parts[0]) and all(p.isdigit() and 0 < int(p) < 65536 for p in parts[1:])
+        _require(ok, f"zookeeper.peers {peers!r}: {item.strip()!r} is not HOST:QUORUM_PORT:ELECTION_PORT")
+        out.append((parts[0], int(parts[1]), int(parts[2])))
+    _require(len(out) <= ZOOKEEPERS_MAX, f"zookeeper.peers: at most {ZOOKEEPERS_MAX} servers")
+    return out
 
 
 SECTIONS = {"cluster": ClusterConfig, "zookeeper": ZooKeeperConfig, "bookie": BookieConfig, "broker": BrokerConfig,

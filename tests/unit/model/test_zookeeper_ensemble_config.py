@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from bksim.adapters.zk_client import client_hosts
-from bksim.model.config import Config, ClusterConfig, ZooKeeperConfig, parse_connect
+from bksim.model.config import ClusterConfig, Config, ZooKeeperConfig, parse_connect, parse_peers
 from bksim.model.errors import ConfigError
 
 
@@ -42,3 +42,19 @@ def test_ports_of_the_last_server_must_exist():
     with pytest.raises(ConfigError, match="quorum_port_base"):
         config(3, quorum_port_base=65534).validate()
     assert dataclasses.replace(config(3), zookeeper=ZooKeeperConfig(quorum_port_base=65533)).validate()
+
+
+def test_peers_parse_in_server_order():
+    c = config(peers="zk-0.zk:2888:3888,zk-1.zk:2888:3888,zk-2.zk:2888:3888", server_id=2).validate()
+    assert parse_peers(c.zookeeper.peers)[1] == ("zk-1.zk", 2888, 3888)
+
+
+@pytest.mark.parametrize("peers, server_id, message", [
+    ("zk-0:2888", 0, "is not HOST:QUORUM_PORT:ELECTION_PORT"),
+    ("zk-0:2888:3888,zk-1:2888:0", 0, "is not HOST:QUORUM_PORT:ELECTION_PORT"),
+    ("zk-0:2888:3888", 2, "server_id"),
+    ("", 1, "server_id needs zookeeper.peers"),
+])
+def test_bad_peers_are_refused(peers, server_id, message):
+    with pytest.raises(ConfigError, match=message):
+        config(peers=peers, server_id=server_id).validate()
