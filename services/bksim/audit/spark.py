@@ -8,7 +8,8 @@ pickle as raw bytes, so the shuffle moves few large objects rather than one Pyth
 
 A quiet session (`build_session`): UI off, console progress off, log level ERROR (a log4j2 file in the work
 directory), spark.local.dir and java.io.tmpdir under the run's work directory, modest driver memory, loopback
-only for local masters. Progress: a thread polls the status tracker and prints stage progress lines.
+only for local masters and for a standalone master on loopback (`spark://127.0.0.1:PORT`, `make audit-cluster`):
+the driver then binds and advertises 127.0.0.1, so the executors reach it there. Progress: a thread polls the status tracker and prints stage progress lines.
 
 Submitting to a cluster: `--master spark://HOST:7077` (client mode) ships the bksim package to the executors
 (a zip added with addPyFile); the executors' Python needs the `crc32c` package (PYSPARK_PYTHON may name a
@@ -48,7 +49,8 @@ def build_session(master: str, work_dir: str, driver_memory: str = DRIVER_MEMORY
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     local = master.startswith("local")
-    if local:
+    loopback = local or is_loopback_master(master)
+    if loopback:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     local_dir = os.path.abspath(os.path.join(work_dir, "spark-local"))
     os.makedirs(local_dir, exist_ok=True)
@@ -67,7 +69,7 @@ def build_session(master: str, work_dir: str, driver_memory: str = DRIVER_MEMORY
                .config("spark.executor.extraJavaOptions", java_options)
                .config("spark.sql.shuffle.partitions", "8")
                .config("spark.python.worker.reuse", "true"))
-    if local:
+    if loopback:
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     spark = builder.getOrCreate()
     sc = spark.sparkContext
@@ -77,6 +79,14 @@ def build_session(master: str, work_dir: str, driver_memory: str = DRIVER_MEMORY
     # bring the executors' Python workers up (they are reused by every job after): part of starting the session
     sc.parallelize(range(sc.defaultParallelism), sc.defaultParallelism).map(_noop).count()
     return spark
+
+
+def is_loopback_master(master: str) -> bool:
+    """True for a standalone master on this machine's loopback: spark://127.x.y.z:PORT or spark://localhost:PORT."""
+    if not master.startswith("spark://"):
+        return False
+    hosts = [h.rsplit(":", 1)[0] for h in master[len("spark://"):].split(",")]  # HA: spark://h1:p1,h2:p2
+    return all(h == "localhost" or h.startswith("127.") for h in hosts)
 
 
 def _noop(x):
