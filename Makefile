@@ -187,6 +187,21 @@ audit: deps
 	$(BKSIM) audit --journals $(wildcard $(RUN_DIR)/bookie-*) --entrylogs $(wildcard $(RUN_DIR)/bookie-*) \
 	  --metadata $(AUDIT_OUT)/snapshot.json --out $(AUDIT_OUT) $(AUDIT_ARGS)
 
+# `make audit-cluster`: a Spark standalone master (spark://127.0.0.1:$(SPARK_PORT), web UI and JSON status on
+# $(SPARK_UI_PORT)) and $(SPARK_WORKERS) workers on loopback, from the PySpark installation's jars, pid files and logs in
+# $(SPARK_RUN_DIR); then `make audit AUDIT_ARGS=--master=spark://127.0.0.1:$(SPARK_PORT)`. `make audit-cluster-down`
+# (or `bksim audit cluster down --run-dir $(SPARK_RUN_DIR)`) stops it by pid; `bksim audit cluster status` shows it.
+SPARK_RUN_DIR ?= $(RUN_DIR)/spark
+SPARK_PORT ?= 7077
+SPARK_UI_PORT ?= 8090
+SPARK_WORKERS ?= 2
+.PHONY: audit-cluster audit-cluster-down
+audit-cluster: deps
+	$(BKSIM) audit cluster up --run-dir $(SPARK_RUN_DIR) --port $(SPARK_PORT) --ui-port $(SPARK_UI_PORT) \
+	  --workers $(SPARK_WORKERS)
+audit-cluster-down: deps
+	$(BKSIM) audit cluster down --run-dir $(SPARK_RUN_DIR)
+
 # ---- deterministic simulation (see docs/simulation.md) --------------------------------------------------
 # `make sim SEED=N` runs one seed of the ledger world (prints its plan, PASS or the violated invariant with the
 # trace tail); `make sim-sweep SEEDS=N` runs seeds 1..N with a progress line and a summary. SIM_ARGS passes
