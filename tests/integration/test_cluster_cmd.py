@@ -402,3 +402,40 @@ def test_up_secure_serves_only_tls_with_a_token_and_locks_zookeeper_and_a_second
     finally:
         down = bksim(config, "cluster", "down")
         assert down.returncode == 0, down.stdout + down.stderr
+
+
+def test_up_status_down_with_an_ensemble(tmp_path):
+    config = write_config(tmp_path, bookies=1, brokers=0)
+    env = {"BKSIM_ZOOKEEPER_PORT": str(free_port(count=3)),
+           "BKSIM_ZOOKEEPER_QUORUM_PORT_BASE": str(free_port(count=3)),
+           "BKSIM_ZOOKEEPER_ELECTION_PORT_BASE": str(free_port(count=3))}
+    first = int(env["BKSIM_ZOOKEEPER_PORT"])
+    up = bksim(config, "cluster", "up", "--zookeepers", "3", env_extra=env)
+    pids = [processes.read_pid(str(tmp_path / "run" / "pids" / f"zookeeper-{n}.pid")) for n in (1, 2, 3)]
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        connect = ",".join(f"127.0.0.1:{first + n}" for n in range(3))
+        assert f"a ZooKeeper ensemble of 3 ({connect}; leader zookeeper-" in up.stdout
+        assert all(processes.is_alive(pid, MAIN_CLASS) for pid in pids)
+        for n in (1, 2, 3):
+            cfg = (tmp_path / "run" / f"zoo-{n}.cfg").read_text()
+            assert f"clientPort={first + n - 1}" in cfg and cfg.count("server.") == 3
+            assert (tmp_path / "run" / f"zookeeper-{n}" / "myid").read_text().strip() == str(n)
+        bookie_log = (tmp_path / "run" / "logs" / "bookie-1.log").read_text()
+        assert f"ZooKeeper {connect}: cluster instance" in bookie_log
+
+        # without --zookeepers, status finds the ensemble by its pid files
+        status = bksim(config, "cluster", "status", "--json", env_extra=env)
+        assert status.returncode == 0, status.stdout + status.stderr
+        rows = json.loads(status.stdout)["processes"]
+        servers = [r for r in rows if r["name"].startswith("zookeeper")]
+        assert [(r["name"], r["pid"], r["alive"]) for r in servers] == [
+            (f"zookeeper-{n}", pids[n - 1], True) for n in (1, 2, 3)]
+        assert sorted(r["registered"] for r in servers) == ["follower", "follower", "leader"]
+        assert next(r for r in rows if r["name"] == "bookie-1")["registered"] == "writable"
+    finally:
+        down = bksim(config, "cluster", "down", env_extra=env)
+    assert down.returncode == 0, down.stdout + down.stderr
+    for n, pid in enumerate(pids, 1):
+        assert f"zookeeper-{n}: stopped pid {pid}" in down.stdout
+        assert not processes.is_alive(pid)

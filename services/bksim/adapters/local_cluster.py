@@ -6,6 +6,8 @@ Used by `bksim cluster up|down|status`, the chaos runs, the benchmarks and the i
 
       <run_dir>/zoo.cfg                  ZooKeeper's configuration (written at each start)
       <run_dir>/zookeeper/               ZooKeeper's data (unless another data dir is given)
+      <run_dir>/zoo-<n>.cfg, zookeeper-<n>/   the same for server n of an ensemble (logs and pids
+                                         zookeeper-<n>); its client, quorum and election ports are consecutive
       <run_dir>/bookie-<i>/journal       bookie i's journal directory
       <run_dir>/bookie-<i>/ledgers       bookie i's entry logs and index
       <run_dir>/logs/<name>.log          stdout+stderr of each process (zookeeper, bookie-<i>, broker-<i>)
@@ -19,6 +21,10 @@ Used by `bksim cluster up|down|status`, the chaos runs, the benchmarks and the i
   (BKSIM_SECURITY_TLS_ENABLED, _CA_FILE, and its own _CERT_FILE / _KEY_FILE: bookie-<i>.pem, broker-<i>.pem), and
   the cluster's own gRPC clients (broker health) present `client.pem`; other security.* settings (mutual TLS,
   authorized roles, refresh) come from the caller's environment or `child_env`;
+- a ZooKeeper ensemble (`zookeepers` > 1): every server started, then each waited for (an ensemble server
+  serves only once a quorum has elected a leader); one server stopped, killed or started alone (the chaos
+  scenarios), the leader found by asking each server (`srvr`); the children's connect string
+  (BKSIM_ZOOKEEPER_CONNECT) names every server;
 - readiness with deadlines: ZooKeeper serves (a kazoo client reads `/`); a bookie or broker is registered in
   ZooKeeper by *this* incarnation (the node names its pid, or names none and was created after the spawn: a
   kill -9'd predecessor's node lives until its session expires); a broker, when asked, also answers gRPC
@@ -49,7 +55,7 @@ from bksim.adapters import processes
 from bksim.adapters.ports import free_port
 from bksim.adapters.zookeeper_server import MAIN_CLASS as ZOOKEEPER_MAIN_CLASS
 from bksim.adapters.zk_client import CREDENTIALS_ENV, OPEN, ZkSecurity, ZkTls, new_client, read_credentials
-from bksim.adapters.zookeeper_server import ZooKeeperError, ZooKeeperServer
+from bksim.adapters.zookeeper_server import Peer, ZooKeeperError, ZooKeeperServer
 from bksim.model.errors import BksimError
 from bksim.security import certs
 from bksim.security.tls import ChannelSecurity
@@ -161,7 +167,7 @@ class LocalCluster:
         self.inherit_bksim_env = inherit_bksim_env
         self.cwd = cwd
         self.log = log
-        self.zookeeper: ZooKeeperServer | None = None
+        self.zookeepers: list[ZooKeeperServer] = []  # one standalone server, or every server of an ensemble
         self.owns_zookeeper = True  # False: a shared ZooKeeper (attach_zookeeper), which stop_all() leaves running
         self.bookies: list[Node] = []
         self.brokers: list[Node] = []
@@ -193,67 +199,136 @@ class LocalCluster:
         raise KeyError(f"no process named {name!r} in this cluster")
 
     # -- ZooKeeper ---------------------------------------------------------------------------------------
+    @property
+    def zookeeper(self) -> ZooKeeperServer | None:
+        """The standalone server (the first server of an ensemble); None before zookeeper_server()."""
+        return self.zookeepers[0] if self.zookeepers else None
+
     def zookeeper_server(self, port: int | None = None, *, host: str | None = None, tick_time_ms: int = 200,
                          heap_mb: int = 256, data_dir: str | None = None, secure_port: int = 0,
-                         tls: ZkTls | None = None, client_auth: bool = False) -> ZooKeeperServer:
+                         tls: ZkTls | None = None, client_auth: bool = False, count: int = 1,
+                         quorum_port: int | None = None, election_port: int | None = None) -> ZooKeeperServer:
         """This cluster's ZooKeeper (not started): `port` None picks a free one; `secure_port` (with the server's
-        `tls` files) adds a TLS client port."""
+        `tls` files) adds a TLS client port. `count` > 1: an ensemble of that many servers, server n on `port`
+        + n - 1 (likewise `secure_port`, `quorum_port`, `election_port`; each None: free ports), its data in
+        `data_dir`-<n> (default <run_dir>/zookeeper-<n>). Returns the first server."""
         host = host or self.host
-        if self.zookeeper is None:
-            self.zookeeper = ZooKeeperServer(
+        if self.zookeepers:
+            return self.zookeepers[0]
+        if count <= 1:
+            self.zookeepers = [ZooKeeperServer(
                 host, port or free_port(host), os.path.abspath(data_dir or os.path.join(self.run_dir, "zookeeper")),
                 tick_time_ms, heap_mb, self.log_path("zookeeper"), pid_path=self.pid_path("zookeeper"),
                 cfg_path=os.path.join(self.run_dir, "zoo.cfg"), secure_port=secure_port, tls=tls,
-                client_auth=client_auth, security=self.zk_security)
-        return self.zookeeper
+                client_auth=client_auth, security=self.zk_security)]
+            return self.zookeepers[0]
+
+        def ports(first: int | None) -> list[int]:
+            return [first + n for n in range(count)] if first else [free_port(host) for _ in range(count)]
+
+        clients, quorum, election = ports(port), ports(quorum_port), ports(election_port)
+        peers = tuple(Peer(n + 1, host, quorum[n], election[n]) for n in range(count))
+        base_dir = os.path.abspath(data_dir or os.path.join(self.run_dir, "zookeeper"))
+        for n in range(count):
+            name = f"zookeeper-{n + 1}"
+            self.zookeepers.append(ZooKeeperServer(
+                host, clients[n], f"{base_dir}-{n + 1}", tick_time_ms, heap_mb, self.log_path(name),
+                pid_path=self.pid_path(name), cfg_path=os.path.join(self.run_dir, f"zoo-{n + 1}.cfg"),
+                secure_port=secure_port + n if secure_port else 0, tls=tls, client_auth=client_auth,
+                security=self.zk_security, server_id=n + 1, peers=peers))
+        return self.zookeepers[0]
 
     def attach_zookeeper(self, server: ZooKeeperServer) -> None:
         """Run the bookies and brokers on a ZooKeeper started elsewhere (stop_all() leaves it running)."""
-        self.zookeeper, self.owns_zookeeper = server, False
+        self.zookeepers, self.owns_zookeeper = [server], False
 
     def start_zookeeper(self, port: int | None = None, *, host: str | None = None, tick_time_ms: int = 200,
-                        heap_mb: int = 256, data_dir: str | None = None,
+                        heap_mb: int = 256, data_dir: str | None = None, count: int = 1,
                         timeout_s: float = ZOOKEEPER_READY_TIMEOUT_S) -> ZooKeeperServer:
-        """Start ZooKeeper (or adopt the live one its pid file names) and wait until it serves."""
-        server = self.zookeeper_server(port, host=host, tick_time_ms=tick_time_ms, heap_mb=heap_mb,
-                                       data_dir=data_dir)
-        if server.is_running():
-            self.log(f"zookeeper: already running (pid {server.pid})")
-        else:
+        """Start ZooKeeper, every server of it (or adopt the live ones their pid files name), and wait until each
+        serves. Returns the first server."""
+        first = self.zookeeper_server(port, host=host, tick_time_ms=tick_time_ms, heap_mb=heap_mb,
+                                      data_dir=data_dir, count=count)
+        for server in self.zookeepers:
+            if server.is_running():
+                self.log(f"{server.name}: already running (pid {server.pid})")
+                continue
             processes.remove_pid(server.pid_path)  # stale
             if _port_answers(server.host, server.port):
                 raise ClusterError(f"{server.connect} is already in use by a process this cluster did not start "
                                    f"(no live pid in {server.pid_path}); stop it or set zookeeper.port")
-            with processes.interrupts_deferred():  # a Ctrl-C between the fork and the pid file orphans nothing
-                pid = server.start()
-            self.last_pids["zookeeper"] = pid
-            self.log(f"zookeeper: started pid {pid} on {server.connect} (log {server.log_path})")
+            self._spawn_zookeeper(server)
         self.wait_zookeeper(timeout_s)
-        return server
+        return first
 
-    def wait_zookeeper(self, timeout_s: float = ZOOKEEPER_READY_TIMEOUT_S) -> float:
-        try:
-            waited = self.zookeeper.wait_ready(timeout_s)
-        except ZooKeeperError as e:
-            raise ClusterError(str(e)) from None
-        self.log(f"zookeeper: ready ({waited:.2f}s)")
-        return waited
+    def _spawn_zookeeper(self, server: ZooKeeperServer) -> None:
+        with processes.interrupts_deferred():  # a Ctrl-C between the fork and the pid file orphans nothing
+            pid = server.start()
+        self.last_pids[server.name] = pid
+        self.log(f"{server.name}: started pid {pid} on {server.connect} (log {server.log_path})")
+
+    def wait_zookeeper(self, timeout_s: float = ZOOKEEPER_READY_TIMEOUT_S,
+                       servers: Iterable[ZooKeeperServer] | None = None) -> float:
+        """Wait until every server (or those given) serves; returns the seconds waited."""
+        started = time.monotonic()
+        deadline = started + timeout_s
+        for server in (self.zookeepers if servers is None else list(servers)):
+            try:
+                waited = server.wait_ready(max(0.1, deadline - time.monotonic()))
+            except ZooKeeperError as e:
+                raise ClusterError(str(e)) from None
+            self.log(f"{server.name}: ready ({waited:.2f}s)")
+        return time.monotonic() - started
 
     def restart_zookeeper(self, down_s: float, timeout_s: float = ZOOKEEPER_READY_TIMEOUT_S) -> None:
-        """Stop ZooKeeper (SIGTERM by pid), keep it down `down_s`, start it on the same port and data."""
-        if not self.zookeeper.stop(ZOOKEEPER_STOP_TIMEOUT_S):
-            raise ClusterError(f"zookeeper (pid {self.zookeeper.pid}) did not stop")
+        """Stop ZooKeeper, every server of it (SIGTERM by pid), keep it down `down_s`, start it again on the same
+        ports and data."""
+        for server in self.zookeepers:
+            self.stop_zookeeper_server(server)
         time.sleep(down_s)  # the fault itself: ZooKeeper is away this long
-        with processes.interrupts_deferred():
-            self.last_pids["zookeeper"] = self.zookeeper.start()
+        for server in self.zookeepers:
+            self._spawn_zookeeper(server)
         self.wait_zookeeper(timeout_s)
+
+    def stop_zookeeper_server(self, server: ZooKeeperServer, kill: bool = False) -> int | None:
+        """Stop one server (SIGTERM, or SIGKILL with `kill`), by pid; returns the pid it had (None: not running)."""
+        pid = server.pid
+        if pid is None:
+            return None
+        stopped = (processes.kill9(pid, ZOOKEEPER_STOP_TIMEOUT_S, ZOOKEEPER_MAIN_CLASS) if kill
+                   else server.stop(ZOOKEEPER_STOP_TIMEOUT_S))
+        if not stopped:
+            raise ClusterError(f"{server.name} (pid {pid}) did not stop")
+        processes.remove_pid(server.pid_path)
+        server.pid = None
+        return pid
+
+    def start_zookeeper_server(self, server: ZooKeeperServer, timeout_s: float | None = None) -> None:
+        """Start one stopped server on its ports and data; with `timeout_s`, wait until it serves (in an ensemble:
+        until it has joined a quorum)."""
+        self._spawn_zookeeper(server)
+        if timeout_s is not None:
+            self.wait_zookeeper(timeout_s, [server])
+
+    def zookeeper_leader(self) -> ZooKeeperServer | None:
+        """The server that says it leads the ensemble (the standalone server standalone); None when none does."""
+        for server in self.zookeepers:
+            if server.pid is not None and server.mode() in ("leader", "standalone"):
+                return server
+        return None
 
     @property
     def zk_connect(self) -> str:
-        """Where this cluster's clients connect: the TLS port when its security has TLS, else the plaintext one."""
-        if self.zk_security.tls is not None and self.zookeeper.secure_port:
-            return self.zookeeper.secure_connect
-        return self.zookeeper.connect
+        """Where this cluster's clients connect (every server): the TLS ports when its security has TLS, else the
+        plaintext ones."""
+        secure = self.zk_security.tls is not None and self.zookeeper.secure_port
+        return ",".join(z.secure_connect if secure else z.connect for z in self.zookeepers)
+
+    @property
+    def child_zk_connect(self) -> str:
+        """The connect string the bookies and brokers get: every server's TLS port when there is one (they dial
+        it with their own certificates), else its plaintext port."""
+        return ",".join(z.secure_connect or z.connect for z in self.zookeepers)
 
     def kazoo(self, timeout_s: float = ZK_CONNECT_TIMEOUT_S):
         """A started kazoo client on this cluster's ZooKeeper (the caller stops it)."""
@@ -273,6 +348,9 @@ class LocalCluster:
         env = {k: v for k, v in os.environ.items() if self.inherit_bksim_env or not k.startswith("BKSIM_")}
         env.update({"BKSIM_CLUSTER_RUN_DIR": self.run_dir, "BKSIM_ZOOKEEPER_HOST": self.zookeeper.host,
                     "BKSIM_ZOOKEEPER_PORT": str(self.zookeeper.port), "PYTHONUNBUFFERED": "1"})
+        if len(self.zookeepers) > 1:  # an ensemble: every server (standalone, the port options above say it)
+            env.update({"BKSIM_ZOOKEEPER_CONNECT": self.child_zk_connect,
+                        "BKSIM_CLUSTER_ZOOKEEPERS": str(len(self.zookeepers))})
         if self.zookeeper.secure_port:
             env["BKSIM_ZOOKEEPER_SECURE_PORT"] = str(self.zookeeper.secure_port)
         if self.tls_dir:
@@ -502,12 +580,15 @@ class LocalCluster:
             for node in running:
                 if not node.alive():
                     node.pid = None
-        if self.owns_zookeeper and self.zookeeper is not None and self.zookeeper.pid is not None:
-            pid = self.zookeeper.pid
-            if self.zookeeper.stop(ZOOKEEPER_STOP_TIMEOUT_S):
-                self.log(f"zookeeper: stopped pid {pid}")
-            else:
-                failures.append(f"zookeeper pid {pid}")
+        if self.owns_zookeeper:
+            for server in self.zookeepers:
+                pid = server.pid
+                if pid is None:
+                    continue
+                if server.stop(ZOOKEEPER_STOP_TIMEOUT_S):
+                    self.log(f"{server.name}: stopped pid {pid}")
+                else:
+                    failures.append(f"{server.name} pid {pid}")
         return failures
 
     def __enter__(self) -> "LocalCluster":
@@ -528,8 +609,9 @@ class LocalCluster:
     def cpu_s(self) -> dict[str, float]:
         """CPU seconds used so far by ZooKeeper and every running bookie and broker, by name."""
         out = {n.name: n.cpu_s() for n in self.nodes if n.pid is not None}
-        if self.zookeeper is not None and self.zookeeper.pid is not None:
-            out["zookeeper"] = processes.cpu_seconds(self.zookeeper.pid)
+        for server in self.zookeepers:
+            if server.pid is not None:
+                out[server.name] = processes.cpu_seconds(server.pid)
         return out
 
 
@@ -603,17 +685,18 @@ def stop_pid_files(paths: list[str], wait_s: float, log: Callable[[str], None] =
 
 
 def stop_zookeeper_pid_file(server: ZooKeeperServer, log: Callable[[str], None] = lambda line: None) -> list[str]:
-    """Stop the ZooKeeper a pid file names (removing a stale file); returns what would not stop."""
+    """Stop the ZooKeeper server a pid file names (removing a stale file); returns what would not stop."""
+    name = server.name
     pid = processes.read_pid(server.pid_path)
     if pid is None:
-        log("zookeeper: no pid file")
+        log(f"{name}: no pid file")
     elif not processes.is_alive(pid, ZOOKEEPER_MAIN_CLASS):
         processes.remove_pid(server.pid_path)
-        log(f"zookeeper: pid {pid} not running (stale pid file removed)")
+        log(f"{name}: pid {pid} not running (stale pid file removed)")
     elif server.stop(ZOOKEEPER_STOP_TIMEOUT_S):
-        log(f"zookeeper: stopped pid {pid}")
+        log(f"{name}: stopped pid {pid}")
     else:
-        return [f"zookeeper pid {pid}"]
+        return [f"{name} pid {pid}"]
     return []
 
 

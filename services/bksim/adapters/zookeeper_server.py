@@ -12,6 +12,12 @@ store wants both in one file), its trust store the CA file; with `client_auth` i
 certificate signed by that CA. The plaintext `port` stays open (probes, tools): ZooKeeper's digest ACLs,
 not the port, keep anonymous clients out of the cluster's znodes. Readiness then checks both ports.
 
+Ensemble (optional): with `peers` (every server's host, quorum port and election port, server 1 first) and
+this server's `server_id`, zoo.cfg gets `server.N=host:quorum:election` lines, initLimit/syncLimit and the data
+dir a `myid` file; the server then serves only while a quorum (a majority of the peers) has elected a leader, so
+readiness (a kazoo client reads `/`) means "in a quorum". `mode()` asks the server itself (the `srvr` four-letter
+word): "leader", "follower", "standalone", or "" when it is not serving.
+
 Session timeouts are clamped by the server to [2, 20] x tick_time_ms, so a short tick (tests use
 ~200 ms) makes a lost session expire in about a second.
 """
@@ -21,6 +27,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import socket
 import time
 
 from bksim.adapters import processes
@@ -36,8 +43,26 @@ MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 FOUR_LETTER_WORDS = "ruok,srvr,stat,mntr,envi,conf,cons"  # `envi` is needed by KazooClient.server_version()
 
 
+INIT_LIMIT_TICKS = 10  # a follower has this many ticks to connect and sync to a new leader
+SYNC_LIMIT_TICKS = 5  # a follower this many ticks behind the leader is dropped (and a leader without a quorum of
+# followers within it gives up leadership)
+MODE_PROBE_TIMEOUT_S = 2.0
+
+
 class ZooKeeperError(BksimError):
     """ZooKeeper could not be started or did not become ready (the message carries its log tail)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Peer:
+    """One server of an ensemble as every server's zoo.cfg names it (`server.<server_id>=host:quorum:election`)."""
+    server_id: int
+    host: str
+    quorum_port: int
+    election_port: int
+
+    def line(self) -> str:
+        return f"server.{self.server_id}={self.host}:{self.quorum_port}:{self.election_port}"
 
 
 class ZooKeeperServer:
@@ -48,11 +73,18 @@ class ZooKeeperServer:
 
     def __init__(self, host: str, port: int, data_dir: str, tick_time_ms: int, heap_mb: int, log_path: str,
                  pid_path: str | None = None, cfg_path: str | None = None, *, secure_port: int = 0,
-                 tls: ZkTls | None = None, client_auth: bool = False, security: ZkSecurity = OPEN) -> None:
+                 tls: ZkTls | None = None, client_auth: bool = False, security: ZkSecurity = OPEN,
+                 server_id: int = 0, peers: tuple[Peer, ...] = ()) -> None:
         """`tls`: the server's CA, certificate and key files (needed with `secure_port`); `security`: how the
-        readiness probe connects (digest credentials; its TLS files are used on the secure port)."""
+        readiness probe connects (digest credentials; its TLS files are used on the secure port); `peers` and
+        `server_id`: the ensemble this server is a member of (none: standalone)."""
         if secure_port and tls is None:
             raise ZooKeeperError("a ZooKeeper secure_port needs the server's TLS files (CA, certificate, key)")
+        if peers and server_id not in {p.server_id for p in peers}:
+            raise ZooKeeperError(f"ZooKeeper server id {server_id} is not one of its peers' "
+                                 f"({', '.join(str(p.server_id) for p in peers)})")
+        self.server_id = int(server_id) if peers else 0
+        self.peers = tuple(peers)
         self.host = host
         self.port = int(port)
         self.data_dir = os.path.abspath(data_dir)
@@ -79,8 +111,19 @@ class ZooKeeperServer:
         """Connect string of the TLS port ("" without one)."""
         return f"{self.host}:{self.secure_port}" if self.secure_port else ""
 
+    @property
+    def name(self) -> str:
+        """"zookeeper" standalone, "zookeeper-<server_id>" in an ensemble."""
+        return f"zookeeper-{self.server_id}" if self.peers else "zookeeper"
+
     def config_text(self) -> str:
-        return "\n".join(self._base_config() + self._tls_config() + [""])
+        return "\n".join(self._base_config() + self._ensemble_config() + self._tls_config() + [""])
+
+    def _ensemble_config(self) -> list[str]:
+        if not self.peers:
+            return []
+        return [f"initLimit={INIT_LIMIT_TICKS}", f"syncLimit={SYNC_LIMIT_TICKS}", "reconfigEnabled=false",
+                *(p.line() for p in self.peers)]
 
     def _tls_config(self) -> list[str]:
         if not self.secure_port:
@@ -129,13 +172,39 @@ class ZooKeeperServer:
         """Write zoo.cfg and launch the server in its own session. Returns its pid (does not wait)."""
         os.makedirs(self.data_dir, exist_ok=True)
         os.makedirs(os.path.dirname(self.cfg_path), exist_ok=True)
-        with open(self.cfg_path, "w") as f:
-            f.write(self.config_text())
+        self.write_config()
         if self.secure_port:
             self._write_keystore()
         argv = self.command()
         self.pid = processes.spawn(argv, None, self.log_path, self.pid_path)
         return self.pid
+
+    def write_config(self) -> None:
+        """zoo.cfg, and in an ensemble the data dir's `myid` (this server's id)."""
+        with open(self.cfg_path, "w") as f:
+            f.write(self.config_text())
+        if self.peers:
+            with open(os.path.join(self.data_dir, "myid"), "w") as f:
+                f.write(f"{self.server_id}\n")
+
+    def mode(self, timeout_s: float = MODE_PROBE_TIMEOUT_S) -> str:
+        """What the server says it is (`srvr`): "leader", "follower", "standalone"; "" when it does not answer or
+        is not serving (no quorum)."""
+        try:
+            with socket.create_connection((self.host, self.port), timeout=timeout_s) as sock:
+                sock.sendall(b"srvr")
+                reply = b""
+                while len(reply) < 65536:
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        break
+                    reply += chunk
+        except OSError:
+            return ""
+        for line in reply.decode("utf-8", "replace").splitlines():
+            if line.startswith("Mode:"):
+                return line.split(":", 1)[1].strip()
+        return ""
 
     def _write_keystore(self) -> None:
         """The PEM key store ZooKeeper reads: private key then certificate chain, one file, mode 0600."""

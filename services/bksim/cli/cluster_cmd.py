@@ -13,6 +13,12 @@ of the first process that did not make it within cluster.start_timeout_ms (at on
 close the ledgers they write, which needs the bookies), bookies, ZooKeeper; each SIGTERM by pid, a bounded wait,
 then SIGKILL. `down` and `status` use only the pid files.
 
+`up --zookeepers N` (or cluster.zookeepers = N) starts an ensemble of N ZooKeeper servers instead of one
+(zookeeper-<n>: client port zookeeper.port + n - 1, quorum and election ports from their bases, data in
+zookeeper-<n>/), waits until each has joined the quorum, and gives every bookie and broker the connect string of
+all of them; `status` lists each server with what it says it is (leader, follower, not serving); `down` and
+`status` find an ensemble by its pid files even when the configuration says fewer servers.
+
 `up --tls` runs every gRPC link over TLS with certificates under <run_dir>/tls (security/certs.py makes the
 CA, bookie-<i>, broker-<i> and client certificates when absent, and keeps them across runs); it writes
 <run_dir>/tls/client.env, the BKSIM_SECURITY_TLS_* lines with which other `bksim` commands talk to the
@@ -28,8 +34,10 @@ client.env also names the token and the ZooKeeper credentials, so `bksim` comman
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
+import re
 import sys
 
 from bksim.adapters import processes
@@ -54,6 +62,9 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="cluster_command", required=True)
     up = sub.add_parser("up", help="start ZooKeeper, create the metadata layout, start cluster.bookies bookies "
                                    "and cluster.brokers brokers")
+    up.add_argument("--zookeepers", type=int, default=None, metavar="N",
+                    help="ZooKeeper servers to start (default cluster.zookeepers): 3 or 5 = an ensemble on "
+                         "consecutive client, quorum and election ports")
     up.add_argument("--tls", action="store_true",
                     help="TLS on every gRPC link, with certificates under <run_dir>/tls (made when absent)")
     up.add_argument("--secure", action="store_true",
@@ -104,7 +115,9 @@ def cluster_of(config: Config, config_file: str | None = None, tls: bool = False
     zk = config.zookeeper
     cluster.zookeeper_server(zk.port, host=zk.host, tick_time_ms=zk.tick_time_ms, heap_mb=zk.heap_mb,
                              data_dir=zk.data_dir or None, secure_port=zk.secure_port, tls=security.tls,
-                             client_auth=config.security.tls_client_auth)
+                             client_auth=config.security.tls_client_auth,
+                             count=max(config.cluster.zookeepers, _ensemble_pid_files(config.cluster.run_dir)),
+                             quorum_port=zk.quorum_port_base, election_port=zk.election_port_base)
     c = config.cluster
     for i in range(c.bookies):
         node = cluster.add_bookie(c.bookie_port_base + i, host=config.bookie.host, argv=bookie_argv(config_file),
@@ -115,6 +128,14 @@ def cluster_of(config: Config, config_file: str | None = None, tls: bool = False
                                   env=_http_env("BROKER", c.broker_http_port_base, i))
         node.http_port = c.broker_http_port_base + i if c.broker_http_port_base else None
     return cluster
+
+
+def _ensemble_pid_files(run_dir: str) -> int:
+    """The highest n of a pids/zookeeper-<n>.pid: an ensemble `cluster up --zookeepers` started, which `down` and
+    `status` find although the configuration says fewer servers."""
+    found = [int(m.group(1)) for path in glob.glob(os.path.join(os.path.abspath(run_dir), "pids", "zookeeper-*.pid"))
+             if (m := re.fullmatch(r"zookeeper-(\d+)\.pid", os.path.basename(path)))]
+    return max(found, default=0)
 
 
 def _http_env(kind: str, base: int, i: int) -> dict[str, str]:
@@ -161,6 +182,9 @@ def _say(message: str) -> None:
 
 def cmd_up(args) -> int:
     config = loader.load(getattr(args, "config", None))
+    if getattr(args, "zookeepers", None) is not None:
+        config = dataclasses.replace(config, cluster=dataclasses.replace(
+            config.cluster, zookeepers=args.zookeepers)).validate()
     loader.print_effective(config, "cluster up")
     secure = getattr(args, "secure", False)
     kit = None
@@ -182,13 +206,23 @@ def cmd_up(args) -> int:
     timeout_s = config.cluster.start_timeout_ms / 1000.0
     zk = config.zookeeper
     cluster.start_zookeeper(zk.port, host=zk.host, timeout_s=timeout_s)
+    if len(cluster.zookeepers) > 1:  # this process's own clients (metadata layout): every server of the ensemble
+        config = dataclasses.replace(config, zookeeper=dataclasses.replace(config.zookeeper,
+                                                                           connect=cluster.child_zk_connect))
     instance_id = init_metadata(config)
     _say(f"metadata ready: /ledgers (INSTANCEID {instance_id})")
     cluster.start(cluster.bookies, timeout_s, timeout_hint=TIMEOUT_HINT)
     cluster.start(cluster.brokers, timeout_s, serving=True, timeout_hint=TIMEOUT_HINT)
     tls_port = f" (TLS {zk.host}:{zk.secure_port})" if zk.secure_port else ""
-    _say(f"cluster up: ZooKeeper {zk.host}:{zk.port}{tls_port}, {config.cluster.bookies} bookie(s), "
+    servers = len(cluster.zookeepers)
+    zookeeper = (f"ZooKeeper {zk.host}:{zk.port}{tls_port}" if servers == 1 else
+                 f"a ZooKeeper ensemble of {servers} ({cluster.zk_connect}; leader "
+                 f"{getattr(cluster.zookeeper_leader(), 'name', 'not known')})")
+    _say(f"cluster up: {zookeeper}, {config.cluster.bookies} bookie(s), "
          f"{config.cluster.brokers} broker(s); run dir {cluster.run_dir}")
+    if servers != loader.load(getattr(args, "config", None)).cluster.zookeepers:
+        _say(f"for other bksim commands (they read the connect string from the configuration): "
+             f"export BKSIM_CLUSTER_ZOOKEEPERS={servers}")
     _say_endpoints(cluster, getattr(args, "config", None))
     return 0
 
@@ -253,7 +287,8 @@ def cmd_down(args) -> int:
                                2 * config.broker.shutdown_grace_ms / 1000.0 + BROKER_KILL_GRACE_S, _say)
     failures += stop_pid_files(pid_files(cluster.run_dir, "bookie"),
                                config.bookie.shutdown_grace_ms / 1000.0 + BOOKIE_KILL_GRACE_S, _say)
-    failures += stop_zookeeper_pid_file(cluster.zookeeper, _say)
+    for server in cluster.zookeepers:
+        failures += stop_zookeeper_pid_file(server, _say)
     if failures:
         raise ClusterError(f"could not stop: {', '.join(failures)}")
     _say("cluster down")
@@ -267,10 +302,16 @@ def cmd_status(args) -> int:
     not running."""
     config = loader.load(getattr(args, "config", None))
     cluster = cluster_of(config)
-    server = cluster.zookeeper
-    zk_pid = processes.read_pid(server.pid_path)
-    zk_alive = processes.is_alive(zk_pid, ZOOKEEPER_MAIN_CLASS)
-    rows = [{"name": "zookeeper", "pid": zk_pid, "alive": zk_alive, "address": server.connect, "registered": "-"}]
+    rows = []
+    for server in cluster.zookeepers:
+        pid = processes.read_pid(server.pid_path)
+        alive = processes.is_alive(pid, ZOOKEEPER_MAIN_CLASS)
+        rows.append({"name": server.name, "pid": pid, "alive": alive, "address": server.connect,
+                     "registered": (server.mode() or "not serving") if alive and server.peers else "-"})
+    zk_alive = any(r["alive"] for r in rows)
+    if len(cluster.zookeepers) > 1:
+        config = dataclasses.replace(config, zookeeper=dataclasses.replace(config.zookeeper,
+                                                                           connect=cluster.child_zk_connect))
 
     registered = {"writable": [], "readonly": []}
     brokers_registered: list[str] = []
@@ -296,7 +337,7 @@ def cmd_status(args) -> int:
         rows.append({"name": name, "pid": pid, "alive": processes.is_alive(pid, CHILD_MARKER),
                      "address": bookie_id, "registered": state, "http_port": _http_port_of(config, name)})
 
-    ours = {r["address"] for r in rows[1:]}
+    ours = {r["address"] for r in rows if r["name"].startswith("bookie-")}
     others = sorted(set(registered["writable"]) - ours) + sorted(set(registered["readonly"]) - ours)
 
     for name, broker_id in _rows_of(cluster, config, "broker"):
