@@ -131,7 +131,8 @@ def register(subparsers) -> None:
     p.add_argument("--entry-size", "--record-bytes", dest="record_bytes", type=int, default=1024,
                    help="payload bytes per entry (default 1024)")
     p.add_argument("--master", default=perf_audit.MASTER_DEFAULT,
-                   help=f"Spark master of the Spark run (default {perf_audit.MASTER_DEFAULT})")
+                   help=f"Spark master of the Spark run (default {perf_audit.MASTER_DEFAULT}); a cluster master "
+                        f"(spark://HOST:PORT, e.g. `make audit-cluster`'s) is measured beside {perf_audit.MASTER_DEFAULT}")
     _run_options(p)
     p.set_defaults(func=cmd_audit, seconds=0.0, records=0, group=1)
 
@@ -582,7 +583,8 @@ def cmd_audit(args) -> int:
 
     return _run("audit", args, measure,
                 shape=f"{args.size} of journals ({args.record_bytes} B entries, 3 bookies, E=3 Qw=2 Qa=2): a bare parse "
-                      f"vs bksim audit --local (job time) vs --master {args.master} (after the session is up)")
+                      f"vs bksim audit --local (job time) vs --master "
+                      f"{' and '.join(m for _, m in perf_audit.spark_runs(args.master))} (after the session is up)")
 
 
 def cmd_rereplication(args) -> int:

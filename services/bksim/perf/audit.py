@@ -15,9 +15,15 @@ Three measurements of the same files (in the page cache: they were just written)
   the SparkSession is up (run.timing_s.after_session: listing, parse, rules and writing the records as
   Parquet): the "after the session is up" of the Spark target. The session start is reported separately, and so is
   the ratio the run would have without its Parquet write (`ratio_without_parquet`: the write's JVM warm-up
-  and per-row work are most of the Spark time on 2 cores).
+  and per-row work are most of the Spark time on 2 cores);
+- with a cluster MASTER (anything but local[...]: spark://HOST:PORT, yarn, k8s://...), the Spark run is on
+  local[2] as above, and then a fourth, `audit-cluster`: the same audit submitted to MASTER, measured the same
+  way (after the session is up), its executors reading the generated files through their paths (the temp
+  directory must be shared with them: the same machine, or `--dir` on shared storage). Both Spark rates are
+  printed, each with its ratio to the bare parse.
 
-Targets: Spark >= 0.4x the bare parse rate after the session is up; --local >= 0.8x.
+Targets: Spark (local[2], or MASTER when it is local[...]) >= 0.4x the bare parse rate after the session is up;
+--local >= 0.8x. The cluster run's ratio is printed against the Spark target too, and is not one of the targets.
 The child is stopped by pid (its process group, the Spark JVM with it) if the run is interrupted.
 """
 from __future__ import annotations
@@ -226,28 +232,50 @@ def _measure(workdir: str, size_bytes: int, payload_bytes: int, master: str, idl
         local = _result("audit-local", facts, t["job"], idle_local,
                         {"parse_s": t["parse"], "check_s": t["check"], "process_s": t["total"]})
 
-        idle_spark = idle(f"audit --master {master}")
-        report = run_audit(workdir, facts, "spark", ["--master", master], group)
-        t = report["run"]["timing_s"]
-        spark = _result("audit-spark", facts, t["after_session"], idle_spark,
-                        {"session_s": t["session"], "plan_s": t["plan"], "parse_s": t["parse"], "check_s": t["check"],
-                         "parquet_s": t["parquet"], "process_s": t["total"], "master": master,
-                         "ratio_without_parquet": round(bare_s / max(1e-9, t["after_session"] - t["parquet"]), 3)})
+        results = [bare, local]
+        for name, spark_master in spark_runs(master):
+            idle_spark = idle(f"audit --master {spark_master}")
+            report = run_audit(workdir, facts, name, ["--master", spark_master], group)
+            t = report["run"]["timing_s"]
+            results.append(_result(name, facts, t["after_session"], idle_spark,
+                                   {"session_s": t["session"], "plan_s": t["plan"], "parse_s": t["parse"],
+                                    "check_s": t["check"], "parquet_s": t["parquet"], "process_s": t["total"],
+                                    "master": spark_master, "ratio_without_parquet":
+                                    round(bare_s / max(1e-9, t["after_session"] - t["parquet"]), 3)}))
     finally:
         group.stop_all()
-    return [bare, local, spark], facts
+    return results, facts
+
+
+def spark_runs(master: str) -> list[tuple[str, str]]:
+    """(result name, master) of the Spark runs: MASTER alone when it is local[...], else local[2] then MASTER."""
+    if master.startswith("local"):
+        return [("audit-spark", master)]
+    return [("audit-spark", MASTER_DEFAULT), ("audit-cluster", master)]
 
 
 def ratios(results: list[Result]) -> list[Ratio]:
-    """Spark / bare and --local / bare for each run (results come in runs of bare, local, Spark), then the
-    median of each over the runs when there were several."""
+    """Spark / bare and --local / bare for each run (each run starts with its bare parse; then --local, Spark,
+    and the cluster run when there was one), then the median of each over the runs when there were several."""
+    runs: list[dict[str, Result]] = []
+    for result in results:
+        if result.name == "audit-bare-parse":
+            runs.append({})
+        assert runs and result.name not in runs[-1], f"results out of order at {result.name}"
+        runs[-1][result.name] = result
     out: list[Ratio] = []
-    for i in range(0, len(results) - 2, 3):
-        bare, local, spark = results[i:i + 3]
-        assert (bare.name, local.name, spark.name) == ("audit-bare-parse", "audit-local", "audit-spark")
-        out += [ratio(spark, bare, TARGET_SPARK), ratio(local, bare, TARGET_LOCAL)]
-    if len(out) > 2:
-        out += [median_ratio([q for q in out if q.subject == name]) for name in ("audit-spark", "audit-local")]
+    for run in runs:
+        bare = run["audit-bare-parse"]
+        out += [ratio(run["audit-spark"], bare, TARGET_SPARK), ratio(run["audit-local"], bare, TARGET_LOCAL)]
+        if "audit-cluster" in run:
+            out.append(ratio(run["audit-cluster"], bare, TARGET_SPARK))
+    if len(runs) > 1:
+        medians = []
+        for name in ("audit-spark", "audit-local", "audit-cluster"):
+            kind = [q for q in out if q.subject == name]
+            if kind:
+                medians.append(median_ratio(kind))
+        out += medians
     return out
 
 
