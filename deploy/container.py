@@ -1,15 +1,21 @@
 """In-container helper for docker-compose.yml: start ZooKeeper from the bksim configuration, and the
 healthchecks of every role.
 
-    python /opt/bksim/deploy/container.py zookeeper        # write zoo.cfg from [zookeeper], exec the JVM
+    python /opt/bksim/deploy/container.py zookeeper        # write zoo.cfg (+ myid) from [zookeeper], exec the JVM
     python /opt/bksim/deploy/container.py health ROLE      # ROLE: zookeeper | bookie | broker; exit 0 = healthy
 
 Every address, port and directory comes from the same configuration as `bksim cluster up`: the TOML file
 ($BKSIM_CONFIG) with BKSIM_<SECTION>_<OPTION> environment overrides, so a service's healthcheck probes
 exactly what its process serves (no second copy of a port in docker-compose.yml).
 
+ZooKeeper alone or in an ensemble: with zookeeper.peers set ("HOST:QUORUM_PORT:ELECTION_PORT,...", server 1
+first) the server is member `zookeeper.server_id` of that ensemble; server_id 0 takes the trailing number of the
+host name plus one (a Kubernetes StatefulSet's pod zk-0 is server 1, zk-2 server 3), and a host name without
+one is an error that says so. zoo.cfg gets the server.N lines and the data dir `myid`.
+
 Healthy means ready for the services that depend on it:
-- zookeeper: a kazoo client reads "/";
+- zookeeper: a kazoo client connected to this server alone (zookeeper.host:port, not the cluster's connect
+  string) reads "/": in an ensemble that means this server is in a quorum and serves;
 - bookie: its gRPC health service answers SERVING and its registration node (writable or read-only)
   exists in ZooKeeper, so brokers can place ledgers on it;
 - broker: its gRPC health service answers SERVING and /brokers/available/<id> exists.
@@ -18,6 +24,8 @@ Every probe is bounded by PROBE_TIMEOUT_S; the healthcheck's own `timeout` in do
 from __future__ import annotations
 
 import os
+import re
+import socket
 import sys
 
 PROBE_TIMEOUT_S = 3.0
@@ -30,11 +38,18 @@ def _config():
     return cfgload.load()
 
 
-def _zk(config):
-    """A started kazoo client with the configured digest credentials (a secured stack's ACLs) and TLS port."""
+def _zk(config, hosts: str | None = None):
+    """A started kazoo client on `hosts` (default: the cluster's connect string) with the configured digest
+    credentials (a secured stack's ACLs) and TLS port."""
     from bksim.adapters import registration
 
-    return registration.connect_config(config, PROBE_TIMEOUT_S)
+    return registration.connect_config(config, PROBE_TIMEOUT_S, hosts)
+
+
+def own_server(config) -> str:
+    """"host:port" of the ZooKeeper server this configuration starts (its TLS port when it has one)."""
+    z = config.zookeeper
+    return f"{z.host}:{z.secure_port or z.port}"
 
 
 def _close(client) -> None:
@@ -81,7 +96,7 @@ def health(role: str) -> str:
             return f"broker {r.broker_id}: gRPC health {status}"
     elif role != "zookeeper":
         raise SystemExit(f"container.py health: unknown role {role!r} (zookeeper, bookie, broker)")
-    client = _zk(config)
+    client = _zk(config, own_server(config) if role == "zookeeper" else None)
     try:
         client.get("/")
         if role == "bookie":
@@ -100,20 +115,48 @@ def health(role: str) -> str:
     return ""
 
 
+def server_id_from_hostname(hostname: str) -> int:
+    """ZooKeeper's myid from a host name ending in a number: that number plus one ("zk-0" -> 1, the ordinal of
+    a StatefulSet's pod); raises SystemExit saying what to set when there is none."""
+    match = re.search(r"(\d+)$", hostname.split(".")[0])
+    if match is None:
+        raise SystemExit(f"container.py zookeeper: zookeeper.peers is set but zookeeper.server_id is 0 and the host "
+                         f"name {hostname!r} does not end in a number: set BKSIM_ZOOKEEPER_SERVER_ID (1-based)")
+    return int(match.group(1)) + 1
+
+
+def ensemble(z, hostname: str) -> tuple[int, tuple]:
+    """(server id, peers) of the ZooKeeper server [zookeeper] describes; (0, ()) standalone."""
+    from bksim.adapters.zookeeper_server import Peer
+    from bksim.model.config import parse_peers
+
+    if not z.peers:
+        return 0, ()
+    peers = tuple(Peer(i, host, quorum, election) for i, (host, quorum, election)
+                  in enumerate(parse_peers(z.peers), start=1))
+    server_id = z.server_id or server_id_from_hostname(hostname)
+    if not 1 <= server_id <= len(peers):
+        raise SystemExit(f"container.py zookeeper: server id {server_id} (from the host name {hostname!r}) is not "
+                         f"one of the {len(peers)} servers of zookeeper.peers")
+    return server_id, peers
+
+
 def run_zookeeper() -> None:
-    """Write zoo.cfg for [zookeeper] (host, port, tick, heap, data_dir) and exec the JVM in this process
-    (so it is the container's main process and gets `docker stop`'s SIGTERM)."""
+    """Write zoo.cfg for [zookeeper] (host, port, tick, heap, data_dir; with peers the ensemble and myid) and
+    exec the JVM in this process (so it is the container's main process and gets `docker stop`'s SIGTERM)."""
     from bksim.adapters.zookeeper_server import ZooKeeperServer
 
     z = _config().zookeeper
     data_dir = z.data_dir or DEFAULT_DATA_DIR
-    server = ZooKeeperServer(z.host, z.port, data_dir, z.tick_time_ms, z.heap_mb, log_path="/dev/stdout")
+    server_id, peers = ensemble(z, socket.gethostname())
+    server = ZooKeeperServer(z.host, z.port, data_dir, z.tick_time_ms, z.heap_mb, log_path="/dev/stdout",
+                             server_id=server_id, peers=peers)
     os.makedirs(server.data_dir, exist_ok=True)
-    with open(server.cfg_path, "w") as f:
-        f.write(server.config_text())
+    server.write_config()
     argv = server.command()
-    print(f"zookeeper: {server.cfg_path}: clientPortAddress={z.host} clientPort={z.port} dataDir={server.data_dir}",
-          file=sys.stderr, flush=True)
+    member = f" server {server_id} of {len(peers)}" if peers else ""
+    print(f"zookeeper{member}: {server.cfg_path}: clientPortAddress={z.host} clientPort={z.port} "
+          f"dataDir={server.data_dir}", file=sys.stderr, flush=True)
     os.execv(argv[0], argv)
 
 

@@ -305,3 +305,74 @@ def test_zookeeper_mode_starts_a_server_from_bksim_variables(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+def test_zookeeper_mode_starts_an_ensemble_member_and_probes_only_its_own_server(tmp_path):
+    """Three `container.py zookeeper` processes with zookeeper.peers form an ensemble (myid and server.N lines from
+    the variables, as the ensemble override and the Kubernetes StatefulSet give them); `health zookeeper` reads
+    from its own server, so a stopped member is unhealthy although the connect string still reaches a quorum."""
+    ports = [free_port() for _ in range(9)]
+    client, quorum, election = ports[0:3], ports[3:6], ports[6:9]
+    peers = ",".join(f"127.0.0.1:{q}:{e}" for q, e in zip(quorum, election))
+    connect = ",".join(f"127.0.0.1:{p}" for p in client)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
+    envs = [dict(base, BKSIM_ZOOKEEPER_HOST="127.0.0.1", BKSIM_ZOOKEEPER_PORT=str(client[i]),
+                 BKSIM_ZOOKEEPER_CONNECT=connect, BKSIM_ZOOKEEPER_PEERS=peers, BKSIM_ZOOKEEPER_SERVER_ID=str(i + 1),
+                 BKSIM_ZOOKEEPER_HEAP_MB="64", BKSIM_ZOOKEEPER_TICK_TIME_MS="200",
+                 BKSIM_ZOOKEEPER_DATA_DIR=str(tmp_path / f"zk-{i + 1}" / "data")) for i in range(3)]
+    procs = []
+    try:
+        for i, env in enumerate(envs):
+            with open(tmp_path / f"zk-{i + 1}.log", "wb") as log:
+                procs.append(subprocess.Popen([sys.executable, CONTAINER_PY, "zookeeper"], env=env, stdout=log,
+                                              stderr=subprocess.STDOUT, cwd=REPO))
+        for i, env in enumerate(envs):
+            wait_until(lambda: container_py("health", "zookeeper", env=env).returncode == 0, HEALTH_TIMEOUT_S,
+                       interval_s=0.2, message=f"ensemble member {i + 1} on port {client[i]} serves")
+        lines = []
+        for i in range(3):
+            assert (tmp_path / f"zk-{i + 1}" / "data" / "myid").read_text().strip() == str(i + 1)
+            cfg = (tmp_path / f"zk-{i + 1}" / "zoo.cfg").read_text()
+            lines.append([line for line in cfg.splitlines() if line.startswith("server.")])
+        assert lines[0] == [f"server.{i + 1}=127.0.0.1:{quorum[i]}:{election[i]}" for i in range(3)]
+        assert lines[1] == lines[0] and lines[2] == lines[0]
+        _stop(procs[2])
+        done = container_py("health", "zookeeper", env=envs[2])
+        assert done.returncode == 1, "server 3 is stopped: its probe must not pass through servers 1 and 2"
+        assert container_py("health", "zookeeper", env=envs[0]).returncode == 0, "servers 1 and 2 are a quorum"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                _stop(proc)
+
+
+def test_zookeeper_server_id_comes_from_the_host_name_or_is_refused():
+    module = _container_module()
+    assert module.server_id_from_hostname("zk-0") == 1
+    assert module.server_id_from_hostname("zk-2.zk-hs.bksim.svc.cluster.local") == 3
+    with pytest.raises(SystemExit, match="BKSIM_ZOOKEEPER_SERVER_ID"):
+        module.server_id_from_hostname("zookeeper")
+    config = cfgload.load(os.path.join(REPO, "deploy", "bksim.toml"),
+                          env={"BKSIM_ZOOKEEPER_PEERS": "zk-0.zk-hs:2888:3888,zk-1.zk-hs:2888:3888"})
+    server_id, peers = module.ensemble(config.zookeeper, "zk-1")
+    assert server_id == 2 and [p.host for p in peers] == ["zk-0.zk-hs", "zk-1.zk-hs"]
+    with pytest.raises(SystemExit, match="not one of the 2 servers"):
+        module.ensemble(config.zookeeper, "zk-5")
+
+
+def _container_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bksim_deploy_container", CONTAINER_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
