@@ -44,6 +44,7 @@ def run_chaos(tmp_path, repo_root, scenario: str, seed: int, *more: str) -> tupl
     ("bookie-kill", 7, ["kill -9 bookie"]),
     ("broker-kill", 7, ["kill -9 broker"]),
     ("broker-zk-partition", 7, ["cut broker"]),
+    ("zookeeper-quorum-loss", 7, ["kill -9 zookeeper-"]),
     ("bookie-link-blackhole", 7, ["blackhole"]),
     ("entrylog-flip", 7, ["stop bookie", "flipped byte"]),
     ("bookie-lost", 7, ["kill -9 bookie", "lost for good"]),
@@ -78,6 +79,12 @@ def test_a_short_scenario_passes_every_check(tmp_path, repo_root, scenario, seed
         checks = [e["what"] for e in report["timeline"] if e["kind"] == "check"]
         assert any("start-up: " in c for c in checks) and any("identical bytes" in c for c in checks), checks
         assert sum(w.get("deleted", 0) for w in report["ledger_writers"]) > 0
+    if scenario == "zookeeper-quorum-loss":  # two of three servers killed: service stopped, then one owner again
+        kills = [e["what"] for e in report["timeline"] if e["kind"] == "fault"]
+        assert len(kills) == 2 and report["faults"][0]["victims"].count("zookeeper-") == 2, kills
+        notes = [e["what"] for e in report["timeline"] if e["kind"] in ("note", "check")]
+        assert any("no quorum:" in n and "stopped serving" in n for n in notes), notes
+        assert any(n.startswith("one broker serves the topic") for n in notes), notes
     assert all(n > 0 for n in report["recovery"]["tail_acks"].values())
     run_dir = report["run_dir"]
     assert os.path.exists(os.path.join(run_dir, "report.txt")) and os.path.exists(os.path.join(run_dir, "report.json"))

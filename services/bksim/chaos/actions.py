@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from bksim.adapters import processes
+from bksim.adapters.zookeeper_server import ZooKeeperServer
 from bksim.chaos import check, disk, replicas, wipe
 from bksim.chaos.cluster import ChaosCluster, Node
 from bksim.chaos.proxy import TcpProxy
@@ -46,6 +47,9 @@ DISK_FULL_FRACTION = 0.98  # the balloon fills the ledger disk this far (disk_us
 FORMAT_TIMEOUT_S = 60.0
 REREPLICATION_TIMEOUT_S = 60.0  # autorecovery restores every closed ledger after a loss or damage within this
 HEAL_TIMEOUT_S = 60.0
+ELECTION_TIMEOUT_S = 30.0  # the ZooKeeper servers left with a quorum elect a leader within this
+QUORUM_GONE_TIMEOUT_S = 30.0  # a ZooKeeper server left without a quorum stops serving within this
+SINGLE_OWNER_TIMEOUT_S = 30.0  # after a ZooKeeper outage, one broker serves the topic and the others refuse it
 COMPACTING_WAIT_S = 5.0  # how long a compacting-bookie target waits for a compaction to be under way somewhere
 FAULT_MARGIN_S = 1.0  # verify-gc: a ledger counts as away from faults if closed this long before one started
 VERIFY_AFTER_HEAL_S = 3.0  # verify-gc runs no sooner than this after the last heal (new ledgers away from faults)
@@ -78,6 +82,7 @@ class RunState:
     rereplication: list[dict] = field(default_factory=list)  # {"bookie", "cause", "t", "rereplication_s", ...}
     # (bookie, compaction file on its disk when it was killed, its log's size then): its start-up must deal with it
     compaction_kills: list[tuple[Node, str, int]] = field(default_factory=list)
+    zk_victims: list[ZooKeeperServer] = field(default_factory=list)  # the ZooKeeper servers a zk-kill9 took
 
 
 Action = Callable[[RunState, Step, list[Node]], None]
@@ -89,7 +94,9 @@ def apply(state: RunState, step: Step) -> None:
     fault)."""
     rec = state.recorder
     victims = TARGETS[step.target](state)
-    names = ", ".join(v.name for v in victims) or "zookeeper"
+    zk_step = step.action in (StepAction.ZK_KILL9, StepAction.ZK_START)
+    names = (", ".join(v.name for v in victims) or (zk_step and ", ".join(z.name for z in state.zk_victims))
+             or "zookeeper")
     t = rec.now()
     ACTIONS[step.action](state, step, victims)
     if step.fault:
@@ -158,12 +165,50 @@ def _compacting_bookie(state: RunState) -> list[Node]:
         time.sleep(0.02)  # polling the entry-log directories: a compaction starts at a GC round
 
 
+def _running_servers(state: RunState) -> list[ZooKeeperServer]:
+    return [z for z in state.cluster.zookeepers if z.pid is not None]
+
+
+def _leader(state: RunState) -> ZooKeeperServer:
+    return _wait_for(state.cluster.zookeeper_leader, ELECTION_TIMEOUT_S, "a ZooKeeper leader")
+
+
+def _wait_for(predicate, timeout_s: float, what: str):
+    """Poll `predicate` until it returns something truthy (returned); ChaosError after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        if time.monotonic() >= deadline:
+            raise ChaosError(f"no {what} within {timeout_s:.0f} s")
+        time.sleep(0.05)  # polling the servers' own answers (srvr)
+    return value
+
+
+def _zookeeper_target(choose) -> TargetRule:
+    """A ZooKeeper target: `choose(state)` picks servers, kept in state.zk_victims (no bookie or broker)."""
+    def rule(state: RunState) -> list[Node]:
+        state.zk_victims = choose(state)
+        return []
+    return rule
+
+
+def _followers(state: RunState) -> list[ZooKeeperServer]:
+    leader = _leader(state)
+    return [state.rng.choice([z for z in _running_servers(state) if z is not leader])]
+
+
+def _majority(state: RunState) -> list[ZooKeeperServer]:
+    return state.rng.sample(_running_servers(state), len(state.cluster.zookeepers) // 2 + 1)
+
+
 TARGETS: dict[StepTarget, TargetRule] = {
     StepTarget.SAME: lambda state: list(state.victims),
     StepTarget.RANDOM_BOOKIE: lambda state: [state.rng.choice(_live_bookies(state))],
     StepTarget.TWO_BOOKIES: lambda state: state.rng.sample(_live_bookies(state), 2),
     StepTarget.TOPIC_OWNER: lambda state: [_owner(state)],
     StepTarget.ZOOKEEPER: lambda state: [],
+    StepTarget.ZOOKEEPER_FOLLOWER: _zookeeper_target(_followers),
+    StepTarget.ZOOKEEPER_LEADER: _zookeeper_target(lambda state: [_leader(state)]),
+    StepTarget.ZOOKEEPER_MAJORITY: _zookeeper_target(_majority),
     StepTarget.OWNER_BOOKIE_LINK: lambda state: [_owner(state), state.rng.choice(state.cluster.bookies)],
     StepTarget.BOOKIE_LINKS: _other_bookie,
     StepTarget.SMALL_DISK_BOOKIE: lambda state: [state.cluster.node(n)
@@ -391,15 +436,63 @@ def zk_stop_start(state: RunState, step: Step, victims: list[Node]) -> None:
         rec.event("recovered", f"{node.name} registered after the ZooKeeper restart", seconds=round(waited, 3))
 
 
+def zk_kill9(state: RunState, step: Step, victims: list[Node]) -> None:
+    """kill -9 the chosen servers; then the rest either elect a leader (timed) or, left without a quorum, stop
+    serving (timed; one that still serves after QUORUM_GONE_TIMEOUT_S is a problem)."""
+    cluster, rec = state.cluster, state.recorder
+    for z in state.zk_victims:
+        mode = z.mode() or "not serving"
+        pid = cluster.stop_zookeeper_server(z, kill=True)
+        rec.event("fault", f"kill -9 {z.name} ({mode}, pid {pid})")
+    t = time.monotonic()
+    rest = _running_servers(state)
+    if 2 * len(rest) > len(cluster.zookeepers):
+        leader = _leader(state)
+        rec.event("recovered", f"{leader.name} leads the {len(rest)} servers left", seconds=round(time.monotonic() - t, 3))
+        return
+    try:
+        _wait_for(lambda: all(z.mode() == "" for z in rest), QUORUM_GONE_TIMEOUT_S, "end of service without a quorum")
+        rec.event("note", f"no quorum: {', '.join(z.name for z in rest)} stopped serving",
+                  seconds=round(time.monotonic() - t, 3))
+    except ChaosError as e:
+        state.problems.append(f"{', '.join(z.name for z in rest)} without a quorum: {e}")
+
+
+def zk_start(state: RunState, step: Step, victims: list[Node]) -> None:
+    """Start the killed servers again; wait until every server serves, every bookie and broker is registered (no
+    session expired without a leader to expire it), and exactly one broker serves the topic."""
+    cluster, rec = state.cluster, state.recorder
+    t = time.monotonic()
+    for z in state.zk_victims:
+        cluster.start_zookeeper_server(z)
+    cluster.wait_zookeeper(HEAL_TIMEOUT_S)
+    leader = _leader(state)
+    rec.event("heal", f"{', '.join(z.name for z in state.zk_victims)} serving again; {leader.name} leads",
+              seconds=round(time.monotonic() - t, 3))
+    for node in cluster.bookies + cluster.brokers:
+        if node.alive() and not node.paused:
+            waited = cluster.wait_registered(node)
+            rec.event("recovered", f"{node.name} registered", seconds=round(waited, 3))
+    owned, detail = check.single_owner(cluster.live_broker_addresses(), TOPIC, SINGLE_OWNER_TIMEOUT_S,
+                                       cluster.credentials)
+    if owned:
+        rec.event("check", f"one broker serves the topic: {detail}")
+    else:
+        state.failed_checks.append(f"the topic's owner after the ZooKeeper outage: {detail}")
+
+
 def zk_cut(state: RunState, step: Step, victims: list[Node]) -> None:
     for v in victims:
-        state.cluster.proxies[v.name].block()
-        state.recorder.event("fault", f"cut {v.name} off from ZooKeeper (proxy {state.cluster.proxies[v.name].address})")
+        for proxy in state.cluster.proxies[v.name]:
+            proxy.block()
+        state.recorder.event("fault", f"cut {v.name} off from ZooKeeper (proxies "
+                                      f"{', '.join(p.address for p in state.cluster.proxies[v.name])})")
 
 
 def zk_heal(state: RunState, step: Step, victims: list[Node]) -> None:
     for v in victims:
-        state.cluster.proxies[v.name].unblock()
+        for proxy in state.cluster.proxies[v.name]:
+            proxy.unblock()
         state.recorder.event("heal", f"reconnect {v.name} to ZooKeeper")
     for v in victims:
         waited = state.cluster.wait_registered(v)
@@ -572,6 +665,8 @@ ACTIONS: dict[StepAction, Action] = {
     StepAction.PAUSE: pause,
     StepAction.RESUME: resume,
     StepAction.ZK_STOP_START: zk_stop_start,
+    StepAction.ZK_KILL9: zk_kill9,
+    StepAction.ZK_START: zk_start,
     StepAction.ZK_CUT: zk_cut,
     StepAction.ZK_HEAL: zk_heal,
     StepAction.LINK_HOLD: link_hold,
@@ -595,13 +690,16 @@ def heal_all(state: RunState) -> list[str]:
     returns what was done."""
     done = []
     cluster = state.cluster
-    if cluster.zookeeper.pid is None or not cluster.zookeeper.is_running():
-        cluster.zookeeper.start()
-        cluster.zookeeper.wait_ready(HEAL_TIMEOUT_S)
-        done.append("started ZooKeeper")
-    for name, proxy in cluster.proxies.items():
-        if proxy.blocked:
-            proxy.unblock()
+    stopped = [z for z in cluster.zookeepers if z.pid is None or not z.is_running()]
+    for z in stopped:
+        cluster.start_zookeeper_server(z)
+        done.append(f"started {z.name}")
+    if stopped:
+        cluster.wait_zookeeper(HEAL_TIMEOUT_S)
+    for name, proxies in cluster.proxies.items():
+        if any(proxy.blocked for proxy in proxies):
+            for proxy in proxies:
+                proxy.unblock()
             done.append(f"reconnected {name} to ZooKeeper")
     for (broker, bookie), proxy in cluster.links.items():
         if proxy.state() != "ok":

@@ -276,6 +276,34 @@ def broker_fenced(address: str, topic: str, timeout_s: float, credentials: Crede
             time.sleep(FENCED_POLL_S)
 
 
+def single_owner(brokers: list[str], topic: str, timeout_s: float, credentials: Credentials = PLAIN) -> tuple[bool, str]:
+    """Wait until exactly one of `brokers` serves `topic` (answers TopicStats) and every other one refuses it
+    with NOT_OWNER: the topic is never handed out twice. Returns (settled, the owner or what the brokers said)."""
+    deadline = time.monotonic() + timeout_s
+    clients = [credentials.topic(a, operation_timeout_ms=int(CALL_DEADLINE_S * 1000), reconnect_attempts_max=1)
+               for a in brokers]
+    try:
+        while True:
+            serving, said = [], []
+            for client in clients:
+                address = client.addresses[0]
+                try:
+                    client.topic_stats(topic, follow_owner=False)
+                    serving.append(address)
+                except ClientError as e:
+                    if e.status is not TopicStatus.NOT_OWNER:
+                        said.append(f"{address}: {e.status}")
+            if len(serving) == 1 and not said:
+                return True, serving[0]
+            if time.monotonic() >= deadline:
+                return False, (f"after {timeout_s:.0f} s: serving it: {', '.join(serving) or 'none'}"
+                               + (f"; {', '.join(said)}" if said else ""))
+            time.sleep(FENCED_POLL_S)
+    finally:
+        for client in clients:
+            client.close()
+
+
 def load_topic(brokers: list[str], topic: str, timeout_s: float, credentials: Credentials = PLAIN) -> tuple[bool, str]:
     """Ask `brokers` in turn for the topic's stats until one answers: a broker asked for a topic nobody owns
     takes it over (recovers and fences the previous owner's ledger). Returns (done, which broker or why not)."""
@@ -395,7 +423,7 @@ def check_security(cluster) -> list[str]:
                     problems.append(f"{label}: the broker answered {e.status.name}, expected {wanted.name}")
                 if wanted is None and e.status in (TopicStatus.UNAUTHENTICATED, TopicStatus.PERMISSION_DENIED):
                     problems.append(f"{label}: the broker answered {e.status.name} over plaintext")
-    zk = new_client(cluster.zookeeper.connect, timeout=CALL_DEADLINE_S)
+    zk = new_client(",".join(z.connect for z in cluster.zookeepers), timeout=CALL_DEADLINE_S)
     try:
         zk.start(timeout=CALL_DEADLINE_S)
         try:

@@ -1,11 +1,15 @@
 """ChaosCluster: one run's ZooKeeper, bookies and brokers (adapters.local_cluster.LocalCluster) plus what the
 chaos runs add to it.
 
+ZooKeeper is one server, or an ensemble of `ClusterSpec.zookeepers` (the ZooKeeper scenarios kill one server,
+the leader, or a majority).
+
 The cluster is the launcher's: processes by pid under `run_dir`, free loopback ports picked once at start (a
 restarted process comes back on the same port, with the same id and directories, so it is the same bookie or
 broker), children with BKSIM_ overrides only and cwd = run_dir (so no deploy/bksim.toml is read unless a config
-file is given), kill -9, SIGSTOP/SIGCONT, restart, ZooKeeper restart. Added here: one proxy.TcpProxy per broker
-between it and ZooKeeper, so a broker can be cut off from ZooKeeper, and, optionally, per ClusterSpec:
+file is given), kill -9, SIGSTOP/SIGCONT, restart, ZooKeeper restart. Added here: one proxy.TcpProxy per broker and ZooKeeper
+server between them (the broker's connect string names its proxies), so a broker can be cut off from ZooKeeper,
+and, optionally, per ClusterSpec:
 - `bookie_links`: every broker->bookie link goes through its own proxy (`links[(broker, bookie)]`; the broker
   dials it through broker.bookie_address_overrides), so the network scenarios can blackhole, delay or
   one-way-drop one link while the rest of the cluster works.
@@ -41,6 +45,7 @@ STOP_GRACE_S = 10.0
 class ClusterSpec:
     bookies: int = 3
     brokers: int = 2
+    zookeepers: int = 1  # ZooKeeper servers: 1 standalone, 3 an ensemble
     tick_time_ms: int = 200
     session_timeout_ms: int = 2000
     zookeeper_heap_mb: int = 256
@@ -65,7 +70,7 @@ class ChaosCluster(LocalCluster):
         # what the run's own clients (workload, checks, actions) present: client certificate and super-user token
         self.credentials = Credentials(self.tls, kit.token() if kit else None)
         self.report = log  # the run's own lines ("# ... did not stop"); the launcher's progress is not printed
-        self.proxies: dict[str, TcpProxy] = {}  # broker name -> its proxy to ZooKeeper
+        self.proxies: dict[str, list[TcpProxy]] = {}  # broker name -> its proxy to each ZooKeeper server
         self.links: dict[tuple[str, str], TcpProxy] = {}  # (broker name, bookie name) -> proxy of that link
 
     # -- life cycle ------------------------------------------------------------------------------------------
@@ -79,14 +84,14 @@ class ChaosCluster(LocalCluster):
 
     def start_all(self) -> None:
         spec = self.spec
-        zookeeper = self.start_zookeeper(tick_time_ms=spec.tick_time_ms, heap_mb=spec.zookeeper_heap_mb,
-                                         timeout_s=ZOOKEEPER_READY_TIMEOUT_S)
+        self.start_zookeeper(tick_time_ms=spec.tick_time_ms, heap_mb=spec.zookeeper_heap_mb, count=spec.zookeepers,
+                             timeout_s=ZOOKEEPER_READY_TIMEOUT_S)
         for _ in range(spec.bookies):
             self.add_bookie()
         for i in range(1, spec.brokers + 1):
             name = f"broker-{i}"
-            proxy = self.proxies[name] = TcpProxy(zookeeper.port, HOST)
-            env = {"BKSIM_ZOOKEEPER_PORT": str(proxy.port)}
+            proxies = self.proxies[name] = [TcpProxy(server.port, HOST) for server in self.zookeepers]
+            env = {"BKSIM_ZOOKEEPER_CONNECT": ",".join(p.address for p in proxies)}
             if spec.bookie_links:
                 for bookie in self.bookies:
                     self.links[(name, bookie.name)] = TcpProxy(bookie.port, HOST)
@@ -105,7 +110,7 @@ class ChaosCluster(LocalCluster):
         failures = super().stop_all(bookie_grace_s, broker_grace_s)
         for failure in failures:
             self.report(f"# {failure} did not stop")
-        for proxy in list(self.proxies.values()) + list(self.links.values()):
+        for proxy in [p for proxies in self.proxies.values() for p in proxies] + list(self.links.values()):
             proxy.close()
         self.proxies.clear()
         self.links.clear()

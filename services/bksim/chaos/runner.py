@@ -108,7 +108,8 @@ class _Run:
             small = {f"bookie-{self.rng.randint(1, 3)}": SMALL_DISK_MB}
         scenario = SCENARIOS[self.scenario]
         kit = SecurityKit.create(os.path.join(self.run_dir, "security")) if self.secure else None
-        spec = ClusterSpec(bookies=scenario.bookies, child_env=dict(CHILD_ENV) | dict(scenario.env),
+        spec = ClusterSpec(bookies=scenario.bookies, zookeepers=scenario.zookeepers,
+                           child_env=dict(CHILD_ENV) | dict(scenario.env),
                            bookie_links=scenario.links, small_ledger_disk=small, security=kit)
         started = time.monotonic()
         report = Report(self.scenario, self.seed, self.duration_s, self.run_dir,
@@ -283,7 +284,7 @@ def run_audit(cluster: ChaosCluster, out_dir: str, journals: list[str] | None = 
     """`bksim audit --local` over the bookies' journals and entry logs (`journals`, default every bookie's),
     metadata from the live ZooKeeper."""
     argv = [sys.executable, "-m", "bksim.cli.main", "audit", "--local", "--no-parquet", "--quiet", "--json",
-            "--journals", *(journals if journals is not None else cluster.journal_dirs()), "--zookeeper", cluster.zookeeper.connect, "--out", out_dir]
+            "--journals", *(journals if journals is not None else cluster.journal_dirs()), "--zookeeper", cluster.zk_connect, "--out", out_dir]
     env = {k: v for k, v in os.environ.items() if not k.startswith("BKSIM_")}
     if CREDENTIALS_ENV in cluster.child_env:  # digest ACLs: the audit reads the metadata with the same credentials
         env[CREDENTIALS_ENV] = cluster.child_env[CREDENTIALS_ENV]
@@ -331,7 +332,7 @@ def run(scenario: str, seed: int, duration_s: float, base_dir: str, *, keep: boo
     if report["verdict"] == "PASS" and not keep:
         for name in os.listdir(run_dir):
             path = os.path.join(run_dir, name)
-            if os.path.isdir(path) and (name.startswith("bookie-") or name == "zookeeper"):
+            if os.path.isdir(path) and (name.startswith("bookie-") or name.startswith("zookeeper")):
                 shutil.rmtree(path, ignore_errors=True)
     return report
 

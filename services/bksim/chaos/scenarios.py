@@ -18,6 +18,14 @@ Scenarios:
 - broker-pause: SIGSTOP the topic's owner for 5-7 s (its session expires, the other broker takes over and
   fences its ledgers); SIGCONT: it must come back fenced and not write.
 - zookeeper-restart: stop ZooKeeper (SIGTERM), keep it down 1-3 s, start it on the same data; twice.
+- zookeeper-node-kill (3 ZooKeeper servers): kill -9 a follower, start it again 2-4 s later; then another one.
+  Clients of the killed server move to the others with their sessions; nothing a client sees beyond a pause.
+- zookeeper-leader-kill (3 servers): kill -9 the ensemble's leader (the others elect a new one, timed), start it
+  again 2-4 s later (it rejoins as a follower); then the new leader.
+- zookeeper-quorum-loss (3 servers): kill -9 two of them for 3-5 s (beyond the 2 s session timeout): the last
+  one stops serving, metadata changes fail, appends to open ledgers on a stable ensemble may go on; no session
+  can expire without a leader, so when both are back every bookie and broker keeps its registration (waited
+  for), and exactly one broker serves the topic (the others answer NOT_OWNER): it was never handed out twice.
 - broker-zk-partition: cut the topic owner's connection to ZooKeeper for 4-6 s while it runs (its session
   expires), then reconnect it.
 - journal-torn-tail: kill -9 a bookie and append to its newest journal a prefix of a copy of its last record
@@ -77,6 +85,8 @@ class StepAction(enum.StrEnum):
     PAUSE = "pause"
     RESUME = "resume"
     ZK_STOP_START = "zk-stop-start"
+    ZK_KILL9 = "zk-kill9"  # kill -9 the ZooKeeper servers the target chose
+    ZK_START = "zk-start"  # start them again and wait until they serve (and everyone re-registers)
     ZK_CUT = "zk-cut"
     ZK_HEAL = "zk-heal"
     LINK_HOLD = "link-hold"
@@ -98,6 +108,9 @@ class StepTarget(enum.StrEnum):
     TOPIC_OWNER = "topic-owner"
     SAME = "same"  # the previous step's victims
     ZOOKEEPER = "zookeeper"
+    ZOOKEEPER_FOLLOWER = "zookeeper-follower"  # a random follower of the ensemble
+    ZOOKEEPER_LEADER = "zookeeper-leader"  # the ensemble's leader now (bounded wait for one)
+    ZOOKEEPER_MAJORITY = "zookeeper-majority"  # a random majority of the servers (the quorum is lost)
     OWNER_BOOKIE_LINK = "owner-bookie-link"
     BOOKIE_LINKS = "bookie-links"
     SMALL_DISK_BOOKIE = "small-disk-bookie"
@@ -132,6 +145,7 @@ class Scenario:
     plan: object  # (random.Random, duration_s) -> list[Step]
     links: bool = False  # the cluster routes every broker->bookie link through a proxy
     bookies: int = 3  # bookies in the cluster (a replacement for a lost one needs more than the widest E)
+    zookeepers: int = 1  # ZooKeeper servers (3: an ensemble)
     env: tuple[tuple[str, str], ...] = ()  # BKSIM_ overrides of this scenario's bookies and brokers
     writer_options: tuple[tuple[str, int], ...] = ()  # keyword arguments of its ledger writers (workload.py)
 
@@ -175,6 +189,20 @@ def _zookeeper_restart(rng: random.Random, d: float) -> list[Step]:
     t2 = max(t1 + 4.0, d * rng.uniform(0.5, 0.6))
     return [Step(t1, "zk-stop-start", "zookeeper", True, round(rng.uniform(1.0, 3.0), 2)),
             Step(t2, "zk-stop-start", "zookeeper", True, round(rng.uniform(1.0, 3.0), 2))]
+
+
+def _zookeeper_server_kill(target: str):
+    def plan(rng: random.Random, d: float) -> list[Step]:
+        t1, t2, t3, t4 = _two_outages(rng, d, (2.0, 4.0))
+        return [Step(t1, "zk-kill9", target, True), Step(t2, "zk-start", "same", False),
+                Step(t3, "zk-kill9", target, True), Step(t4, "zk-start", "same", False)]
+    return plan
+
+
+def _zookeeper_quorum_loss(rng: random.Random, d: float) -> list[Step]:
+    t1 = d * rng.uniform(0.2, 0.3)
+    return [Step(t1, "zk-kill9", "zookeeper-majority", True),
+            Step(t1 + rng.uniform(3.0, 5.0), "zk-start", "same", False)]
 
 
 def _broker_zk_partition(rng: random.Random, d: float) -> list[Step]:
@@ -280,6 +308,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "come back fenced", _broker_pause),
     Scenario("zookeeper-restart", "stop ZooKeeper, keep it down 1-3 s, start it again on the same data; twice",
              _zookeeper_restart),
+    Scenario("zookeeper-node-kill", "kill -9 a follower of the three ZooKeeper servers, start it 2-4 s later; then "
+             "another: a pause at most, same sessions", _zookeeper_server_kill("zookeeper-follower"), zookeepers=3),
+    Scenario("zookeeper-leader-kill", "kill -9 the ZooKeeper leader (a new one is elected), start it 2-4 s later; "
+             "then the new leader", _zookeeper_server_kill("zookeeper-leader"), zookeepers=3),
+    Scenario("zookeeper-quorum-loss", "kill -9 two of the three ZooKeeper servers for 3-5 s: no metadata changes, "
+             "no session expires, the topic keeps exactly one owner; everything resumes", _zookeeper_quorum_loss,
+             zookeepers=3),
     Scenario("broker-zk-partition", "cut the topic owner off from ZooKeeper for 4-6 s (TCP proxy) while it runs: "
              "its session expires, the other broker takes over", _broker_zk_partition),
     Scenario("journal-torn-tail", "kill -9 a bookie, tear its journal's tail (a partial copy of the last record "
