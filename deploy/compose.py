@@ -3,7 +3,8 @@
 - `render(host, out)`: the merged, interpolated configuration (`docker-compose config`) of docker-compose.yml,
   with `host` also deploy/docker-compose.host.yml and without any `ports:` (the v1 tool refuses published
   ports on host networking and cannot delete them in an override). Written as JSON, which every compose tool
-  reads as YAML.
+  reads as YAML. With `zookeepers=3` the ensemble override deploy/docker-compose.ensemble.yml is merged too
+  (and, on host networking, deploy/docker-compose.ensemble-host.yml: distinct ports on 127.0.0.1).
 - `check(run_dir, base_image, audit)`: the end-to-end check behind `make compose-check`, on this machine where
   Docker has no registry: install docker.io, docker-compose and debootstrap when missing; start a private
   dockerd (its own socket, data-root, exec-root and pid file under <run_dir>/docker, with --bridge=none
@@ -11,7 +12,9 @@
   with debootstrap + `docker import` when missing; build the bksim image; `up` the host-network stack; wait
   until every service is healthy; write and read entries through a broker from this venv; `docker kill`
   (SIGKILL) a bookie of the ledger's ensemble; write more; read everything back through both brokers (no loss,
-  no change); restart the bookie and use it again; `down -v`; stop dockerd by its pid.
+  no change); restart the bookie and use it again; `down -v`; stop dockerd by its pid. With `zookeepers=3`
+  the stack has a three-server ZooKeeper ensemble, and the ZooKeeper leader is killed together with the bookie
+  (the ensemble change that follows is a metadata write the two remaining servers must take).
 
 It lives beside the files it deploys, not in the bksim package: the package is what runs inside the
 containers; this builds and drives them from the host. The bksim CLI loads it from the checkout
@@ -41,6 +44,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPOSE_FILE = os.path.join(REPO, "docker-compose.yml")
 HOST_OVERRIDE = os.path.join(REPO, "deploy", "docker-compose.host.yml")
 SECURE_OVERRIDE = os.path.join(REPO, "deploy", "docker-compose.secure.yml")
+ENSEMBLE_OVERRIDE = os.path.join(REPO, "deploy", "docker-compose.ensemble.yml")
+ENSEMBLE_HOST_OVERRIDE = os.path.join(REPO, "deploy", "docker-compose.ensemble-host.yml")
+ENSEMBLE_SIZE = 3  # the ZooKeeper servers of the ensemble override
 SECRETS_DIR_ENV = "BKSIM_SECRETS_DIR"  # the host directory the secure override mounts at /etc/bksim/secrets
 EXTRA_CA_DIR = os.path.join(REPO, "deploy", "extra-ca")
 LOCAL_CA_DIR = "/usr/local/share/ca-certificates"  # locally added CAs (a TLS-intercepting proxy's)
@@ -54,6 +60,10 @@ APT_PACKAGES = {"dockerd": "docker.io", "docker": "docker.io", "docker-compose":
 # the host-network stack's ports (docker-compose.yml): they must be free on 127.0.0.1 before `up`
 HOST_PORTS = {"zookeeper": 2181, "bookie-1": 3181, "bookie-2": 3182, "bookie-3": 3183,
               "broker-1": 6650, "broker-2": 6651}
+# the ensemble override's further servers on host networking (zookeeper is server 1), and every server's
+# quorum and election ports there (2888-2890, 3888-3890)
+ENSEMBLE_HOST_PORTS = {"zookeeper-2": 2182, "zookeeper-3": 2183}
+ENSEMBLE_PEER_PORTS = (2888, 2889, 2890, 3888, 3889, 3890)
 BOOKIES = ("bookie-1", "bookie-2", "bookie-3")
 BROKERS = ("broker-1", "broker-2")
 
@@ -88,8 +98,18 @@ class ComposeError(BksimError):
 
 # -- compose configuration --------------------------------------------------------------------------------------
 
-def compose_files(host: bool, secure: bool = False) -> list[str]:
-    return [COMPOSE_FILE] + ([SECURE_OVERRIDE] if secure else []) + ([HOST_OVERRIDE] if host else [])
+def compose_files(host: bool, secure: bool = False, zookeepers: int = 1) -> list[str]:
+    """The files of a variant, in merge order; `zookeepers`: 1 (the base file's server) or ENSEMBLE_SIZE."""
+    if zookeepers not in (1, ENSEMBLE_SIZE):
+        raise ComposeError(f"the compose files have 1 or {ENSEMBLE_SIZE} ZooKeeper servers, not {zookeepers}")
+    ensemble = zookeepers == ENSEMBLE_SIZE
+    return ([COMPOSE_FILE] + ([SECURE_OVERRIDE] if secure else []) + ([ENSEMBLE_OVERRIDE] if ensemble else [])
+            + ([HOST_OVERRIDE] if host else []) + ([ENSEMBLE_HOST_OVERRIDE] if host and ensemble else []))
+
+
+def host_ports(zookeepers: int = 1) -> dict[str, int]:
+    """service -> the port its process listens on in the host-network stack."""
+    return dict(HOST_PORTS, **(ENSEMBLE_HOST_PORTS if zookeepers == ENSEMBLE_SIZE else {}))
 
 
 def make_secrets(out_dir: str) -> list[str]:
@@ -151,11 +171,11 @@ def config_dict(files: list[str], profiles: tuple[str, ...] = (), env: dict | No
     return json.loads(parsed.stdout)
 
 
-def render(host: bool, out: str, env: dict | None = None, secure: bool = False) -> dict:
+def render(host: bool, out: str, env: dict | None = None, secure: bool = False, zookeepers: int = 1) -> dict:
     """Write the merged configuration to `out` (JSON); for host networking without `ports:`; with `secure` the
-    security override merged too. `env` is the environment the files are interpolated with (default this
-    process's)."""
-    config = config_dict(compose_files(host, secure), profiles=("audit",), env=env)
+    security override merged too, with `zookeepers` = 3 the ensemble override. `env` is the environment the files
+    are interpolated with (default this process's)."""
+    config = config_dict(compose_files(host, secure, zookeepers), profiles=("audit",), env=env)
     if host:
         for service in config.get("services", {}).values():
             service.pop("ports", None)
@@ -242,8 +262,11 @@ def ensure_extra_ca() -> list[str]:
     return copied
 
 
-def check_ports_free() -> None:
-    for service, port in HOST_PORTS.items():
+def check_ports_free(zookeepers: int = 1) -> None:
+    ports = list(host_ports(zookeepers).items())
+    if zookeepers == ENSEMBLE_SIZE:
+        ports += [("ZooKeeper quorum/election", p) for p in ENSEMBLE_PEER_PORTS]
+    for service, port in ports:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
@@ -388,8 +411,11 @@ def _wait_gone(pid: int, timeout_s: float) -> bool:
 
 
 class Check:
-    def __init__(self, run_dir: str, base_image: str, audit: bool = False, secure: bool = False) -> None:
+    def __init__(self, run_dir: str, base_image: str, audit: bool = False, secure: bool = False,
+                 zookeepers: int = 1) -> None:
         self.run_dir = os.path.abspath(run_dir)
+        self.zookeepers = zookeepers  # ENSEMBLE_SIZE: the ensemble override, its leader killed with the bookie
+        self.ports = host_ports(zookeepers)
         self.base_image = base_image
         self.audit = audit
         self.secure = secure  # the security override: TLS, tokens + authorization, ZooKeeper digest ACLs
@@ -449,7 +475,7 @@ class Check:
     def states(self) -> dict[str, str]:
         """service -> health status ("healthy", "starting", "unhealthy") or the container state when not running."""
         out = {}
-        for service in HOST_PORTS:
+        for service in self.ports:
             cid = self.compose("ps", "-q", service).strip()
             if not cid:
                 out[service] = "missing"
@@ -459,7 +485,8 @@ class Check:
             out[service] = text[1] if text[0] == "running" and len(text) > 1 else text[0]
         return out
 
-    def wait_healthy(self, services=tuple(HOST_PORTS)) -> float:
+    def wait_healthy(self, services: tuple[str, ...] = ()) -> float:
+        services = services or tuple(self.ports)
         t0 = time.monotonic()
         deadline = t0 + HEALTHY_TIMEOUT_S
         while True:
@@ -474,16 +501,39 @@ class Check:
             time.sleep(POLL_S)
 
     def up(self) -> str:
-        _run(compose_argv(compose_files(True, self.secure)) + ["config", "-q"], COMPOSE_CMD_TIMEOUT_S,
+        _run(compose_argv(compose_files(True, self.secure, self.zookeepers)) + ["config", "-q"], COMPOSE_CMD_TIMEOUT_S,
              "docker-compose config -q (docker-compose.yml + " + ("security and " if self.secure else "")
-             + "host override)", env=self.env)
-        render(True, self.rendered, env=self.env, secure=self.secure)
+             + ("ensemble and " if self.zookeepers > 1 else "") + "host override)", env=self.env)
+        render(True, self.rendered, env=self.env, secure=self.secure, zookeepers=self.zookeepers)
         self.stack_up = True
         self.compose("down", "-v", "--remove-orphans", timeout_s=DOWN_TIMEOUT_S, log=True)  # an interrupted run's
-        check_ports_free()
+        check_ports_free(self.zookeepers)
         self.compose("up", "-d", "--no-build", timeout_s=UP_TIMEOUT_S, log=True)
         took = self.wait_healthy()
-        return f"{len(HOST_PORTS)} services healthy {took:.1f}s after up returned"
+        return f"{len(self.ports)} services healthy {took:.1f}s after up returned"
+
+    def zk_modes(self) -> dict[str, str]:
+        """ZooKeeper service -> what the server says it is (srvr): leader, follower, "" when not serving."""
+        return {name: zookeeper_mode(port) for name, port in self.ports.items() if name.startswith("zookeeper")}
+
+    def kill_zookeeper_leader(self) -> str:
+        """SIGKILL the ensemble's leader; the two others must elect a new one. Returns the service killed."""
+        modes = self.zk_modes()
+        leaders = [name for name, mode in modes.items() if mode == "leader"]
+        if len(leaders) != 1:
+            raise ComposeError(f"expected one ZooKeeper leader, the servers say {modes}")
+        self.docker("kill", "--signal", "KILL", self.container(leaders[0]), what=f"docker kill {leaders[0]}")
+        t0 = time.monotonic()
+        while True:
+            modes = self.zk_modes()
+            if sorted(m for n, m in modes.items() if n != leaders[0]) == ["follower", "leader"]:
+                break
+            if time.monotonic() - t0 > KILL_TIMEOUT_S:
+                raise ComposeError(f"no new ZooKeeper leader {KILL_TIMEOUT_S}s after killing {leaders[0]}: {modes}")
+            time.sleep(POLL_S)
+        self.step.say(f"docker kill --signal KILL {leaders[0]} (the ZooKeeper leader): the others elected a new one "
+                      f"in {time.monotonic() - t0:.1f}s ({modes})")
+        return leaders[0]
 
     def down(self) -> None:
         if self.stack_up:
@@ -592,6 +642,7 @@ class Check:
                     raise ComposeError(f"{victim} still running {KILL_TIMEOUT_S}s after docker kill")
                 time.sleep(0.1)
             s.say(f"docker kill --signal KILL {victim} ({victim_id}, in the ledger's ensemble): container stopped")
+            zk_victim = self.kill_zookeeper_leader() if self.zookeepers > 1 else ""
 
             t0 = time.monotonic()
             append(one, lid, ENTRIES_BEFORE_KILL, ENTRIES_AFTER_KILL)
@@ -617,6 +668,10 @@ class Check:
                 self.compose("start", victim)
             took = self.wait_healthy((victim,))
             s.say(f"{victim} started again, healthy in {took:.1f}s (same volume, same cookie)")
+            if zk_victim:
+                self.compose("start", zk_victim)
+                took = self.wait_healthy((zk_victim,))
+                s.say(f"{zk_victim} started again, healthy in {took:.1f}s (rejoined as {self.zk_modes()[zk_victim]})")
             info2 = one.create_ledger(3, 3, 3, password=LEDGER_PASSWORD)
             append(one, info2.ledger_id, 0, ENTRIES_AFTER_RESTART)
             read_all(one, info2.ledger_id, ENTRIES_AFTER_RESTART, "broker-1")
@@ -678,7 +733,7 @@ class Check:
         return 0
 
     def compose_build(self) -> None:
-        render(True, self.rendered, env=self.env, secure=self.secure)
+        render(True, self.rendered, env=self.env, secure=self.secure, zookeepers=self.zookeepers)
         self.compose("build", "zookeeper", timeout_s=BUILD_TIMEOUT_S, log=True)
         if self.audit:
             self.compose("--profile", "audit", "build", "audit", timeout_s=BUILD_TIMEOUT_S, log=True)
@@ -699,6 +754,17 @@ class Check:
         return f"audit verdict clean: {json.dumps(report.get('totals', {}), sort_keys=True)[:400]}"
 
 
+def zookeeper_mode(port: int) -> str:
+    """The `Mode:` a ZooKeeper server on 127.0.0.1:port answers to `srvr` ("" when it does not serve)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2.0) as sock:
+            sock.sendall(b"srvr")
+            reply = sock.makefile("rb").read(65536).decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in reply.splitlines() if line.startswith("Mode:")), "")
+
+
 def reflection_services(address: str, tls=None) -> list[str]:
     """Service names a server lists through gRPC reflection (what `grpcurl ADDRESS list` prints); `tls`: a
     bksim.security.tls.ChannelSecurity for a TLS server."""
@@ -710,13 +776,14 @@ def reflection_services(address: str, tls=None) -> list[str]:
         return sorted(ProtoReflectionDescriptorDatabase(channel).get_services())
 
 
-def check(run_dir: str, base_image: str = BASE_IMAGE_DEFAULT, audit: bool = False, secure: bool = False) -> int:
+def check(run_dir: str, base_image: str = BASE_IMAGE_DEFAULT, audit: bool = False, secure: bool = False,
+          zookeepers: int = 1) -> int:
     """The end-to-end check (module docstring); SIGTERM runs the same clean-up as a failure. Exit status."""
     def on_term(signum, frame):
         raise SystemExit(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        return Check(run_dir, base_image, audit, secure).run()
+        return Check(run_dir, base_image, audit, secure, zookeepers).run()
     finally:
         signal.signal(signal.SIGTERM, previous)

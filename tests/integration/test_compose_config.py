@@ -8,9 +8,14 @@
   each service's environment loads as a valid configuration with the ports the check and the published
   ports expect, bookie data lives on named volumes, the audit reads every bookie's volume read-only, and
   the host override puts every service on 127.0.0.1.
+- The ZooKeeper-ensemble override (deploy/docker-compose.ensemble.yml, with host networking also
+  deploy/docker-compose.ensemble-host.yml): `config -q` accepts it; three servers with one identical peers line,
+  ids 1..3, each its own volume, host and ports and a healthcheck of its own; every bookie, broker and the
+  audit get a connect string naming exactly the three servers (the audit's shell command expands to it).
 - The in-container helper deploy/container.py runs for real against this test session's ZooKeeper and a
   module's bookie and broker: its healthchecks pass on live servers and fail on a dead port, and its
-  `zookeeper` mode starts a ZooKeeper from BKSIM_ variables.
+  `zookeeper` mode starts a ZooKeeper from BKSIM_ variables, alone and as three members of an ensemble (whose
+  probes each read from their own server).
 
 `make compose-check` runs the same files end to end on a private dockerd (docs/containers.md).
 """
@@ -87,7 +92,9 @@ def loaded(service: dict) -> schema.Config:
     ((compose.COMPOSE_FILE,), "audit"),
     ((compose.COMPOSE_FILE, compose.HOST_OVERRIDE), None),
     ((compose.COMPOSE_FILE, compose.HOST_OVERRIDE), "audit"),
-], ids=["base", "base+audit", "host", "host+audit"])
+    ((compose.COMPOSE_FILE, compose.ENSEMBLE_OVERRIDE), "audit"),
+    ((compose.COMPOSE_FILE, compose.ENSEMBLE_OVERRIDE, compose.HOST_OVERRIDE, compose.ENSEMBLE_HOST_OVERRIDE), "audit"),
+], ids=["base", "base+audit", "host", "host+audit", "ensemble+audit", "ensemble+host+audit"])
 def test_compose_config_is_valid(files, profile):
     done = config_q(*files, profile=profile)
     assert done.returncode == 0, f"docker-compose config -q rejected {files}:\n{done.stderr}"
@@ -376,3 +383,103 @@ def _container_module():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# -- the ZooKeeper-ensemble override -----------------------------------------------------------------------------
+
+ZOOKEEPERS = ("zookeeper", "zookeeper-2", "zookeeper-3")
+
+
+@pytest.fixture(scope="module")
+def ensembles():
+    """{"bridge": services, "host": services} of the ensemble override, with the audit profile."""
+    return {label: compose.config_dict(compose.compose_files(host, zookeepers=3), profiles=("audit",),
+                                       env=compose_env())["services"]
+            for label, host in (("bridge", False), ("host", True))}
+
+
+def ensemble_problems(services: dict) -> list[str]:
+    """What is wrong with an ensemble deployment's services (empty: nothing): the three servers' configurations
+    and every other process's connect string."""
+    from bksim.adapters.zk_client import client_hosts
+
+    problems = []
+    servers = {}
+    for name in ZOOKEEPERS:
+        z = loaded(services[name]).zookeeper
+        servers[name] = z
+        if (services[name].get("healthcheck") or {}).get("test") != ["CMD", "python", IN_IMAGE_CONTAINER_PY,
+                                                                       "health", "zookeeper"]:
+            problems.append(f"{name}: no zookeeper healthcheck")
+    peer_lines = {name: z.peers for name, z in servers.items()}
+    if len(set(peer_lines.values())) != 1:
+        problems.append(f"the servers' peers differ: {peer_lines}")
+    peers = schema.parse_peers(servers["zookeeper"].peers) if servers["zookeeper"].peers else []
+    if len(peers) != len(ZOOKEEPERS):
+        problems.append(f"peers names {len(peers)} servers, not {len(ZOOKEEPERS)}")
+    if len({(h, p) for h, q, e in peers for p in (q, e)}) != 2 * len(peers):
+        problems.append(f"two peers share a quorum or election address: {peers}")
+    if sorted(z.server_id for z in servers.values()) != list(range(1, len(ZOOKEEPERS) + 1)):
+        problems.append(f"server ids {[z.server_id for z in servers.values()]}, not 1..{len(ZOOKEEPERS)}")
+    expected = sorted(f"{z.host}:{z.port}" for z in servers.values())
+    for name, z in servers.items():
+        own = schema.parse_peers(z.peers) if z.peers else []
+        if 1 <= z.server_id <= len(own) and own[z.server_id - 1][0] != z.host:
+            problems.append(f"{name}: server {z.server_id}'s peer host {own[z.server_id - 1][0]} is not its "
+                            f"own host {z.host}")
+    if len(set(expected)) != len(ZOOKEEPERS):
+        problems.append(f"two servers listen on one address: {expected}")
+    volumes = [src for name in ZOOKEEPERS for src, target, _ in _mounts(services[name])
+               if servers[name].data_dir.startswith(target + "/")]
+    if len(set(volumes)) != len(ZOOKEEPERS):
+        problems.append(f"the servers' data dirs are not on a volume each: {volumes}")
+    for name, service in services.items():
+        hosts = sorted(f"{h}:{p}" for h, p in schema.parse_connect(client_hosts(loaded(service))))
+        if hosts != expected:
+            problems.append(f"{name}: connect string names {hosts}, not the servers {expected}")
+    return problems
+
+
+def test_ensemble_servers_share_one_peers_line_and_every_process_gets_all_three(ensembles):
+    for label, services in ensembles.items():
+        assert set(services) == SERVICES | {"audit", "zookeeper-2", "zookeeper-3"}, label
+        assert ensemble_problems(services) == [], label
+    bridge, host = ensembles["bridge"], ensembles["host"]
+    assert loaded(bridge["bookie-1"]).zookeeper.connect == "zookeeper:2181,zookeeper-2:2181,zookeeper-3:2181"
+    assert {loaded(host[z]).zookeeper.port for z in ZOOKEEPERS} == {2181, 2182, 2183}
+    assert all(host[z].get("network_mode") == "host" for z in ZOOKEEPERS)
+    ports = compose.host_ports(3)
+    assert {z: loaded(host[z]).zookeeper.port for z in ZOOKEEPERS} == {z: ports[z] for z in ZOOKEEPERS}
+    peer_ports = {p for _, q, e in schema.parse_peers(loaded(host["zookeeper"]).zookeeper.peers) for p in (q, e)}
+    assert peer_ports == set(compose.ENSEMBLE_PEER_PORTS), "check_ports_free must check the ports the servers use"
+
+
+def test_ensemble_check_can_fail():
+    """The checks above find a service left on one server, and a server with a peers line of its own."""
+    import copy
+
+    services = compose.config_dict(compose.compose_files(False, zookeepers=3), env=compose_env())["services"]
+    assert ensemble_problems(services) == []
+    one = copy.deepcopy(services)
+    one["broker-2"]["environment"].pop("BKSIM_ZOOKEEPER_CONNECT")
+    assert any(p.startswith("broker-2: connect string names ['zookeeper:2181']") for p in ensemble_problems(one))
+    other = copy.deepcopy(services)
+    other["zookeeper-3"]["environment"]["BKSIM_ZOOKEEPER_PEERS"] = "zookeeper:2888:3888,zookeeper-2:2888:3888," \
+                                                                  "zookeeper-4:2888:3888"
+    found = ensemble_problems(other)
+    assert any("peers differ" in p for p in found) and any("zookeeper-3: server 3's peer host" in p for p in found)
+
+
+def test_ensemble_audit_reads_the_metadata_from_every_server(ensembles):
+    """The audit's shell command expands --zookeeper to zookeeper.connect (and to host:port without one)."""
+    for services in (ensembles["bridge"], ensembles["host"], compose.config_dict(
+            compose.compose_files(False), profiles=("audit",), env=compose_env())["services"]):
+        audit = services["audit"]
+        argv = list(audit["command"])
+        assert argv[:2] == ["sh", "-c"] and argv[2].startswith("exec bksim audit ")
+        script = argv[2].replace("$$", "$").replace("exec bksim audit ", "echo ", 1)
+        env = dict(bksim_env(audit), PATH=os.environ["PATH"])
+        out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, timeout=10).stdout.split()
+        config = loaded(audit).zookeeper
+        want = config.connect or f"{config.host}:{config.port}"
+        assert out[out.index("--zookeeper") + 1] == want

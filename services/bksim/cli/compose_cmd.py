@@ -1,9 +1,9 @@
 """`bksim compose render|check`: the docker-compose deployment's tooling, deploy/compose.py, wired to the CLI.
 
-- `render [--host] --out FILE`: the merged configuration of docker-compose.yml (with --host also
-  deploy/docker-compose.host.yml, without `ports:`), as JSON.
-- `check [--run-dir DIR] [--base-image TAG] [--audit]`: the end-to-end check behind `make compose-check` on a
-  private dockerd (deploy/compose.py says what it does).
+- `render [--host] [--secure] [--zookeepers 3] --out FILE`: the merged configuration of docker-compose.yml (with
+  --host also deploy/docker-compose.host.yml, without `ports:`; --zookeepers 3 the ensemble override), as JSON.
+- `check [--run-dir DIR] [--base-image TAG] [--audit] [--secure] [--zookeepers 3]`: the end-to-end check behind
+  `make compose-check` on a private dockerd (deploy/compose.py says what it does).
 
 deploy/compose.py is loaded from the checkout this package runs from (the compose files are there too).
 """
@@ -43,6 +43,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="FILE", help="where to write the rendered file (JSON)")
     p.add_argument("--secure", action="store_true", help="merge deploy/docker-compose.secure.yml (TLS, tokens, "
                    "ZooKeeper digest ACLs; secrets from $BKSIM_SECRETS_DIR)")
+    _zookeepers_arg(p)
     p.set_defaults(func=cmd_render)
     p = family.add_parser("secrets", help="the files deploy/docker-compose.secure.yml mounts: CA and a certificate "
                                           "per service, HS256 secret, super-user token, ZooKeeper credentials")
@@ -63,14 +64,21 @@ def register(subparsers) -> None:
                         "authorization, ZooKeeper digest ACLs; secrets made under RUN_DIR/secrets); the check's "
                         "clients present the CA, a client certificate and the super-user token, and it checks "
                         "that a call without a token and a plaintext call are refused")
+    _zookeepers_arg(p, " (the check also kills the ZooKeeper leader with the bookie)")
     p.set_defaults(func=cmd_check)
 
 
+def _zookeepers_arg(p, more: str = "") -> None:
+    p.add_argument("--zookeepers", type=int, choices=(1, 3), default=1,
+                   help="3 = a ZooKeeper ensemble: merge deploy/docker-compose.ensemble.yml (with --host or in the "
+                        "check also deploy/docker-compose.ensemble-host.yml)" + more)
+
+
 def cmd_render(args) -> int:
-    config = deploy_compose().render(args.host, args.out, secure=args.secure)
+    config = deploy_compose().render(args.host, args.out, secure=args.secure, zookeepers=args.zookeepers)
     print(f"{args.out}: {len(config.get('services', {}))} services "
           f"({'host networking, no published ports' if args.host else 'bridge network'}"
-          f"{', secured' if args.secure else ''})")
+          f"{', secured' if args.secure else ''}{', ZooKeeper ensemble' if args.zookeepers > 1 else ''})")
     return 0
 
 
@@ -86,7 +94,7 @@ def cmd_check(args) -> int:
     run_dir = args.run_dir or os.path.join(cfgload.load(getattr(args, "config", None)).cluster.run_dir, "compose")
     compose = deploy_compose()
     base_image = args.base_image or os.environ.get("BKSIM_BASE_IMAGE") or compose.BASE_IMAGE_DEFAULT
-    return compose.check(run_dir, base_image, args.audit, args.secure)
+    return compose.check(run_dir, base_image, args.audit, args.secure, args.zookeepers)
 
 
 def main(argv: list[str] | None = None) -> int:
