@@ -19,9 +19,11 @@ Owns:
 
 Loopback only: every daemon gets `--host 127.0.0.1` and SPARK_LOCAL_IP=127.0.0.1 (the executors a worker starts
 inherit it); the master's REST submission server (port 6066) is off; the ports are PORT (master), PORT+i (worker
-i's RPC), UI_PORT (master web UI, its JSON status) and UI_PORT+i (worker i's web UI). Executors run the Python
-the driver names (PySpark sends it with each task: `bksim audit` sets PYSPARK_PYTHON to its own interpreter,
-this venv's, which has crc32c); the bksim package reaches them as a zip (audit/spark.py).
+i's RPC), UI_PORT (master web UI, its JSON status) and UI_PORT+i (worker i's web UI), each taken as given or
+the daemon fails (spark.port.maxRetries=0: Spark would otherwise move to the next port, away from the one the
+workers and the readiness check use). Executors run the Python the driver names (PySpark sends it with each
+task: `bksim audit` sets PYSPARK_PYTHON to its own interpreter, this venv's, which has crc32c); the bksim package
+reaches them as a zip (audit/spark.py).
 
 Must not: signal a pid whose command line lacks this run directory's marker (`-Dbksim.spark.run_dir=...`), so a
 stale pid file whose pid was reused is never signalled; bind anything outside 127.0.0.0/8.
@@ -192,7 +194,8 @@ class StandaloneCluster:
         home = spark_home()
         classpath = f"{home}/conf:{home}/jars/*"
         return [java, f"-Xmx{DAEMON_HEAP_MB}m", *JAVA_MODULE_OPTIONS, "-Djava.net.preferIPv4Stack=true",
-                "-Dspark.master.rest.enabled=false", self.marker, "-cp", classpath, main_class, *args]
+                "-Dspark.master.rest.enabled=false", "-Dspark.port.maxRetries=0", self.marker, "-cp", classpath,
+                main_class, *args]
 
     def master_command(self) -> list[str]:
         c = self.config

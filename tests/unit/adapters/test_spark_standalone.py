@@ -25,10 +25,12 @@ def test_every_daemon_binds_loopback_on_its_port_of_the_run(tmp_path):
     worker = c.worker_command(2)
     assert (after(worker, "--host"), after(worker, "--port"), after(worker, "--webui-port")) == \
         ("127.0.0.1", "17079", "18092")
-    assert (after(worker, "--cores"), after(worker, "--memory"), worker[-1]) == ("1", "1024m", "spark://127.0.0.1:17077")
+    assert (after(worker, "--cores"), after(worker, "--memory"), worker[-1]) == \
+        ("1", "1024m", "spark://127.0.0.1:17077")
     assert after(worker, "--work-dir") == os.path.join(c.run_dir, "worker-2")
     for argv in (master, worker):
         assert c.marker in argv and "-Dspark.master.rest.enabled=false" in argv
+        assert "-Dspark.port.maxRetries=0" in argv  # a busy port fails the daemon, not moves it
         assert after(argv, "-cp").endswith("/jars/*")
     env = c.environment()
     assert (env["SPARK_LOCAL_IP"], env["SPARK_SCALA_VERSION"]) == ("127.0.0.1", "2.13")
