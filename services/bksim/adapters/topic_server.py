@@ -6,7 +6,9 @@ send it in-band first as an Error response); the Produce pipeline (Sends start i
 go back in that order; at most `topic.producer_pending_max` Sends are unanswered, then the reader stops
 reading and gRPC flow control pushes back); the Subscribe stream's outbox (bounded by the consumer's permits:
 the dispatcher never sends beyond them; and at most ANSWERS_PENDING_MAX unwritten AckResults and SeekResults,
-then the reader stops reading requests until the client reads).
+then the reader stops reading requests until the client reads). A Subscribe stream delivers entries as stored (DeliveryFormat ENTRY) or
+decoded here into ReceivedMessages (MESSAGES: any client with the protos alone); `non_durable` opens a reader
+(topics/non_durable_cursor.py), whose subscription goes with the stream.
 
 Authorization (security.authorization_enabled; the caller's role comes from the token, security/broker_auth.py):
 every call is checked against its resource before it does anything (security/permissions.py): tenant creation,
@@ -35,9 +37,11 @@ from bksim.topics.positions import Position
 from bksim.topics.service import TopicService
 from bksim.topics.subscription import Delivery
 from bksim.topics.topic import Policies
-from bksim.formats.message import Message
+from bksim.formats.message import Message, decode_entry
 from bksim.gen import topic_pb2, topic_pb2_grpc
+from bksim.model.errors import FormatError
 from bksim.model.status import TopicStatus
+from bksim.topics.positions import MessageId
 
 SERVICE_NAME = topic_pb2.DESCRIPTOR.services_by_name["Topics"].full_name
 STATUS_KEY = "bksim-status"
@@ -60,7 +64,31 @@ DELIVERIES_PER_MESSAGE_MAX = 256
 # AckResults and SeekResults of one Subscribe stream not yet written (the client does not read them): then the
 # stream stops reading requests until they are, and gRPC flow control pushes back on the client
 ANSWERS_PENDING_MAX = 1024
-_ANSWERS = ("ack_result", "seek_result")
+_ANSWERS = ("ack_result", "seek_result", "last_message_id")
+
+
+def received_messages(d: Delivery, partition: int) -> list[topic_pb2.ReceivedMessage]:
+    """The MESSAGES format of one delivery: its entry decoded, without the acknowledged batch indexes; an entry
+    that is not in the message format is one message carrying the whole entry."""
+    try:
+        header, messages = decode_entry(d.entry)
+    except FormatError:
+        return [topic_pb2.ReceivedMessage(id=topic_pb2.AckId(ledger_id=d.position.ledger, entry_id=d.position.entry,
+                                                             batch_index=-1), partition=partition, payload=d.entry,
+                                          redelivery_count=d.redelivery_count)]
+    acked = set(d.acked_batch_indexes)
+    size = len(messages) if header.is_batch else 0
+    out = []
+    for i, m in enumerate(messages):
+        if i in acked:
+            continue
+        out.append(topic_pb2.ReceivedMessage(
+            id=topic_pb2.AckId(ledger_id=d.position.ledger, entry_id=d.position.entry,
+                               batch_index=i if size else -1, batch_size=size),
+            partition=partition, payload=m.payload, key=m.key or "", has_key=m.key is not None,
+            properties=m.properties, event_time_ms=m.event_time_ms, publish_time_ms=header.publish_time_ms,
+            sequence_id=m.sequence_id, producer_name=header.producer_name, redelivery_count=d.redelivery_count))
+    return out
 
 
 def _error_message(e: TopicError) -> topic_pb2.Error:
@@ -412,25 +440,43 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
             raise TopicError(TopicStatus.BAD_REQUEST, f"unknown subscription type {o.type}")
         if o.initial_position not in (topic_pb2.LATEST, topic_pb2.EARLIEST):
             raise TopicError(TopicStatus.BAD_REQUEST, f"unknown initial position {o.initial_position}")
+        if o.delivery_format not in (topic_pb2.ENTRY, topic_pb2.MESSAGES):
+            raise TopicError(TopicStatus.BAD_REQUEST, f"unknown delivery format {o.delivery_format}")
+        if o.non_durable and o.type != topic_pb2.EXCLUSIVE:
+            raise TopicError(TopicStatus.BAD_REQUEST, "a reader (non_durable) is EXCLUSIVE")
+        if not o.non_durable and (not o.subscription or o.HasField("start_message_id")):
+            raise TopicError(TopicStatus.BAD_REQUEST, "a subscription name is required" if not o.subscription else
+                             "start_message_id is for readers (non_durable); a subscription seeks instead")
         await self._may("consume", o.topic)
         topic = await self._served(o.topic)
         sink = _Sink()
         consumer_name = o.consumer_name or f"{self.service.broker_id}-c{id(sink) & 0xFFFFFF:x}"
         initial = "earliest" if o.initial_position == topic_pb2.EARLIEST else "latest"
-        sub, consumer = await topic.subscribe(o.subscription, SUB_TYPES[o.type], initial, consumer_name,
-                                              o.priority, sink)
+        if o.non_durable:
+            start = o.start_message_id
+            sub, consumer = await topic.create_reader(
+                o.subscription, consumer_name, sink, initial_position=initial,
+                inclusive=o.start_message_id_inclusive,
+                message_id=MessageId(start.ledger_id, start.entry_id, topic.partition, start.batch_index)
+                if o.HasField("start_message_id") else None)
+        else:
+            sub, consumer = await topic.subscribe(o.subscription, SUB_TYPES[o.type], initial, consumer_name,
+                                                  o.priority, sink)
         try:
-            await context.write(topic_pb2.ConsumeResponse(subscribed=topic_pb2.Subscribed(
-                consumer_name=consumer_name, broker_id=self.service.broker_id, partition=topic.partition)))
+            subscribed = topic_pb2.Subscribed(consumer_name=consumer_name, broker_id=self.service.broker_id,
+                                              partition=topic.partition, subscription=sub.name)
+            if not sub.durable:
+                subscribed.start_ledger_id, subscribed.start_entry_id = sub.cursor.start
+            await context.write(topic_pb2.ConsumeResponse(subscribed=subscribed))
             reader = asyncio.get_running_loop().create_task(self._read_consume(it, topic, sub, consumer, sink))
             try:
-                await self._write_consume(context, sink, topic.partition)
+                await self._write_consume(context, sink, topic.partition, o.delivery_format == topic_pb2.MESSAGES)
             finally:
                 reader.cancel()
         finally:
-            sub.remove_consumer(consumer)
+            await topic.remove_consumer(sub, consumer)
 
-    async def _write_consume(self, context, sink: _Sink, partition: int) -> None:
+    async def _write_consume(self, context, sink: _Sink, partition: int, decoded: bool) -> None:
         while True:
             await sink.ready.wait()
             sink.ready.clear()
@@ -444,6 +490,11 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
                     for i in range(0, len(item), DELIVERIES_PER_MESSAGE_MAX):
                         chunk = item[i:i + DELIVERIES_PER_MESSAGE_MAX]
                         await context.write(topic_pb2.ConsumeResponse(deliveries=topic_pb2.Deliveries(deliveries=[
+                            topic_pb2.Delivery(ledger_id=d.position.ledger, entry_id=d.position.entry,
+                                               partition=partition, redelivery_count=d.redelivery_count,
+                                               acked_batch_indexes=d.acked_batch_indexes,
+                                               messages=received_messages(d, partition))
+                            if decoded else
                             topic_pb2.Delivery(ledger_id=d.position.ledger, entry_id=d.position.entry,
                                                partition=partition, redelivery_count=d.redelivery_count,
                                                entry=d.entry, acked_batch_indexes=d.acked_batch_indexes)
@@ -485,9 +536,15 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
                             await sub.seek(Position(p.ledger_id, p.entry_id))
                         else:
                             await topic.seek_to_time(sub, request.seek.publish_time_ms)
+                        result.ledger_id, result.entry_id = sub.cursor.read_position
                     except TopicError as e:
                         result.error.CopyFrom(_error_message(e))
                     sink.answer(topic_pb2.ConsumeResponse(seek_result=result))
+                elif kind == "get_last_message_id":
+                    last = topic.ml.last_confirmed
+                    sink.answer(topic_pb2.ConsumeResponse(last_message_id=topic_pb2.LastMessageId(
+                        request_id=request.get_last_message_id.request_id, ledger_id=last.ledger,
+                        entry_id=last.entry, partition=topic.partition)))
                 else:
                     raise TopicError(TopicStatus.BAD_REQUEST, f"unexpected {kind!r} on a Subscribe stream")
                 if not sink.room.is_set():  # the client does not read its answers: stop reading its requests

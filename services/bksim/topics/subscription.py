@@ -1,4 +1,4 @@
-"""A subscription: one durable cursor, its consumers and the dispatcher of its type (PROTOCOL.md §5).
+"""A subscription: one cursor (durable, or a reader's non-durable one), its consumers and the dispatcher of its type (PROTOCOL.md §5).
 
 Owns: the consumers (with their flow-control permits and the messages they hold unacknowledged), the replay
 set (positions to deliver again: negative acks, ack timeouts, departed consumers, Key_Shared holds), and the
@@ -22,7 +22,10 @@ Rules:
 - a reset of the read position (a seek, or the rewind when the last consumer leaves) discards the dispatch read
   in flight: its entries are not delivered and it does not move the read position, which would skip from the
   reset target to the end of that read (Pulsar cancels pending reads on a cursor reset). No read starts while
-  a seek is being persisted.
+  a seek is being persisted;
+- a non-durable subscription (a reader, topics/non_durable_cursor.py) is Exclusive and acknowledges each entry
+  as it dispatches it (cumulatively, in memory: Pulsar's reader acknowledges every message it returns), so it
+  holds nothing unacknowledged and only its permits bound it.
 """
 from __future__ import annotations
 
@@ -105,7 +108,7 @@ class _Ring:
 class Subscription:
     def __init__(self, *, topic: str, name: str, sub_type: str, cursor, ml, clock: Clock,
                  config: TopicConfig = TopicConfig(), partition: int = -1,
-                 log: Callable[[str], None] = lambda line: None) -> None:
+                 log: Callable[[str], None] = lambda line: None, durable: bool = True) -> None:
         if sub_type not in TYPES:
             raise TopicError(TopicStatus.BAD_REQUEST, f"subscription type {sub_type!r} is not one of {list(TYPES)}")
         self.topic = topic
@@ -117,6 +120,7 @@ class Subscription:
         self.config = config
         self.partition = partition
         self._log = log
+        self.durable = durable
         self.consumers: list[Consumer] = []
         self._order = 0
         self._replay: list[Position] = []                    # sorted positions to deliver again
@@ -141,6 +145,8 @@ class Subscription:
     def add_consumer(self, name: str, priority: int, sink: ConsumerSink, sub_type: str) -> Consumer:
         if self.closed:
             raise TopicError(TopicStatus.SERVICE_UNAVAILABLE, f"subscription {self.name} is closing")
+        if not self.durable and sub_type != "Exclusive":
+            raise TopicError(TopicStatus.BAD_REQUEST, f"reader {self.name} is Exclusive, not {sub_type}")
         if sub_type != self.type:
             if self.consumers:
                 raise TopicError(TopicStatus.NOT_ALLOWED, f"subscription {self.name} is {self.type} with consumers "
@@ -507,6 +513,15 @@ class Subscription:
 
     def _send(self, consumer: Consumer, pos: Position, entry: bytes, count: int, h: int | None, out) -> None:
         consumer.permits -= count
+        if not self.durable:  # a reader: consumed as it is sent (see the module docstring)
+            delivery = Delivery(pos, entry, 0, tuple(self.cursor.acked_batch_indexes(pos)))
+            self.cursor.ack_cumulative(pos)
+            consumer.messages_out += count
+            consumer.bytes_out += len(entry)
+            self.messages_out += count
+            self.bytes_out += len(entry)
+            out[consumer.order].append(delivery)
+            return
         consumer.pending[pos] = count
         consumer.unacked_messages += count
         consumer.messages_out += count
@@ -524,6 +539,7 @@ class Subscription:
     def stats(self) -> dict:
         return {
             "type": self.type,
+            "isDurable": self.durable,
             "msgBacklog": self.cursor.backlog(),
             "unackedMessages": self._subscription_unacked(),
             "msgOutCounter": self.messages_out,

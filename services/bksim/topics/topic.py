@@ -1,7 +1,7 @@
 """A topic (or one partition) served by this broker: its managed ledger, producers, subscriptions and dedup.
 
 Owns: the producers connected here, the subscriptions (one durable cursor each, under the managed-ledger
-znode), message deduplication, and the periodic maintenance (age rollover, retention trimming, TTL).
+znode; a reader's is non-durable, in memory only, and goes when the reader leaves), message deduplication, and the periodic maintenance (age rollover, retention trimming, TTL).
 
 Deduplication (namespace policy `dedup`): per producer name, the highest sequence id pushed (sent to the ledger)
 and persisted (acknowledged). A Send whose highest sequence id is <= persisted is a duplicate: it is answered
@@ -23,7 +23,8 @@ from typing import Callable
 from bksim.topics.errors import TopicError
 from bksim.topics.managed_ledger import ManagedLedger, ManagedLedgerState
 from bksim.topics.names import TopicName, subscription_of
-from bksim.topics.positions import Position
+from bksim.topics.non_durable_cursor import READER_NAME_PREFIX, NonDurableCursor, reader_start
+from bksim.topics.positions import MessageId, Position
 from bksim.topics.subscription import ConsumerSink, Subscription
 from bksim.formats.message import Message, encode_entry, read_header
 from bksim.model.config import TopicConfig
@@ -75,6 +76,7 @@ class Topic:
         self.subscriptions: dict[str, Subscription] = {}
         self.producers: dict[str, Producer] = {}
         self._producer_seq = 0
+        self._reader_seq = 0
         self._pushed: dict[str, int] = {}
         self._persisted: dict[str, int] = {}
         self._dedup_cursor = None
@@ -109,9 +111,10 @@ class Topic:
             await self._load_dedup()
         self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
 
-    def _subscription(self, name: str, sub_type: str, cursor) -> Subscription:
+    def _subscription(self, name: str, sub_type: str, cursor, durable: bool = True) -> Subscription:
         return Subscription(topic=str(self.name), name=name, sub_type=sub_type, cursor=cursor, ml=self.ml,
-                            clock=self._clock, config=self.config, partition=self.partition, log=self._log)
+                            clock=self._clock, config=self.config, partition=self.partition, log=self._log,
+                            durable=durable)
 
     async def close(self) -> None:
         """Clean unload: subscriptions and cursors close with their final state, then the managed ledger."""
@@ -276,6 +279,10 @@ class Topic:
         if sub_name == DEDUP_CURSOR:
             raise TopicError(TopicStatus.BAD_REQUEST, f"subscription name {DEDUP_CURSOR!r} is reserved")
         async with self._sub_lock:
+            existing = self.subscriptions.get(sub_name)
+            if existing is not None and not existing.durable:
+                raise TopicError(TopicStatus.NOT_ALLOWED, f"{sub_name} is a reader's (non-durable) subscription "
+                                                          f"of {self.name}; a consumer needs a name of its own")
             sub = self.subscriptions.get(sub_name)
             if sub is None:
                 if len(self.subscriptions) >= self.config.subscriptions_per_topic_max:
@@ -288,6 +295,44 @@ class Topic:
                 self._log(f"topic {self.name}: subscription {sub_name} ({sub_type}) created at "
                           f"{cursor.mark_delete} ({initial_position})")
         return sub, sub.add_consumer(consumer_name, priority, sink, sub_type)
+
+    async def create_reader(self, sub_name: str, consumer_name: str, sink: ConsumerSink, *,
+                            message_id: MessageId | None, initial_position: str, inclusive: bool):
+        """A reader: an Exclusive subscription over a NonDurableCursor starting as non_durable_cursor.py says
+        (BAD_REQUEST for a malformed or unknown start message id). `sub_name` "" = "reader-<10 hex>"."""
+        self._check_serving()
+        if not sub_name:
+            self._reader_seq += 1
+            sub_name = f"{READER_NAME_PREFIX}{(self.loaded_ms * 1000 + self._reader_seq) & 0xFF_FFFF_FFFF:010x}"
+        if sub_name == DEDUP_CURSOR:
+            raise TopicError(TopicStatus.BAD_REQUEST, f"subscription name {DEDUP_CURSOR!r} is reserved")
+        md, skip_position, skip = reader_start(self.ml, message_id=message_id, initial=initial_position,
+                                               inclusive=inclusive)
+        async with self._sub_lock:
+            existing = self.subscriptions.get(sub_name)
+            if existing is not None:
+                if existing.durable:
+                    raise TopicError(TopicStatus.NOT_ALLOWED, f"{self.name} has a durable subscription {sub_name}; "
+                                                              f"a reader needs a name of its own")
+                raise TopicError(TopicStatus.CONSUMER_BUSY, f"reader {sub_name} is already connected to {self.name}")
+            if len(self.subscriptions) >= self.config.subscriptions_per_topic_max:
+                raise TopicError(TopicStatus.TOO_MANY_REQUESTS,
+                                 f"topic {self.name} has {len(self.subscriptions)} "
+                                 f"subscriptions and readers (topic.subscriptions_per_topic_max)")
+            cursor = NonDurableCursor(self.ml, sub_name, config=self.config, mark_delete=md,
+                                      skip_position=skip_position, skip_indexes=skip, log=self._log)
+            sub = self._subscription(sub_name, "Exclusive", cursor, durable=False)
+            self.subscriptions[sub_name] = sub
+        self._log(f"topic {self.name}: reader {sub_name} starts after {md}"
+                  + (f" (skipping batch indexes {sorted(skip)} of {skip_position})" if skip_position else ""))
+        return sub, sub.add_consumer(consumer_name, 0, sink, "Exclusive")
+
+    async def remove_consumer(self, sub: Subscription, consumer) -> None:
+        """A consumer left; a reader's subscription goes with its reader."""
+        sub.remove_consumer(consumer)
+        if not sub.durable and not sub.consumers and self.subscriptions.get(sub.name) is sub:
+            del self.subscriptions[sub.name]
+            await sub.close()
 
     async def unsubscribe(self, sub_name: str) -> None:
         sub = self.subscriptions.get(sub_name)
@@ -330,10 +375,10 @@ class Topic:
             newest = await self.ml.find_newest_before(_publish_time, cutoff)
             if newest is not None:
                 for sub in self.subscriptions.values():
-                    if sub.cursor.mark_delete < newest:
+                    if sub.durable and sub.cursor.mark_delete < newest:
                         sub.cursor.expire_until(newest)
                         sub.wake()
-        cursors = [s.cursor for s in self.subscriptions.values()]
+        cursors = [s.cursor for s in self.subscriptions.values() if s.durable]  # readers hold nothing back
         if self._dedup_cursor is not None:
             cursors.append(self._dedup_cursor)
         slowest = min((c.persisted_mark_delete for c in cursors), default=None)
