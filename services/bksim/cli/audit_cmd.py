@@ -30,6 +30,7 @@ from bksim.cli.progress import Progress
 
 RUN_DIR_DEFAULT = os.path.join(".run", "spark")
 
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "audit", help="replay bookie journals and prove durability against the ledger metadata",
