@@ -105,7 +105,8 @@ def cmd_cluster_up(args) -> int:
     pids = cluster.up(args.timeout)
     waited = time.monotonic() - started
     workers = ", ".join(str(pids[name]) for name in cluster.worker_names())
-    print(f"Spark standalone master {config.master_url} (pid {pids['master']}), {config.workers} workers ALIVE "
+    plural = "s" if config.workers != 1 else ""
+    print(f"Spark standalone master {config.master_url} (pid {pids['master']}), {config.workers} worker{plural} ALIVE "
           f"(pids {workers}; {config.worker_cores} cores, {config.worker_memory_mb} MiB each) in {waited:.1f}s")
     print(f"web UI http://{config.host}:{config.ui_port}/, logs and pid files in {config.run_dir}")
     print(f"run: bksim audit --master {config.master_url} --journals ... --metadata ... --out ...")
