@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 PIP_RUNTIME = grpcio==1.85.1 grpcio-tools==1.85.1 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 \
   protobuf==7.36.2 kazoo==2.11.0 rocksdict==0.3.29 crc32c==2.9.post0 google-crc32c==1.9.0 \
   cryptography==50.0.2 PyJWT==2.15.1 aiohttp==3.14.5 prometheus-client==0.26.0
-PIP_DEV = pyspark==4.3.0 pytest==9.2.0 pytest-timeout==2.4.0 docker==7.1.0 matplotlib==3.11.2 hypothesis==6.170.17
+PIP_DEV = pyspark==4.3.0 pytest==9.2.0 pytest-timeout==2.4.0 docker==7.1.0 matplotlib==3.11.2 hypothesis==6.170.17 \
+  kubernetes-validate==1.37.0
 PIP_PKGS = $(PIP_RUNTIME) $(PIP_DEV)
 ZK_JAR := /usr/share/java/zookeeper.jar
 STAMP := $(VENV)/.bksim-installed
