@@ -51,6 +51,8 @@ name their module; a module raises only the errors of its own layer or below).
     │                               (adapters/local_cluster.py)
     ├── MonitorError                the monitoring Prometheus could not be configured, started, reached or
     │                               stopped (adapters/prometheus_server.py)
+    ├── SparkStandaloneError        the audit's Spark standalone master or workers could not be started,
+    │                               reached or stopped (adapters/spark_standalone.py)
     ├── SimulationError             the simulated world used in a way it does not support (sim/loop.py)
     │   ├── SimThreadsRefused       run_in_executor or asyncio.to_thread under the simulator
     │   ├── SimDeadlock             no runnable task and no timer while tasks wait
