@@ -306,12 +306,7 @@ def test_zookeeper_mode_starts_a_server_from_bksim_variables(tmp_path):
         with open(f"/proc/{proc.pid}/cmdline", "rb") as f:
             assert b"QuorumPeerMain" in f.read(), "the JVM replaced the helper (exec), so it gets docker stop's signal"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        _stop(proc)
 
 
 def _stop(proc: subprocess.Popen) -> None:
