@@ -536,7 +536,7 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
                             await sub.seek(Position(p.ledger_id, p.entry_id))
                         else:
                             await topic.seek_to_time(sub, request.seek.publish_time_ms)
-                        result.ledger_id, result.entry_id = sub.cursor.read_position
+                        result.ledger_id, result.entry_id = sub.cursor.mark_delete
                     except TopicError as e:
                         result.error.CopyFrom(_error_message(e))
                     sink.answer(topic_pb2.ConsumeResponse(seek_result=result))

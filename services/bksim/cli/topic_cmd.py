@@ -1,4 +1,4 @@
-"""`bksim tenant|namespace|topic|produce|consume`: the topic layer from the command line, over bksim.client.
+"""`bksim tenant|namespace|topic|produce|consume|read`: the topic layer from the command line, over bksim.client.
 
     bksim tenant create NAME [--admin-roles R1,R2] | list   (get, set-admin-roles: cli/security_cmd.py)
     bksim namespace create TENANT/NS [--retention MS|-1] [--retention-bytes B|-1] [--ttl MS] [--dedup|--no-dedup]
@@ -8,6 +8,7 @@
     bksim produce TOPIC -m MSG [-m ...] [--separator ,] [--file F ...] [--count N] [--rate R] [--key K] [-p k=v ...]
     bksim consume TOPIC -s SUB [--type Exclusive|Failover|Shared|Key_Shared] [-n N] [--position earliest|latest]
                   [--hex] [--timeout S]
+    bksim read TOPIC [--start-message-id ID | --earliest | --latest] [--inclusive] [-n N] [--hex] [--timeout S]
 
 Every command talks to the brokers named by `--broker HOST:PORT` (repeatable or comma-separated; any broker
 answers admin calls and lookups, the client follows redirects to a topic's owner); default: the brokers
@@ -20,6 +21,9 @@ prints data as JSON (one object; `consume` prints one object per message, one pe
 content) and acknowledges it; `-n 0` consumes until interrupted. `produce` sends every message `--count` times
 (at most `--rate` messages/s; 0 = as fast as the producer's pending bound allows) and waits for every receipt;
 on a terminal, without --json, a status line on stderr counts the receipts (rate, ETA; cli/progress.py).
+`read` prints messages as `consume` does, through a reader (a non-durable cursor: nothing is acknowledged and
+nothing stays on the broker) from a message id as `consume --json` prints it (LEDGER:ENTRY[:PARTITION[:BATCH]];
+the message after it, or that message with --inclusive), or the earliest or latest (default) message.
 """
 from __future__ import annotations
 
@@ -143,6 +147,23 @@ def register(subparsers) -> None:
     p.add_argument("--timeout", type=float, default=0.0, metavar="S",
                    help="give up when no message came for S seconds (default 0: wait)")
     p.set_defaults(func=cmd_consume)
+
+    p = subparsers.add_parser("read", parents=[common], help="read messages through a reader (no subscription kept)")
+    p.add_argument("topic")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("-m", "--start-message-id", metavar="ID",
+                       help="LEDGER:ENTRY[:PARTITION[:BATCH]] (as consume --json prints it): read after it")
+    where.add_argument("--earliest", action="store_true", help="from the earliest message")
+    where.add_argument("--latest", action="store_true", help="from the next message published (the default)")
+    p.add_argument("--inclusive", action="store_true",
+                   help="also the start message itself (with --latest: the last message)")
+    p.add_argument("-n", "--count", type=_non_negative, default=1, metavar="N",
+                   help="messages to read (default 1; 0 = until interrupted)")
+    p.add_argument("--hex", action="store_true", help="print content as a hex dump")
+    p.add_argument("--hide-content", action="store_true", help="do not print the content")
+    p.add_argument("--timeout", type=float, default=0.0, metavar="S",
+                   help="give up when no message came for S seconds (default 0: wait)")
+    p.set_defaults(func=cmd_read)
 
 
 def _positive(text: str) -> int:
@@ -403,6 +424,67 @@ def message_json(m) -> dict:
             "redelivery_count": m.redelivery_count(), "topic": m.topic_name(), **content}
 
 
+def _print_message(args, m) -> None:
+    if args.json:
+        print(json.dumps(message_json(m), sort_keys=True), flush=True)
+        return
+    props = ", ".join(f"{k}={v}" for k, v in sorted(m.properties().items()))
+    line = f"key:[{m.key() if m.key() is not None else 'null'}], properties:[{props}]"
+    if not args.hide_content:
+        line += f", content:{_content(m.data(), args.hex)}"
+    print("----- got message -----", flush=False)
+    print(line, flush=True)
+
+
+def _next_message(receive, args, what: str, done: int):
+    """The next message, waiting in CONSUME_POLL_MS steps; TIMEOUT after --timeout seconds without one."""
+    from bksim.client import ClientError
+
+    last = time.monotonic()
+    while True:
+        try:
+            return receive(CONSUME_POLL_MS)
+        except ClientError as e:
+            if e.status is not TopicStatus.TIMEOUT:
+                raise
+            if args.timeout and time.monotonic() - last >= args.timeout:
+                raise ClientError(TopicStatus.TIMEOUT, f"no message on {args.topic} ({what}) for "
+                                                       f"{args.timeout:g} s; {done} so far") from None
+
+
+def parse_message_id(text: str):
+    """'L:E', 'L:E:P' or 'L:E:P:B' (str(MessageId)) -> MessageId; TopicCommandError naming the text."""
+    from bksim.client import MessageId
+
+    parts = text.split(":")
+    try:
+        if not 2 <= len(parts) <= 4:
+            raise ValueError
+        return MessageId(*(int(p) for p in parts))
+    except ValueError:
+        raise TopicCommandError(f"--start-message-id {text!r} is not LEDGER:ENTRY[:PARTITION[:BATCH]] "
+                                f"(integers, as consume --json prints message ids)") from None
+
+
+def cmd_read(args) -> int:
+    if args.timeout < 0:
+        raise TopicCommandError("--timeout must be >= 0")
+    start = (parse_message_id(args.start_message_id) if args.start_message_id
+             else "earliest" if args.earliest else "latest")
+    read = 0
+    with _client(args) as c:
+        reader = c.create_reader(args.topic, start, start_message_id_inclusive=args.inclusive)
+        try:
+            while args.count == 0 or read < args.count:
+                _print_message(args, _next_message(reader.read_next, args, f"reader from {start}", read))
+                read += 1
+        finally:
+            reader.close()
+    if not args.json:
+        print(f"{read} messages successfully read", file=sys.stderr)
+    return 0
+
+
 def cmd_consume(args) -> int:
     from bksim.client import ClientError, InitialPosition, SubscriptionType
 
@@ -430,15 +512,7 @@ def cmd_consume(args) -> int:
                                                                f"{consumed}") from None
                     continue
                 last = time.monotonic()
-                if args.json:
-                    print(json.dumps(message_json(m), sort_keys=True), flush=True)
-                else:
-                    props = ", ".join(f"{k}={v}" for k, v in sorted(m.properties().items()))
-                    line = f"key:[{m.key() if m.key() is not None else 'null'}], properties:[{props}]"
-                    if not args.hide_content:
-                        line += f", content:{_content(m.data(), args.hex)}"
-                    print("----- got message -----", flush=False)
-                    print(line, flush=True)
+                _print_message(args, m)
                 consumer.acknowledge(m)
                 consumed += 1
         finally:

@@ -12,6 +12,8 @@
                                     initial_position=InitialPosition.Earliest)
         msg = consumer.receive(timeout_ms=5000)
         consumer.acknowledge(msg)
+        reader = client.create_reader("persistent://acme/orders/new", InitialPosition.Earliest)  # non-durable
+        msg = reader.read_next(timeout_ms=5000)
 
 A sync facade over an asyncio core running on one background thread per Client (core.py); producer.py and
 consumer.py say how batching, sequence ids, routing, permits, acks and reconnects work. Every failure is a
@@ -21,7 +23,8 @@ from bksim.client.client import Client
 from bksim.client.consumer import Consumer
 from bksim.client.errors import ClientError
 from bksim.client.producer import Producer
+from bksim.client.reader import Reader
 from bksim.client.types import InitialPosition, Message, MessageId, RoutingMode, SubscriptionType
 
-__all__ = ["Client", "Producer", "Consumer", "Message", "MessageId", "SubscriptionType", "InitialPosition",
+__all__ = ["Client", "Producer", "Consumer", "Reader", "Message", "MessageId", "SubscriptionType", "InitialPosition",
            "RoutingMode", "ClientError"]

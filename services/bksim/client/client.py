@@ -1,4 +1,5 @@
-"""`Client`: the entry point of the topic client — admin calls, producers and consumers (like pulsar-client).
+"""`Client`: the entry point of the topic client — admin calls, producers, consumers and readers (like
+pulsar-client).
 
 A Client owns one event loop thread (core.LoopThread), a gRPC channel per broker address, and the producers
 and consumers it created (close() closes them). `service_url` is one broker address or several
@@ -25,6 +26,7 @@ from bksim.client.errors import ClientError
 from bksim.client.producer import (BATCHING_MAX_BYTES_DEFAULT, BATCHING_MAX_MESSAGES_DEFAULT,
                                    BATCHING_MAX_PUBLISH_DELAY_MS_DEFAULT, MAX_MESSAGE_BYTES_DEFAULT,
                                    MAX_PENDING_MESSAGES_DEFAULT, SEND_TIMEOUT_MS_DEFAULT, Producer)
+from bksim.client.reader import Reader
 from bksim.client.types import InitialPosition, RoutingMode, SubscriptionType
 from bksim.gen import topic_pb2
 from bksim.model.status import TopicStatus
@@ -259,6 +261,19 @@ class Client:
                             ack_group_time_ms=ack_group_time_ms)
         self._open(consumer)
         return consumer
+
+    def create_reader(self, topic: str, start_message_id, *, start_message_id_inclusive: bool = False,
+                      receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT, reader_name: str | None = None) -> Reader:
+        """A reader of `topic` from `start_message_id`: a MessageId (the message after it; with
+        start_message_id_inclusive, that message), or InitialPosition.Earliest / .Latest ("earliest", "latest").
+        A non-durable cursor on the broker (reader.py says how it resumes after a failover); connected when this
+        returns. A partitioned topic is read on every partition from earliest or latest."""
+        partitions = self._partitions(topic)
+        reader = Reader(self, topic, partitions, start_message_id,
+                        start_message_id_inclusive=start_message_id_inclusive,
+                        receiver_queue_size=receiver_queue_size, reader_name=reader_name)
+        self._open(reader)
+        return reader
 
     def _open(self, child) -> None:
         if self._closed:

@@ -68,6 +68,23 @@ def _ack_id(mid: MessageId, batch_size: int) -> topic_pb2.AckId:
 class Consumer:
     """Receives from one subscription of one topic (all its partitions). Create with `Client.subscribe`."""
 
+    _tracks_acks = True  # a Reader (reader.py) acknowledges nothing: the broker does as it sends
+
+    # -- hooks for reader.py (the loop thread calls them, except _dequeued: the caller's, under self._lock) ----
+    def _open_message(self, part: "_PartitionConsumer", name: str) -> topic_pb2.SubscribeOpen:
+        return topic_pb2.SubscribeOpen(topic=part.topic, subscription=self._subscription, type=self._type.value,
+                                       consumer_name=name, priority=self._priority,
+                                       initial_position=self._initial_position.value)
+
+    def _subscribed(self, part: "_PartitionConsumer", subscribed: topic_pb2.Subscribed) -> None:
+        pass
+
+    def _dequeued(self, part: "_PartitionConsumer", message: Message) -> None:
+        pass
+
+    def _seeked(self, part: "_PartitionConsumer", result: topic_pb2.SeekResult) -> None:
+        pass
+
     def __init__(self, client, topic: str, partitions: int, subscription: str, *,
                  subscription_type: SubscriptionType, consumer_name: str | None, priority: int,
                  initial_position: InitialPosition, receiver_queue_size: int, ack_timeout_ms: int,
@@ -178,6 +195,7 @@ class Consumer:
                     self._waiters -= 1
             msg = self._queue.popleft()
             part = msg._owner
+            self._dequeued(part, msg)
             flows = []
             if msg._epoch == part.epoch:
                 part.refill += 1
@@ -201,8 +219,9 @@ class Consumer:
     def _deliver(self, part: "_PartitionConsumer", messages: list[Message], skipped: int) -> None:  # loop thread
         flow = None
         with self._lock:
-            for m in messages:
-                self._unacked[m._id] = (part, m._batch_size)
+            if self._tracks_acks:
+                for m in messages:
+                    self._unacked[m._id] = (part, m._batch_size)
             self._queue.extend(messages)
             if skipped:
                 part.refill += skipped
@@ -501,6 +520,17 @@ class _PartitionConsumer:
                               f"consumer of {self.topic} is reconnecting; seek again later")
         await future
 
+    async def request_last_message_id(self) -> topic_pb2.LastMessageId:
+        self._request_id += 1
+        rid = self._request_id
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = (future, "last_message_id")
+        if not self._put(topic_pb2.ConsumeRequest(get_last_message_id=topic_pb2.GetLastMessageId(request_id=rid))):
+            self._waiting.pop(rid, None)
+            raise ClientError(TopicStatus.SERVICE_UNAVAILABLE,
+                              f"reader of {self.topic} is reconnecting; ask again later")
+        return await future
+
     # -- lifecycle ---------------------------------------------------------------------------------------------
     async def start(self, name: str) -> None:
         await self.stream.start(name)
@@ -513,16 +543,14 @@ class _PartitionConsumer:
         return f"consumer of {self.topic} (subscription {self.consumer._subscription})"
 
     def open_request(self, name: str) -> topic_pb2.ConsumeRequest:
-        consumer = self.consumer
-        return topic_pb2.ConsumeRequest(open=topic_pb2.SubscribeOpen(
-            topic=self.topic, subscription=consumer._subscription, type=consumer._type.value, consumer_name=name,
-            priority=consumer._priority, initial_position=consumer._initial_position.value))
+        return topic_pb2.ConsumeRequest(open=self.consumer._open_message(self, name))
 
     def opened(self, subscribed: topic_pb2.Subscribed) -> str:
         """A new stream: grant the whole receive queue's permits again, and send the acks kept meanwhile."""
         consumer = self.consumer
         with consumer._lock:
             self.refill = 0
+        consumer._subscribed(self, subscribed)
         self._put(topic_pb2.ConsumeRequest(flow=topic_pb2.Flow(permits=consumer._queue_size)))
         if self._ack_backlog:
             backlog, self._ack_backlog = self._ack_backlog, []
@@ -546,8 +574,13 @@ class _PartitionConsumer:
         elif kind == "seek_result":
             if not response.seek_result.HasField("error"):
                 permits = self.consumer._purge(self)  # what came before the seek is stale
+                self.consumer._seeked(self, response.seek_result)
                 self.send_flow(permits, self.epoch)
             self._answer(response.seek_result.request_id, response.seek_result)
+        elif kind == "last_message_id":
+            future, _kind = self._waiting.pop(response.last_message_id.request_id, (None, ""))
+            if future is not None and not future.done():
+                future.set_result(response.last_message_id)
         elif kind == "active_change":
             self.active = response.active_change.active
         elif kind == "error":

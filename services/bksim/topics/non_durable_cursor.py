@@ -12,10 +12,13 @@ Start position (`reader_start`, pure; the Subscription dispatches from the entry
 - a message id (ledger, entry, batch index): exclusive starts after that message, inclusive at it. A message
   of a batch entry starts at its entry with the batch indexes before it (exclusive: up to and including it)
   reported as already acknowledged, so neither the broker's decoded deliveries nor bksim.client return them;
+- exclusive from (ledger, -1) (a position, as Subscribed.start and SeekResult name it): everything from that
+  ledger on (a ledger dropped meanwhile because it stayed empty: from the next one);
 - a message id before the topic's first entry (its ledger was trimmed by retention) starts at the first entry:
   what was there is gone, as Pulsar's reader does;
-- malformed (ledger or entry < 0, batch index < -1) or unknown (after the last confirmed entry, or in a ledger
-  the topic does not have, or past that ledger's entries): BAD_REQUEST naming the id and what the topic holds.
+- malformed (ledger < 0, entry < -1, entry -1 with a batch index or inclusive, batch index < -1) or unknown
+  (after the last confirmed entry, or in a ledger the topic does not have, or past that ledger's entries):
+  BAD_REQUEST naming the id and what the topic holds.
 
 Acknowledgement: the subscription acknowledges (cumulatively, in memory) each entry as it dispatches it, as
 Pulsar's ReaderImpl acknowledges cumulatively every message it returns; so a reader is bounded by its permits
@@ -51,16 +54,26 @@ def reader_start(layout: LedgerLayout, *, message_id: MessageId | None, initial:
             return layout.previous_position(last), None, frozenset()
         return last, None, frozenset()
     ledger, entry, _, batch_index = message_id
-    if ledger < 0 or entry < 0 or batch_index < -1:
+    before_ledger = entry == -1 and batch_index == -1 and not inclusive
+    if ledger < 0 or (entry < 0 and not before_ledger) or batch_index < -1:
         raise TopicError(TopicStatus.BAD_REQUEST,
                          f"malformed start message id {ledger}:{entry} batch index {batch_index}: ledger and "
-                         f"entry are >= 0, the batch index -1 (not a batch) or the message's index in its batch")
+                         f"entry are >= 0 (entry -1 only exclusive without a batch index: from that ledger on), "
+                         f"the batch index -1 (not a batch) or the message's index in its batch")
     pos = Position(ledger, entry)
+    ids = layout.ledger_ids()
+    if before_ledger:
+        if pos < layout.first_position():
+            return layout.previous_position(layout.first_position()), None, frozenset()
+        later = [i for i in ids if i >= ledger]
+        if later:
+            return Position(later[0], -1), None, frozenset()
+        raise TopicError(TopicStatus.BAD_REQUEST, f"start position {pos} is after every ledger of this topic "
+                                                  f"(last message {layout.last_confirmed})")
     if not layout.contains(pos):
         first = layout.first_position()
         if pos < first and layout.entries_in(pos.ledger) is None:
             return layout.previous_position(first), None, frozenset()  # trimmed: start at what is left
-        ids = layout.ledger_ids()
         raise TopicError(TopicStatus.BAD_REQUEST,
                          f"start message id {pos} is not a message of this topic (ledgers "
                          f"{ids[:3]}{'...' if len(ids) > 3 else ''}{ids[-1:] if len(ids) > 3 else ''}, "

@@ -40,10 +40,15 @@ def test_start_positions_earliest_latest_and_message_ids():
     assert start(layout, MessageId(7, 1, -1, 0), inclusive=True) == (Position(7, 0), None, frozenset())
     # before the first entry (a trimmed ledger): from the first entry left
     assert start(layout, MessageId(1, 9)) == (Position(3, -1), None, frozenset())
+    # a position "before ledger L" (entry -1, exclusive): from that ledger on, or from the next ledger when it is gone
+    assert start(layout, MessageId(7, -1)) == (Position(7, -1), None, frozenset())
+    assert start(layout, MessageId(5, -1)) == (Position(7, -1), None, frozenset())
+    assert start(layout, MessageId(1, -1)) == (Position(3, -1), None, frozenset())
 
 
 @pytest.mark.parametrize("mid, words", [
     (MessageId(-1, 0), "malformed"), (MessageId(3, -2), "malformed"), (MessageId(3, 0, -1, -2), "malformed"),
+    (MessageId(3, -1, -1, 0), "malformed"), (MessageId(8, -1), "after every ledger"),
     (MessageId(7, 5), "not a message of this topic"),   # after the last one
     (MessageId(5, 0), "not a message of this topic"),   # a ledger the topic does not have
     (MessageId(9, 0), "not a message of this topic"),
