@@ -13,10 +13,12 @@
 #       Lookup, then a Produce stream at the owner: open, wait for ProducerReady, Sends of at most N messages
 #       (sequence ids from last_sequence_id + 1), one SendReceipt per Send, half-close.
 #   consume TOPIC --subscription S --count N [--type exclusive|shared|failover|key_shared]
-#           [--position earliest|latest]
+#           [--position earliest|latest] [--format entry|messages]
 #       Lookup, then a Subscribe stream at the owner: open, wait for Subscribed, Flow(N permits), decode each
 #       Delivery's stored entry (the message entry format, services/bksim/formats/message.py), ack every
 #       message taken (batch-index acks inside a batch) with a request id, wait for every AckResult, half-close.
+#       --format messages: the broker decodes (DeliveryFormat MESSAGES): each Delivery's ReceivedMessages are
+#       taken as they are and acknowledged by their own ids; nothing here reads the entry format.
 #
 # FILE of --payloads: a JSON list; each item a base64 string (the payload) or an object
 # {"payload_b64": ..., "key": ..., "properties": {...}, "event_time_ms": ...}. Payloads are bytes, never text.
@@ -289,8 +291,10 @@ def consume(broker, o)
   topic = o.fetch(:args).fetch(0)
   count = o.fetch(:count)
   outbox = Outbox.new
+  decoded = o[:format] == :MESSAGES
   outbox.push(TopicV1::ConsumeRequest.new(open: TopicV1::SubscribeOpen.new(
-    topic: topic, subscription: o.fetch(:subscription), type: o[:type], initial_position: o[:position])))
+    topic: topic, subscription: o.fetch(:subscription), type: o[:type], initial_position: o[:position],
+    delivery_format: o[:format])))
   subscribed = nil
   messages = []
   acks_pending = 0
@@ -305,6 +309,24 @@ def consume(broker, o)
         outbox.push(TopicV1::ConsumeRequest.new(flow: TopicV1::Flow.new(permits: count)))
       when :deliveries
         response.deliveries.deliveries.each do |d|
+          if decoded
+            ids = []
+            d.messages.each do |m|
+              next if messages.size >= count
+              base = "#{d.ledger_id}:#{d.entry_id}:#{m.partition}"
+              messages << { message_id: m.id.batch_index >= 0 ? "#{base}:#{m.id.batch_index}" : base,
+                            payload_b64: b64(m.payload), key: m.has_key ? m.key : nil,
+                            properties: m.properties.to_h, sequence_id: m.sequence_id,
+                            event_time_ms: m.event_time_ms, publish_time_ms: m.publish_time_ms,
+                            producer_name: m.producer_name, redelivery_count: m.redelivery_count }
+              ids << m.id
+            end
+            next if ids.empty?
+            ack_id += 1
+            acks_pending += 1
+            outbox.push(TopicV1::ConsumeRequest.new(ack: TopicV1::Ack.new(request_id: ack_id, ids: ids)))
+            next
+          end
           entry = MessageEntry.decode(d.entry)
           ids = []
           entry[:messages].each_with_index do |m, i|
@@ -345,7 +367,7 @@ COMMANDS = { 'ledger-write' => :ledger_write, 'ledger-read' => :ledger_read, 'pr
 
 def main(argv)
   o = { timeout: 15.0, ensemble: 1, write_quorum: 1, ack_quorum: 1, batch: 100, type: :EXCLUSIVE,
-        position: :EARLIEST }
+        position: :EARLIEST, format: :ENTRY }
   parser = OptionParser.new do |p|
     p.banner = "usage: client.rb --broker HOST:PORT [options] #{COMMANDS.keys.join('|')} [ARG]"
     p.on('--broker HOST:PORT') { |v| o[:broker] = v }
@@ -363,6 +385,7 @@ def main(argv)
     p.on('--count N', Integer) { |v| o[:count] = v }
     p.on('--type TYPE', %w[exclusive shared failover key_shared]) { |v| o[:type] = v.upcase.to_sym }
     p.on('--position POS', %w[earliest latest]) { |v| o[:position] = v.upcase.to_sym }
+    p.on('--format FORMAT', %w[entry messages]) { |v| o[:format] = v.upcase.to_sym }
   end
   args = parser.parse(argv)
   command = COMMANDS[args.shift]

@@ -164,3 +164,28 @@ def test_messages_produced_in_python_consumed_in_ruby(cluster, client, ns):
     assert {m["producer_name"] for m in got} == {"py-1"} and out["acks"] == 4  # one Ack per entry
     stats = client.topic_stats(topic)["subscriptions"]["rb"]
     assert stats["msgBacklog"] == 0 and stats["consumers"] == [], stats  # every message acked, stream ended
+
+
+def test_ruby_consumes_decoded_messages_without_the_entry_format(cluster, client, ns):
+    """delivery_format MESSAGES: Ruby takes the broker's ReceivedMessages and acks them by their ids (batch-index
+    acks); the same messages, ids and fields as the Python client's."""
+    topic = f"persistent://{ns}/decoded-to-ruby"
+    client.create_topic(topic)
+    data = payloads(5, 7)
+    producer = client.create_producer(topic, producer_name="py-2", batching_max_publish_delay_ms=1_000)
+    ids: list = []
+    for i, d in enumerate(data[:5]):  # one batch of 5, then two single messages
+        producer.send_async(d, lambda e, mid: ids.append((e, mid)), properties={"i": str(i)}, key=f"k{i}")
+    producer.flush()
+    ids = [mid for e, mid in ids if e is None]
+    ids += [producer.send(d, event_time_ms=5) for d in data[5:]]
+    out = ruby("consume", topic, "--subscription", "rb-decoded", "--count", "7", "--format", "messages",
+               broker=non_owner(cluster, client, topic))
+    got = out["messages"]
+    assert [unb64(m["payload_b64"]) for m in got] == data
+    assert [m["message_id"] for m in got] == [str(mid) for mid in ids]
+    assert [m["key"] for m in got] == [f"k{i}" for i in range(5)] + [None, None]
+    assert [m["properties"] for m in got] == [{"i": str(i)} for i in range(5)] + [{}, {}]
+    assert [m["event_time_ms"] for m in got[5:]] == [5, 5] and {m["producer_name"] for m in got} == {"py-2"}
+    stats = client.topic_stats(topic)["subscriptions"]["rb-decoded"]
+    assert stats["msgBacklog"] == 0 and stats["consumers"] == [], stats
