@@ -113,3 +113,27 @@ def test_a_reader_from_a_message_id_inclusive_and_exclusive():
             assert [d.position for d in sink.got] == [positions[i] for i in expect]
             await sub.close()
     asyncio.run(main())
+
+
+def test_decoded_messages_of_a_delivery():
+    """adapters/topic_server.received_messages: the MESSAGES format, acknowledged batch indexes left out, a
+    single message with batch index -1 and size 0, an entry not in the message format as one raw message."""
+    from bksim.adapters.topic_server import received_messages
+    from bksim.topics.subscription import Delivery
+
+    batch = encode_entry([Message(b"a", key="k", properties={"p": "1"}, event_time_ms=5, sequence_id=7),
+                          Message(b"b", sequence_id=8), Message(b"c", key="", sequence_id=9)],
+                         producer_name="prod", publish_time_ms=1234, batch=True)
+    got = received_messages(Delivery(Position(4, 2), batch, 3, (1,)), partition=2)
+    assert [(m.payload, m.id.batch_index, m.id.batch_size) for m in got] == [(b"a", 0, 3), (b"c", 2, 3)]
+    first = got[0]
+    assert (first.key, first.has_key, dict(first.properties), first.event_time_ms, first.publish_time_ms,
+            first.sequence_id, first.producer_name, first.redelivery_count, first.partition) == \
+        ("k", True, {"p": "1"}, 5, 1234, 7, "prod", 3, 2)
+    assert (got[1].key, got[1].has_key) == ("", True)
+    assert (first.id.ledger_id, first.id.entry_id) == (4, 2)
+    single = encode_entry([Message(b"s", sequence_id=1)], producer_name="prod", publish_time_ms=1, batch=False)
+    [m] = received_messages(Delivery(Position(4, 3), single, 0, ()), partition=-1)
+    assert (m.payload, m.id.batch_index, m.id.batch_size, m.has_key) == (b"s", -1, 0, False)
+    [raw] = received_messages(Delivery(Position(4, 4), b"written by hand", 0, ()), partition=-1)
+    assert (raw.payload, raw.id.batch_index, raw.producer_name) == (b"written by hand", -1, "")
