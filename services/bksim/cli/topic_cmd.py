@@ -436,7 +436,7 @@ def _print_message(args, m) -> None:
     print(line, flush=True)
 
 
-def _next_message(receive, args, what: str, done: int):
+def _next_message(receive, args, what: str, done: str):
     """The next message, waiting in CONSUME_POLL_MS steps; TIMEOUT after --timeout seconds without one."""
     from bksim.client import ClientError
 
@@ -449,7 +449,7 @@ def _next_message(receive, args, what: str, done: int):
                 raise
             if args.timeout and time.monotonic() - last >= args.timeout:
                 raise ClientError(TopicStatus.TIMEOUT, f"no message on {args.topic} ({what}) for "
-                                                       f"{args.timeout:g} s; {done} so far") from None
+                                                       f"{args.timeout:g} s; {done}") from None
 
 
 def parse_message_id(text: str):
@@ -476,7 +476,7 @@ def cmd_read(args) -> int:
         reader = c.create_reader(args.topic, start, start_message_id_inclusive=args.inclusive)
         try:
             while args.count == 0 or read < args.count:
-                _print_message(args, _next_message(reader.read_next, args, f"reader from {start}", read))
+                _print_message(args, _next_message(reader.read_next, args, f"reader from {start}", f"read {read}"))
                 read += 1
         finally:
             reader.close()
@@ -486,7 +486,7 @@ def cmd_read(args) -> int:
 
 
 def cmd_consume(args) -> int:
-    from bksim.client import ClientError, InitialPosition, SubscriptionType
+    from bksim.client import InitialPosition, SubscriptionType
 
     try:
         kind = SubscriptionType.parse(args.type)
@@ -499,19 +499,8 @@ def cmd_consume(args) -> int:
         consumer = c.subscribe(args.topic, args.subscription, kind, consumer_name=args.consumer_name,
                                priority=args.priority, initial_position=InitialPosition.parse(args.position))
         try:
-            last = time.monotonic()
             while args.num_messages == 0 or consumed < args.num_messages:
-                try:
-                    m = consumer.receive(CONSUME_POLL_MS)
-                except ClientError as e:
-                    if e.status is not TopicStatus.TIMEOUT:
-                        raise
-                    if args.timeout and time.monotonic() - last >= args.timeout:
-                        raise ClientError(TopicStatus.TIMEOUT, f"no message on {args.topic} (subscription "
-                                                               f"{args.subscription}) for {args.timeout:g} s; consumed "
-                                                               f"{consumed}") from None
-                    continue
-                last = time.monotonic()
+                m = _next_message(consumer.receive, args, f"subscription {args.subscription}", f"consumed {consumed}")
                 _print_message(args, m)
                 consumer.acknowledge(m)
                 consumed += 1
