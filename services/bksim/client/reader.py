@@ -144,7 +144,8 @@ class Reader:
 
     def has_message_available(self) -> bool:
         """Whether read_next() has a message to return now or later without anything new being published: one is
-        queued, or some partition's last message is after the reader's position (asks each partition's owner)."""
+        queued, or some partition's last message is after the reader's position (asks each partition's owner;
+        SERVICE_UNAVAILABLE while a partition's stream is reconnecting: ask again)."""
         self._consumer._check_usable()
         with self._consumer._lock:
             if self._consumer._queue:
