@@ -14,7 +14,7 @@ PIP_PKGS = $(PIP_RUNTIME) $(PIP_DEV)
 ZK_JAR := /usr/share/java/zookeeper.jar
 STAMP := $(VENV)/.bksim-installed
 
-.PHONY: deps venv zookeeper proto interop-deps ruby-grpc up down status init monitor prometheus browser-deps test test-unit test-integration test-abuse fuzz clean
+.PHONY: deps venv zookeeper proto interop-deps ruby-grpc up down status init monitor prometheus browser-deps test test-perf test-unit test-integration test-abuse fuzz clean
 
 # The `bksim` command from the venv. The configuration is deploy/bksim.toml, or $BKSIM_CONFIG, with
 # BKSIM_<SECTION>_<OPTION> environment overrides (e.g. `BKSIM_CLUSTER_BOOKIES=0 make up`).
@@ -95,8 +95,13 @@ $(CHROMIUM_BIN):
 	apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
 
 # ---- tests ---------------------------------------------------------------------------------------------
+# make test leaves out the smoke runs of the long benchmarks (marker benchmark_run: rereplication, soak, the
+# security and metrics cost pairs, perf audit); make test-perf runs every smoke test of `bksim perf`.
 test: deps compose-tools interop-deps prometheus browser-deps
-	$(PYTEST) tests
+	$(PYTEST) -m "not benchmark_run" tests
+
+test-perf: deps
+	$(PYTEST) tests/perf
 
 test-unit: deps
 	$(PYTEST) $(wildcard tests/unit tests/architecture)

@@ -7,7 +7,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from perf.perf_smoke_checks import assert_figures
+
+pytestmark = pytest.mark.benchmark_run  # a long benchmark's smoke run: `make test-perf`, not `make test`
 
 RUN_TIMEOUT_S = 240.0
 

@@ -10,8 +10,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from bksim.adapters import processes
 from perf.perf_smoke_checks import assert_figures
+
+pytestmark = pytest.mark.benchmark_run  # a long benchmark's smoke run: `make test-perf`, not `make test`
 
 RUN_TIMEOUT_S = 240.0
 

@@ -10,7 +10,11 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from bksim.adapters import processes
+
+pytestmark = pytest.mark.benchmark_run  # a long benchmark's smoke run: `make test-perf`, not `make test`
 
 RUN_TIMEOUT_S = 150.0
 RATE = 200
