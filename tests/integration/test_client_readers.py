@@ -100,6 +100,7 @@ def test_reader_inside_a_batch(client, topic):
     ids = _send(client, topic, 6, batch=True)
     assert {(m.ledger, m.entry) for m in ids} == {(ids[0].ledger, ids[0].entry)}, "one batch"
     with client.create_reader(topic, ids[2]) as exclusive:
+        assert exclusive.has_message_available()  # asked before anything came: the rest of the batch
         assert _read(exclusive, 3) == [b"m3", b"m4", b"m5"]
         assert not exclusive.has_message_available()
     with client.create_reader(topic, ids[2], start_message_id_inclusive=True) as inclusive:

@@ -39,6 +39,7 @@ class _Resume:
 
     def __init__(self, message_id: MessageId | None, inclusive: bool, initial: InitialPosition,
                  batch_size: int = 0) -> None:
+        """batch_size: messages in the entry of `message_id` (0: not a batch; -1: not known)."""
         self.message_id = message_id
         self.inclusive = inclusive
         self.initial = initial
@@ -56,7 +57,11 @@ class _Resume:
             return True
         if end < here:
             return False
-        return self.inclusive or 0 <= mid.batch_index < self.batch_size - 1
+        if self.inclusive:
+            return True
+        if self.batch_size < 0:  # a start inside a batch of unknown size: later messages of it may follow
+            return mid.batch_index >= 0
+        return 0 <= mid.batch_index < self.batch_size - 1
 
 
 class _ReaderConsumer(Consumer):
@@ -68,7 +73,7 @@ class _ReaderConsumer(Consumer):
                          consumer_name=reader_name, priority=0, initial_position=initial,
                          receiver_queue_size=receiver_queue_size, ack_timeout_ms=0,
                          negative_ack_redelivery_delay_ms=0, ack_group_time_ms=0)
-        self._resume = {part: _Resume(start, inclusive, initial) for part in self._parts}
+        self._resume = {part: _Resume(start, inclusive, initial, -1) for part in self._parts}
 
     def _open_message(self, part: _PartitionConsumer, name: str) -> topic_pb2.SubscribeOpen:
         with self._lock:
