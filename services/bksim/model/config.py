@@ -204,6 +204,11 @@ class TopicConfig:
     key_shared_replica_points: int = option(100, "Key_Shared: points per consumer on the consistent-hash ring")
     failover_switch_delay_ms: int = option(1_000, "Failover: wait this long after an active-consumer change before "
                                            "redispatching, so the old consumer's acks can land")
+    delayed_delivery_enabled: bool = option(True, "Shared and Key_Shared subscriptions hold a message with a delivery "
+                                            "time until then (Pulsar's delayedDeliveryEnabled); off = at once")
+    delayed_messages_per_subscription_max: int = option(100_000, "delayed messages one subscription holds; at "
+                                                        "the limit its dispatcher reads no further until some "
+                                                        "come due")
     # cursors
     cursor_persist_interval_ms: int = option(1_000, "a cursor persists its ack state at most this often (a kill -9 "
                                              "can redeliver what was acked since its last persist)")
@@ -341,6 +346,7 @@ class Config:
                      "batch_messages_max", "producer_pending_max", "dedup_snapshot_entries", "dedup_producers_max",
                      "dispatch_read_entries_max", "consumer_unacked_max", "subscription_unacked_max",
                      "consumers_per_subscription_max", "subscriptions_per_topic_max", "key_shared_replica_points",
+                     "delayed_messages_per_subscription_max",
                      "cursor_persist_interval_ms", "cursor_ledger_entries_max", "cursor_snapshot_chunk_bytes",
                      "ranges_in_metadata_max", "redelivery_counts_max"):
             _require(getattr(t, name) > 0, f"topic.{name} must be > 0")
