@@ -78,3 +78,5 @@ class TopicStatus(enum.StrEnum):
     INTERNAL = "INTERNAL"
     UNAUTHENTICATED = "UNAUTHENTICATED"  # no token, or one that does not verify
     PERMISSION_DENIED = "PERMISSION_DENIED"  # the caller's role may not do this
+    PRODUCER_BLOCKED_QUOTA_EXCEEDED = "PRODUCER_BLOCKED_QUOTA_EXCEEDED"  # backlog over a quota (producer_exception)
+    CONSUMER_ASSIGN_ERROR = "CONSUMER_ASSIGN_ERROR"  # Key_Shared sticky hash ranges malformed or overlapping
