@@ -6,13 +6,17 @@ consumers decode the messages. Every message keeps its own key, properties, even
 
     header:  magic "BKM1" | flags u16 | publish_time_ms i64 | first_sequence_id i64 | highest_sequence_id i64
              | num_messages u32 | producer_name (u16 length + UTF-8) | sticky key (u16 length + UTF-8)
+             | deliver_at_ms i64 (only with flag bit 2)
     then num_messages times:
              record_length u32 | sequence_id i64 | event_time_ms i64 | has_key u8 | key (u16 + UTF-8)
              | property count u16 | (name u16 + UTF-8, value u32 + UTF-8) * count | payload u32 + bytes
 
 flags: bit 0 = batch (the entry was sent as a batch, message ids carry a batch index even for one message),
 bit 1 = the sticky key is set (the first message's key; producers batch by key so every message of a batch
-shares it, which keeps Key_Shared per-key order). All integers big-endian. The bookie's own entry header
+shares it, which keeps Key_Shared per-key order), bit 2 = delayed delivery: deliver_at_ms follows the sticky key
+(Pulsar's deliverAt; wall-clock ms since the epoch). A delayed message is never batched (as in Pulsar): the
+flag is only valid on a non-batch entry, so the time is the entry's and the broker reads it from the header.
+Entries without bit 2 are laid out exactly as before it existed. All integers big-endian. The bookie's own entry header
 and digest wrap these bytes, so no checksum here.
 """
 from __future__ import annotations
@@ -25,6 +29,8 @@ from bksim.model.errors import FormatError
 MAGIC = b"BKM1"
 FLAG_BATCH = 0x1
 FLAG_KEY = 0x2
+FLAG_DELIVER_AT = 0x4
+_I64 = struct.Struct(">q")
 _FIXED = struct.Struct(">4sHqqqI")  # magic, flags, publish time, first seq, highest seq, num messages
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -39,6 +45,7 @@ class Message:
     properties: dict[str, str] = field(default_factory=dict)
     event_time_ms: int = 0
     sequence_id: int = -1
+    deliver_at_ms: int = 0   # 0 = at once; else not before this wall-clock time (Shared / Key_Shared only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,7 @@ class EntryHeader:
     producer_name: str
     sticky_key: str | None
     body_offset: int  # where the first message record starts
+    deliver_at_ms: int = 0  # 0 = not delayed
 
     @property
     def is_batch(self) -> bool:
@@ -65,16 +73,25 @@ def _str16(text: str, what: str) -> bytes:
 
 
 def encode_entry(messages: list[Message], *, producer_name: str, publish_time_ms: int, batch: bool) -> bytes:
-    """The entry bytes of one Send. `batch` False requires exactly one message."""
+    """The entry bytes of one Send. `batch` False requires exactly one message; a delayed message
+    (deliver_at_ms > 0) is never part of a batch."""
     if not messages:
         raise FormatError("an entry holds at least one message")
     if not batch and len(messages) != 1:
         raise FormatError(f"a non-batch entry holds exactly one message, not {len(messages)}")
+    deliver_at = messages[0].deliver_at_ms
+    if any(m.deliver_at_ms < 0 for m in messages):
+        raise FormatError("deliver_at_ms is 0 (at once) or a time in ms since the epoch, never negative")
+    if batch and any(m.deliver_at_ms for m in messages):
+        raise FormatError("a delayed message (deliver_at_ms) is never batched: send it alone")
     first_key = messages[0].key
-    flags = (FLAG_BATCH if batch else 0) | (FLAG_KEY if first_key is not None else 0)
+    flags = ((FLAG_BATCH if batch else 0) | (FLAG_KEY if first_key is not None else 0)
+             | (FLAG_DELIVER_AT if deliver_at else 0))
     seqs = [m.sequence_id for m in messages]
     parts = [_FIXED.pack(MAGIC, flags, publish_time_ms, seqs[0], max(seqs), len(messages)),
              _str16(producer_name, "producer name"), _str16(first_key or "", "key")]
+    if deliver_at:
+        parts.append(_I64.pack(deliver_at))
     for m in messages:
         props = [_U16.pack(len(m.properties))]
         for name, value in m.properties.items():
@@ -104,11 +121,18 @@ def read_header(entry: bytes) -> EntryHeader:
         (n,) = _U16.unpack_from(entry, offset)
         key = bytes(entry[offset + 2: offset + 2 + n]).decode() if flags & FLAG_KEY else None
         offset += 2 + n
+        deliver_at = 0
+        if flags & FLAG_DELIVER_AT:
+            (deliver_at,) = _I64.unpack_from(entry, offset)
+            offset += _I64.size
+            if flags & FLAG_BATCH or deliver_at <= 0:
+                raise FormatError(f"a delayed entry is a single message with a positive time, not "
+                                  f"{'a batch' if flags & FLAG_BATCH else deliver_at}")
     except (struct.error, UnicodeDecodeError) as e:
         raise FormatError(f"message entry header is damaged: {e}") from None
     if offset > len(entry):
         raise FormatError("message entry header is truncated")
-    return EntryHeader(flags, publish, first, highest, count, producer, key, offset)
+    return EntryHeader(flags, publish, first, highest, count, producer, key, offset, deliver_at)
 
 
 def decode_entry(entry: bytes) -> tuple[EntryHeader, list[Message]]:
@@ -141,7 +165,7 @@ def decode_entry(entry: bytes) -> tuple[EntryHeader, list[Message]]:
             pos += 4
             if pos + n != end:
                 raise FormatError(f"message {len(out)} has an inconsistent length")
-            out.append(Message(bytes(view[pos:end]), key, props, event_time, seq))
+            out.append(Message(bytes(view[pos:end]), key, props, event_time, seq, header.deliver_at_ms))
             offset = end
     except (struct.error, UnicodeDecodeError) as e:
         raise FormatError(f"message {len(out)} of the entry is damaged: {e}") from None

@@ -25,7 +25,12 @@ Rules:
   a seek is being persisted;
 - a non-durable subscription (a reader, topics/non_durable_cursor.py) is Exclusive and acknowledges each entry
   as it dispatches it (cumulatively, in memory: Pulsar's reader acknowledges every message it returns), so it
-  holds nothing unacknowledged and only its permits bound it.
+  holds nothing unacknowledged and only its permits bound it;
+- delayed delivery (topics/delayed_delivery.py): on Shared and Key_Shared a message whose delivery time has
+  not come is held by the subscription's tracker instead of being sent, and goes to the replay set when it
+  comes due (a timer wakes the dispatcher then); at the tracker's bound the dispatcher reads no further. A
+  seek or rewind forgets the tracker (the re-read rebuilds it). Exclusive, Failover and readers ignore the
+  delivery time (as in Pulsar).
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from bksim.topics.delayed_delivery import DelayedDeliveryTracker
 from bksim.topics.errors import TopicError
 from bksim.topics.managed_ledger import ManagedLedgerState
 from bksim.topics.positions import Position
@@ -139,6 +145,9 @@ class Subscription:
         self.bytes_out = 0
         self.closed = False
         self.idle = False
+        self._delayed = DelayedDeliveryTracker(config.delayed_messages_per_subscription_max)
+        self._delay_timer: tuple[int, asyncio.Task] | None = None   # (wall time it wakes at, task)
+        self._delay_full_logged = False
         ml.add_listener(self.wake)
 
     # ---- consumers ---------------------------------------------------------------------------------------------
@@ -181,6 +190,7 @@ class Subscription:
             self._replay_set.clear()
             self._entry_hash.clear()
             self._hash_holder.clear()
+            self._delayed.clear()
             self._epoch += 1
             self.cursor.rewind()
         self._membership_changed()
@@ -263,6 +273,7 @@ class Subscription:
                         continue
                 else:
                     self.cursor.ack([pos])
+                    self._delayed.discard(pos)
                 owner = consumer if pos in consumer.pending else next(
                     (c for c in self.consumers if pos in c.pending), None)
                 if owner is not None:
@@ -319,6 +330,7 @@ class Subscription:
         self._replay_set.clear()
         self._entry_hash.clear()
         self._hash_holder.clear()
+        self._delayed.clear()
         for c in self.consumers:
             c.pending.clear()
             c.unacked_messages = 0
@@ -336,6 +348,8 @@ class Subscription:
     async def close(self, error: TopicError | None = None) -> None:
         self.closed = True
         self.ml.remove_listener(self.wake)
+        if self._delay_timer is not None:
+            self._delay_timer[1].cancel()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -401,6 +415,11 @@ class Subscription:
         out: dict[int, list[Delivery]] = collections.defaultdict(list)
         blocked: set[int] = set()       # Key_Shared hashes that must wait in this pass (order per key)
         sent = False
+        delays = self._delays()
+        now = self._clock.wall_ms()
+        if delays and len(self._replay) < n * REPLAY_MAX_FACTOR:
+            for pos in self._delayed.pop_due(now, n * REPLAY_MAX_FACTOR - len(self._replay)):
+                self._add_replay(pos)  # its time has come: delivered like a redelivery
         # 1. the replay set, oldest first
         if self._replay:
             live = []
@@ -441,6 +460,14 @@ class Subscription:
                     if self.cursor.is_acked(pos):
                         next_read = pos
                         continue
+                    if delays:
+                        at = _deliver_at(entry)
+                        if at > now:
+                            if not self._delayed.add(pos, at):
+                                self._log_delayed_full()
+                                break  # the tracker is full: read no further until some come due
+                            next_read = pos
+                            continue
                     consumer, count, h = self._choose(pos, entry, blocked)
                     if consumer is None:
                         if self.type != "Key_Shared":
@@ -457,7 +484,37 @@ class Subscription:
                     self.cursor.read_position = self.ml.next_position(next_read)
                     sent = True
         self._deliver(out)
+        if delays:
+            self._arm_delay_timer(now)
         return sent
+
+    def _delays(self) -> bool:
+        """Whether this subscription holds delayed messages (see the module docstring)."""
+        return self.durable and self.type in ("Shared", "Key_Shared") and self.config.delayed_delivery_enabled
+
+    def _arm_delay_timer(self, now: int) -> None:
+        """Wake the dispatcher when the earliest held message comes due (one timer; re-armed when that changes).
+        A message already due waits for permits instead: flow() wakes the dispatcher."""
+        due = self._delayed.next_due_ms()
+        if self._delay_timer is not None:
+            if due is not None and self._delay_timer[0] == due and not self._delay_timer[1].done():
+                return
+            self._delay_timer[1].cancel()
+            self._delay_timer = None
+        if due is None or due <= now or self.closed:
+            return
+
+        async def fire(delay_ms: int) -> None:
+            await self._clock.sleep_ms(delay_ms)
+            self.wake()
+
+        self._delay_timer = (due, asyncio.get_running_loop().create_task(fire(due - now)))
+
+    def _log_delayed_full(self) -> None:
+        if not self._delay_full_logged:
+            self._delay_full_logged = True
+            self._log(f"subscription {self.name} of {self.topic}: {len(self._delayed)} delayed messages held "
+                      f"(topic.delayed_messages_per_subscription_max); reading no further until some come due")
 
     def _normalized_read_position(self) -> Position | None:
         """The cursor's read position moved onto an existing entry, or None when it is past the last one."""
@@ -546,6 +603,7 @@ class Subscription:
             "bytesOutCounter": self.bytes_out,
             "activeConsumerName": self._active.name if self._active is not None else None,
             "replayQueueSize": len(self._replay),
+            "msgDelayed": len(self._delayed),
             "consumers": [{"consumerName": c.name, "priorityLevel": c.priority, "availablePermits": c.permits,
                            "unackedMessages": c.unacked_messages, "msgOutCounter": c.messages_out,
                            "bytesOutCounter": c.bytes_out, "redeliveredCounter": c.redelivered,
@@ -553,3 +611,11 @@ class Subscription:
                            "active": c.active if self.type in ("Exclusive", "Failover") else None}
                           for c in sorted(self.consumers, key=lambda c: c.order)],
         }
+
+
+def _deliver_at(entry: bytes) -> int:
+    """An entry's delivery time (0 = at once; not a message entry = at once)."""
+    try:
+        return read_header(entry).deliver_at_ms
+    except FormatError:
+        return 0
