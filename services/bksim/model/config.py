@@ -195,6 +195,12 @@ class TopicConfig:
     dedup_snapshot_entries: int = option(1_000, "dedup: persist the producers' highest sequence ids every this many "
                                          "entries (recovery replays the entries after the snapshot)")
     dedup_producers_max: int = option(10_000, "dedup: producer names remembered per topic")
+    backlog_quota_check_interval_ms: int = option(1_000, "how often a topic applies consumer_backlog_eviction and a "
+                                                  "held Send looks again whether the backlog is under its quota "
+                                                  "(Pulsar's backlogQuotaCheckIntervalInSeconds)")
+    backlog_quota_hold_ms_max: int = option(60_000, "producer_request_hold: a Send held longer than this fails with "
+                                            "TIMEOUT (the client sends it again); above the client's default send "
+                                            "timeout, which normally ends the wait first")
     # consumers and dispatch
     dispatch_read_entries_max: int = option(100, "entries a dispatcher reads from the ledger at once")
     consumer_unacked_max: int = option(50_000, "unacknowledged messages one consumer may hold (then it gets no more)")
@@ -202,6 +208,7 @@ class TopicConfig:
     consumers_per_subscription_max: int = option(1_000, "consumers of one subscription")
     subscriptions_per_topic_max: int = option(1_000, "subscriptions of one topic")
     key_shared_replica_points: int = option(100, "Key_Shared: points per consumer on the consistent-hash ring")
+    key_shared_sticky_ranges_max: int = option(1_024, "Key_Shared sticky mode: hash ranges one consumer may declare")
     failover_switch_delay_ms: int = option(1_000, "Failover: wait this long after an active-consumer change before "
                                            "redispatching, so the old consumer's acks can land")
     delayed_delivery_enabled: bool = option(True, "Shared and Key_Shared subscriptions hold a message with a delivery "
@@ -346,7 +353,8 @@ class Config:
                      "batch_messages_max", "producer_pending_max", "dedup_snapshot_entries", "dedup_producers_max",
                      "dispatch_read_entries_max", "consumer_unacked_max", "subscription_unacked_max",
                      "consumers_per_subscription_max", "subscriptions_per_topic_max", "key_shared_replica_points",
-                     "delayed_messages_per_subscription_max",
+                     "delayed_messages_per_subscription_max", "key_shared_sticky_ranges_max",
+                     "backlog_quota_check_interval_ms", "backlog_quota_hold_ms_max",
                      "cursor_persist_interval_ms", "cursor_ledger_entries_max", "cursor_snapshot_chunk_bytes",
                      "ranges_in_metadata_max", "redelivery_counts_max"):
             _require(getattr(t, name) > 0, f"topic.{name} must be > 0")
