@@ -89,7 +89,8 @@ def received_messages(d: Delivery, partition: int) -> list[topic_pb2.ReceivedMes
                                batch_index=i if size else -1, batch_size=size),
             partition=partition, payload=m.payload, key=m.key or "", has_key=m.key is not None,
             properties=m.properties, event_time_ms=m.event_time_ms, publish_time_ms=header.publish_time_ms,
-            sequence_id=m.sequence_id, producer_name=header.producer_name, redelivery_count=d.redelivery_count))
+            sequence_id=m.sequence_id, producer_name=header.producer_name, redelivery_count=d.redelivery_count,
+            deliver_at_ms=m.deliver_at_ms))
     return out
 
 
@@ -408,7 +409,7 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
                     raise TopicError(TopicStatus.BAD_REQUEST, "a Produce stream takes one 'open', then 'send' messages")
                 send = request.send
                 messages = [Message(m.payload, m.key if m.has_key else None, dict(m.properties), m.event_time_ms,
-                                    m.sequence_id) for m in send.messages]
+                                    m.sequence_id, m.deliver_at_ms) for m in send.messages]
                 task = loop.create_task(topic.publish(producer, messages))  # starts in arrival order
                 await queue.put((send.request_id, len(messages), task))
             await queue.put(None)

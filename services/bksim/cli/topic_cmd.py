@@ -6,6 +6,7 @@
     bksim topic create TOPIC [--partitions N] | list TENANT/NS | delete TOPIC [--force] | lookup TOPIC
     bksim topic stats TOPIC | stats-internal TOPIC
     bksim produce TOPIC -m MSG [-m ...] [--separator ,] [--file F ...] [--count N] [--rate R] [--key K] [-p k=v ...]
+                  [--deliver-after MS]
     bksim consume TOPIC -s SUB [--type Exclusive|Failover|Shared|Key_Shared] [-n N] [--position earliest|latest]
                   [--hex] [--timeout S]
     bksim read TOPIC [--start-message-id ID | --earliest | --latest] [--inclusive] [-n N] [--hex] [--timeout S]
@@ -129,6 +130,9 @@ def register(subparsers) -> None:
                    help="a property of every message (repeatable, or K=V,K2=V2)")
     p.add_argument("--producer-name", help="a stable producer name (dedup continues after its last sequence id)")
     p.add_argument("--no-batching", action="store_true", help="one entry per message")
+    p.add_argument("--deliver-after", type=_non_negative, default=0, metavar="MS",
+                   help="delayed delivery: Shared and Key_Shared subscriptions get each message only MS ms after "
+                        "it is sent (Exclusive and Failover at once); delayed messages are never batched")
     p.set_defaults(func=cmd_produce)
 
     p = subparsers.add_parser("consume", parents=[common], help="receive (and acknowledge) messages of a subscription")
@@ -380,7 +384,8 @@ def cmd_produce(args) -> int:
                     delay = start + i / args.rate - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)  # pacing to --rate
-                producer.send_async(payloads[i % len(payloads)], done, key=args.key, properties=props or None)
+                producer.send_async(payloads[i % len(payloads)], done, key=args.key, properties=props or None,
+                                    deliver_after_ms=args.deliver_after or None)
             producer.flush()
         finally:
             producer.close()

@@ -26,6 +26,11 @@ Bounds. At most `max_pending_messages` messages (all partitions) wait for receip
 `send_timeout_ms` fails with TIMEOUT (it may still have been persisted; a receipt arriving later is ignored).
 A message larger than `max_message_bytes` is refused before it is sent (MESSAGE_TOO_LARGE).
 
+Delayed delivery: `deliver_at_ms` (ms since the epoch) or `deliver_after_ms` (from now, by this machine's
+clock) sets the message's delivery time (Pulsar's deliverAt / deliverAfter); Shared and Key_Shared
+subscriptions receive it only then, Exclusive and Failover at once. A delayed message is never batched: it
+seals the open batch and goes alone in its own Send.
+
 Message ids: MessageId(ledger, entry, partition, batch index); a Send of several messages is a batch (index i
 for its message i), a Send of one message is not (index -1) — as the broker writes it. A duplicate dropped
 by the broker's dedup gets MessageId(-1, -1, partition, -1).
@@ -88,6 +93,18 @@ def _message_bytes(payload: bytes, key: str | None, properties: dict[str, str] |
                 raise ClientError(TopicStatus.BAD_REQUEST, f"message properties must map str to str, not {k!r}: {v!r}")
             size += len(k.encode()) + len(v.encode()) + 6
     return size
+
+
+def _deliver_at(at_ms: int | None, after_ms: int | None) -> int:
+    """The delivery time of a send (0 = at once); BAD_REQUEST for both, or a negative value."""
+    if at_ms is not None and after_ms is not None:
+        raise ClientError(TopicStatus.BAD_REQUEST, "give deliver_at_ms or deliver_after_ms, not both")
+    for name, value in (("deliver_at_ms", at_ms), ("deliver_after_ms", after_ms)):
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise ClientError(TopicStatus.BAD_REQUEST, f"{name} must be an int >= 0, not {value!r}")
+    if after_ms:
+        return int(time.time() * 1000) + after_ms
+    return at_ms or 0
 
 
 class _Waiter:
@@ -183,10 +200,13 @@ class Producer:
 
     # -- sending -----------------------------------------------------------------------------------------------
     def send(self, payload: bytes, key: str | None = None, properties: dict[str, str] | None = None,
-             event_time_ms: int = 0, sequence_id: int | None = None) -> MessageId:
-        """Publish one message and wait for its receipt; returns its MessageId (raises ClientError)."""
+             event_time_ms: int = 0, sequence_id: int | None = None, *, deliver_at_ms: int | None = None,
+             deliver_after_ms: int | None = None) -> MessageId:
+        """Publish one message and wait for its receipt; returns its MessageId (raises ClientError).
+        `deliver_at_ms` / `deliver_after_ms`: delayed delivery (see the module docstring); at most one."""
         waiter = _Waiter()
-        self._add(payload, waiter, key, properties, event_time_ms, sequence_id, flush=True)
+        self._add(payload, waiter, key, properties, event_time_ms, sequence_id, flush=True,
+                  deliver_at=_deliver_at(deliver_at_ms, deliver_after_ms))
         timeout = self._send_timeout_s + SEND_WAIT_GRACE_S if self._send_timeout_s > 0 else None
         if not waiter.event.wait(timeout):
             raise ClientError(TopicStatus.TIMEOUT,
@@ -198,10 +218,12 @@ class Producer:
 
     def send_async(self, payload: bytes, callback: Callback | None, key: str | None = None,
                    properties: dict[str, str] | None = None, event_time_ms: int = 0,
-                   sequence_id: int | None = None) -> None:
+                   sequence_id: int | None = None, *, deliver_at_ms: int | None = None,
+                   deliver_after_ms: int | None = None) -> None:
         """Publish one message; `callback(error, message_id)` runs on the client's thread when the receipt
         arrives (error None) or the message failed (message_id None). It must not block."""
-        self._add(payload, callback, key, properties, event_time_ms, sequence_id, flush=False)
+        self._add(payload, callback, key, properties, event_time_ms, sequence_id, flush=False,
+                  deliver_at=_deliver_at(deliver_at_ms, deliver_after_ms))
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Send every open batch and wait until each message added before this call has its receipt or
@@ -224,7 +246,8 @@ class Producer:
                               f"producer {self.producer_name()} on {self._topic}: flush did not finish "
                               f"within {timeout:.1f}s")
 
-    def _add(self, payload, callback, key, properties, event_time_ms, sequence_id, flush: bool) -> None:
+    def _add(self, payload, callback, key, properties, event_time_ms, sequence_id, flush: bool,
+             deliver_at: int = 0) -> None:
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise ClientError(TopicStatus.BAD_REQUEST, f"payload must be bytes, not {type(payload).__name__}")
         if key is not None and not isinstance(key, str):
@@ -249,7 +272,7 @@ class Producer:
             else:
                 seq = sequence_id
             batch = part.open
-            if batch is not None and (batch.key != key or batch.bytes + size > self._batch_max_bytes):
+            if batch is not None and (deliver_at or batch.key != key or batch.bytes + size > self._batch_max_bytes):
                 self._seal(part)
                 batch = None
             if batch is None:
@@ -264,12 +287,14 @@ class Producer:
                 m.properties.update(properties)
             if event_time_ms:
                 m.event_time_ms = event_time_ms
+            if deliver_at:
+                m.deliver_at_ms = deliver_at
             if batch.first_seq < 0:
                 batch.first_seq = seq
             batch.callbacks.append(callback)
             batch.bytes += size
             self._pending += 1
-            if flush or len(batch.callbacks) >= self._batch_max_messages:
+            if flush or deliver_at or len(batch.callbacks) >= self._batch_max_messages:
                 self._seal(part)
                 arm = None
         if arm is not None:
