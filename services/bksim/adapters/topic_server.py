@@ -32,6 +32,7 @@ from bksim.security.authz import Authorizer
 from bksim.security.broker_auth import caller_role
 from bksim.security.permissions import Permissions, check_admin_roles
 from bksim.adapters.grpc_input import bounded_details
+from bksim.topics import backlog_quota as bq
 from bksim.topics.errors import TopicError
 from bksim.topics.positions import Position
 from bksim.topics.service import TopicService
@@ -63,6 +64,28 @@ TOPIC_GRPC_CODE_NAME = {
 SUB_TYPES = {topic_pb2.EXCLUSIVE: "Exclusive", topic_pb2.SHARED: "Shared", topic_pb2.FAILOVER: "Failover",
              topic_pb2.KEY_SHARED: "Key_Shared"}
 DELIVERIES_PER_MESSAGE_MAX = 256
+QUOTA_TYPES = {topic_pb2.DESTINATION_STORAGE: bq.DESTINATION_STORAGE, topic_pb2.MESSAGE_AGE: bq.MESSAGE_AGE}
+QUOTA_POLICIES = {topic_pb2.PRODUCER_REQUEST_HOLD: bq.PRODUCER_REQUEST_HOLD,
+                  topic_pb2.PRODUCER_EXCEPTION: bq.PRODUCER_EXCEPTION,
+                  topic_pb2.CONSUMER_BACKLOG_EVICTION: bq.CONSUMER_BACKLOG_EVICTION}
+
+
+def backlog_quota_of(q: topic_pb2.BacklogQuota) -> bq.BacklogQuota:
+    """BAD_REQUEST for an unknown type or policy, or a limit that is not > 0."""
+    kind, policy = QUOTA_TYPES.get(q.type), QUOTA_POLICIES.get(q.policy)
+    if kind is None or policy is None:
+        raise TopicError(TopicStatus.BAD_REQUEST, f"unknown backlog quota type {q.type} or policy {q.policy}")
+    return bq.BacklogQuota(kind, q.limit_bytes if kind == bq.DESTINATION_STORAGE else q.limit_time_ms, policy)
+
+
+def backlog_quota_pb(q: bq.BacklogQuota) -> topic_pb2.BacklogQuota:
+    out = topic_pb2.BacklogQuota(type={v: k for k, v in QUOTA_TYPES.items()}[q.type],
+                                 policy={v: k for k, v in QUOTA_POLICIES.items()}[q.policy])
+    if q.type == bq.DESTINATION_STORAGE:
+        out.limit_bytes = q.limit
+    else:
+        out.limit_time_ms = q.limit
+    return out
 # AckResults and SeekResults of one Subscribe stream not yet written (the client does not read them): then the
 # stream stops reading requests until they are, and gRPC flow control pushes back on the client
 ANSWERS_PENDING_MAX = 1024
@@ -274,7 +297,32 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
     @staticmethod
     def _namespace_info(namespace: str, p: Policies) -> topic_pb2.NamespaceInfo:
         return topic_pb2.NamespaceInfo(namespace=namespace, policies=topic_pb2.NamespacePolicies(
-            retention_ms=p.retention_ms, retention_bytes=p.retention_bytes, ttl_ms=p.ttl_ms, dedup=p.dedup))
+            retention_ms=p.retention_ms, retention_bytes=p.retention_bytes, ttl_ms=p.ttl_ms, dedup=p.dedup,
+            backlog_quotas=[backlog_quota_pb(q) for q in p.backlog_quotas]))
+
+    async def SetBacklogQuota(self, request, context):
+        async def call():
+            await self._admin_of_namespace("set the backlog quota of", request.namespace)
+            quotas = await self.service.set_backlog_quota(request.namespace, backlog_quota_of(request.quota))
+            return topic_pb2.BacklogQuotas(namespace=request.namespace, quotas=[backlog_quota_pb(q) for q in quotas])
+        return await self._guarded(context, call)
+
+    async def GetBacklogQuotas(self, request, context):
+        async def call():
+            await self._admin_of_namespace("read namespace", request.namespace)
+            quotas = (await self.service.get_namespace(request.namespace)).backlog_quotas
+            return topic_pb2.BacklogQuotas(namespace=request.namespace, quotas=[backlog_quota_pb(q) for q in quotas])
+        return await self._guarded(context, call)
+
+    async def RemoveBacklogQuota(self, request, context):
+        async def call():
+            await self._admin_of_namespace("remove the backlog quota of", request.namespace)
+            kind = QUOTA_TYPES.get(request.type)
+            if kind is None:
+                raise TopicError(TopicStatus.BAD_REQUEST, f"unknown backlog quota type {request.type}")
+            quotas = await self.service.remove_backlog_quota(request.namespace, kind)
+            return topic_pb2.BacklogQuotas(namespace=request.namespace, quotas=[backlog_quota_pb(q) for q in quotas])
+        return await self._guarded(context, call)
 
     async def GetNamespace(self, request, context):
         async def call():

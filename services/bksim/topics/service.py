@@ -14,10 +14,12 @@ look the topic up again. A watchdog re-checks every owned topic's znode every `O
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Callable
 
 from bksim.broker.ledgers import LedgerService
+from bksim.topics import backlog_quota as bq
 from bksim.topics.errors import TopicError, znode_object
 from bksim.topics.cursor_codec import CodecError, decode_znode
 from bksim.topics.managed_cursor import CURSOR_PASSWORD
@@ -28,7 +30,7 @@ from bksim.topics.topic import Policies, Topic
 from bksim.formats.murmur3 import murmur3_32
 from bksim.metadata.paths import BROKERS_AVAILABLE
 from bksim.model.config import BrokerConfig, TopicConfig
-from bksim.model.errors import MetadataError, NodeExistsError, NoNodeError, NotEmptyError
+from bksim.model.errors import BadVersionError, MetadataError, NodeExistsError, NoNodeError, NotEmptyError
 from bksim.model.status import TopicStatus
 from bksim.ports.clock import Clock
 from bksim.ports.metadata import MetadataStore
@@ -130,6 +132,60 @@ class TopicService:
             raise _meta(f"reading namespace {namespace}", e) from None
         path = policies_path(tenant, ns)
         return _field(znode_object(data, path), path, Policies.from_json)
+
+    async def set_backlog_quota(self, namespace: str, quota: bq.BacklogQuota) -> tuple[bq.BacklogQuota, ...]:
+        """Replace the namespace's quota of quota.type (BAD_REQUEST when not below a set retention); the topics
+        loaded here apply it at once, the other brokers' within OWNERSHIP_CHECK_MS."""
+        def change(p: Policies) -> Policies:
+            bq.check_against_retention(quota, p.retention_ms, p.retention_bytes)
+            return dataclasses.replace(p, backlog_quotas=bq.with_quota(p.backlog_quotas, quota))
+        policies = await self._update_policies(namespace, change)
+        self._log(f"namespace {namespace}: backlog quota {quota.describe()} set")
+        return policies.backlog_quotas
+
+    async def remove_backlog_quota(self, namespace: str, kind: str) -> tuple[bq.BacklogQuota, ...]:
+        policies = await self._update_policies(
+            namespace, lambda p: dataclasses.replace(p, backlog_quotas=bq.without_quota(p.backlog_quotas, kind)))
+        self._log(f"namespace {namespace}: backlog quota {kind} removed")
+        return policies.backlog_quotas
+
+    async def _update_policies(self, namespace: str, change: Callable[[Policies], Policies]) -> Policies:
+        """Compare-and-set of the policies znode: `change` decides from what was read (again after a conflict);
+        the znode's other fields (grants) are kept."""
+        tenant, ns = parse_namespace(namespace)
+        path = policies_path(tenant, ns)
+        while True:
+            try:
+                data, version = await self.store.get(path)
+            except NoNodeError:
+                raise TopicError(TopicStatus.NAMESPACE_NOT_FOUND, f"namespace {namespace} does not exist "
+                                                                  f"(bksim namespace create {namespace})") from None
+            except MetadataError as e:
+                raise _meta(f"reading namespace {namespace}", e) from None
+            doc = znode_object(data, path)
+            policies = change(_field(doc, path, Policies.from_json))
+            try:
+                await self.store.set(path, json.dumps(doc | policies.to_json()).encode(), version)
+            except BadVersionError:
+                continue  # changed meanwhile (a grant, another policy): decide again from the new value
+            except MetadataError as e:
+                raise _meta(f"writing namespace {namespace}", e) from None
+            self._apply_policies(namespace, policies)
+            return policies
+
+    def _apply_policies(self, namespace: str, policies: Policies) -> None:
+        """The namespace's backlog quotas into the topics loaded here (retention, TTL and dedup are read when a
+        topic loads)."""
+        for topic in self.topics.values():
+            if topic.name.ns == namespace and topic.policies.backlog_quotas != policies.backlog_quotas:
+                topic.policies = dataclasses.replace(topic.policies, backlog_quotas=policies.backlog_quotas)
+
+    async def _refresh_policies(self) -> None:
+        for namespace in {t.name.ns for t in self.topics.values()}:
+            try:
+                self._apply_policies(namespace, await self.get_namespace(namespace))
+            except TopicError:
+                continue  # ZooKeeper unreachable or the namespace gone: keep what the topics have
 
     async def list_namespaces(self, tenant: str) -> list[str]:
         check_name("tenant", tenant)
@@ -386,6 +442,7 @@ class TopicService:
     async def _watch_ownership(self) -> None:
         while not self._closing:
             await self._clock.sleep_ms(OWNERSHIP_CHECK_MS)
+            await self._refresh_policies()
             for key, topic in list(self.topics.items()):
                 if topic.fenced is not None:
                     self.topics.pop(key, None)

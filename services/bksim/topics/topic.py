@@ -13,6 +13,14 @@ mark-delete moves to last_confirmed with it); a new owner loads the last persist
 entries after it, reading only their headers. Trimming never deletes a ledger past a cursor's persisted
 mark-delete, so those entries are still there. So dedup survives broker failover (as in Pulsar's
 MessageDeduplication).
+
+Backlog quotas (namespace policy `backlog_quotas`, topics/backlog_quota.py decides): a Send first passes
+`_admit_send`: over a producer_exception quota it fails with PRODUCER_BLOCKED_QUOTA_EXCEEDED; over a
+producer_request_hold quota it waits, in arrival order (a Send arriving while others are held waits behind
+them), looking again every `backlog_quota_check_interval_ms` until the backlog is under the limit or
+`backlog_quota_hold_ms_max` has passed (then TIMEOUT: the client sends it again). The maintenance loop applies
+consumer_backlog_eviction every `backlog_quota_check_interval_ms`: the durable subscriptions behind the eviction
+point have their mark-delete moved there (logged with the entries each skips); the others keep their messages.
 """
 from __future__ import annotations
 
@@ -20,6 +28,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Callable
 
+from bksim.topics import backlog_quota as bq
 from bksim.topics.errors import TopicError
 from bksim.topics.managed_ledger import ManagedLedger, ManagedLedgerState
 from bksim.topics.names import TopicName, subscription_of
@@ -42,15 +51,21 @@ class Policies:
     retention_bytes: int = -1
     ttl_ms: int = 0
     dedup: bool = False
+    backlog_quotas: tuple[bq.BacklogQuota, ...] = ()   # at most one per type (topics/backlog_quota.py)
 
     def to_json(self) -> dict:
         return {"retention_ms": self.retention_ms, "retention_bytes": self.retention_bytes, "ttl_ms": self.ttl_ms,
-                "dedup": self.dedup}
+                "dedup": self.dedup, "backlog_quota_map": bq.quotas_to_json(self.backlog_quotas)}
 
     @staticmethod
     def from_json(d: dict) -> "Policies":
+        """ValueError when a field is malformed (the caller names the znode)."""
+        try:
+            quotas = bq.quotas_from_json(d.get("backlog_quota_map"))
+        except TopicError as e:
+            raise ValueError(e.message) from None
         return Policies(int(d.get("retention_ms", 0)), int(d.get("retention_bytes", -1)), int(d.get("ttl_ms", 0)),
-                        bool(d.get("dedup", False)))
+                        bool(d.get("dedup", False)), quotas)
 
 
 @dataclass(slots=True)
@@ -90,6 +105,10 @@ class Topic:
         self._sub_lock = asyncio.Lock()
         self.rates: dict[str, float] = {}  # per second over the last maintenance interval (see _sample_rates)
         self._rate_sample: tuple[float, dict[str, int]] | None = None
+        self._hold_lock = asyncio.Lock()   # held Sends go on in arrival order
+        self.held_sends = 0                # Sends waiting for the backlog to drop (producer_request_hold)
+        self.evicted_entries = 0           # entries skipped by consumer_backlog_eviction, all subscriptions
+        self.oldest_backlog_age_ms: int | None = None   # as of the last backlog check (None: no backlog)
 
     # ---- load / close ----------------------------------------------------------------------------------------
     async def load(self) -> None:
@@ -173,6 +192,8 @@ class Topic:
         if len(messages) > self.config.batch_messages_max:
             raise TopicError(TopicStatus.BAD_REQUEST, f"a Send holds at most {self.config.batch_messages_max} messages "
                                                       f"(topic.batch_messages_max), not {len(messages)}")
+        if self.held_sends or any(q.policy != bq.CONSUMER_BACKLOG_EVICTION for q in self.policies.backlog_quotas):
+            await self._admit_send()
         seq = max(m.sequence_id for m in messages)
         if self.policies.dedup:
             while seq <= self._pushed.get(producer, -1):
@@ -222,6 +243,106 @@ class Topic:
         if self.policies.dedup and self._since_snapshot >= self.config.dedup_snapshot_entries:
             await self._snapshot_dedup(force=False)
         return pos
+
+    # ---- backlog quotas ----------------------------------------------------------------------------------------------
+    def _durable_subscriptions(self) -> list[Subscription]:
+        return [s for s in self.subscriptions.values() if s.durable]
+
+    def _spans(self) -> list[bq.LedgerSpan]:
+        return [bq.LedgerSpan(i.ledger_id, self.ml.entries_in(i.ledger_id) or 0, i.size) for i in self.ml.info.ledgers]
+
+    def backlog_bytes(self) -> int:
+        """Estimated bytes after the slowest durable subscription's mark-delete (0 without one)."""
+        subs = self._durable_subscriptions()
+        if not subs:
+            return 0
+        return bq.backlog_bytes(self._spans(), min(s.cursor.mark_delete for s in subs))
+
+    async def _oldest_backlog_age_ms(self) -> int | None:
+        """Age of the oldest message after the slowest durable mark-delete (publish time), None without one."""
+        subs = self._durable_subscriptions()
+        age = None
+        if subs:
+            pos = self.ml.next_position(min(s.cursor.mark_delete for s in subs))
+            if self.ml.contains(pos):
+                got = await self.ml.read(pos, 1)
+                if got:
+                    age = max(0, self._clock.wall_ms() - _publish_time(got[0][1]))
+        self.oldest_backlog_age_ms = age
+        return age
+
+    async def _breached(self, quotas: list[bq.BacklogQuota]) -> tuple[list[bq.BacklogQuota], int, int | None]:
+        """(the quotas the backlog is over, its bytes, its oldest message's age in ms)."""
+        size = self.backlog_bytes()
+        age = await self._oldest_backlog_age_ms() if any(q.type == bq.MESSAGE_AGE for q in quotas) else None
+        return bq.breached(tuple(quotas), size, age), size, age
+
+    def _over_quota_text(self, over: list[bq.BacklogQuota], size: int, age: int | None) -> str:
+        return (f"topic {self.name}: backlog of {size} bytes" + (f", oldest message {age} ms old" if age is not None
+                                                                else "")
+                + f" is over the namespace's backlog quota {', '.join(q.describe() for q in over)}")
+
+    async def _admit_send(self) -> None:
+        """PRODUCER_BLOCKED_QUOTA_EXCEEDED over a producer_exception quota; wait (in order) while over a
+        producer_request_hold one (module docstring)."""
+        quotas = [q for q in self.policies.backlog_quotas if q.policy != bq.CONSUMER_BACKLOG_EVICTION]
+        over, size, age = await self._breached(quotas)
+        if any(q.policy == bq.PRODUCER_EXCEPTION for q in over):
+            raise TopicError(TopicStatus.PRODUCER_BLOCKED_QUOTA_EXCEEDED, self._over_quota_text(over, size, age))
+        if not over and not self.held_sends:
+            return
+        self.held_sends += 1
+        try:
+            async with self._hold_lock:
+                started = self._clock.monotonic_ms()
+                while True:
+                    self._check_serving()
+                    quotas = [q for q in self.policies.backlog_quotas if q.policy != bq.CONSUMER_BACKLOG_EVICTION]
+                    over, size, age = await self._breached(quotas)
+                    if any(q.policy == bq.PRODUCER_EXCEPTION for q in over):
+                        raise TopicError(TopicStatus.PRODUCER_BLOCKED_QUOTA_EXCEEDED,
+                                         self._over_quota_text(over, size, age))
+                    if not over:
+                        return
+                    waited = self._clock.monotonic_ms() - started
+                    if waited >= self.config.backlog_quota_hold_ms_max:
+                        raise TopicError(TopicStatus.TIMEOUT, self._over_quota_text(over, size, age)
+                                         + f"; the Send was held {int(waited)} ms "
+                                           f"(topic.backlog_quota_hold_ms_max)")
+                    await self._clock.sleep_ms(min(self.config.backlog_quota_check_interval_ms,
+                                                   self.config.backlog_quota_hold_ms_max - waited))
+        finally:
+            self.held_sends -= 1
+
+    async def enforce_backlog_quotas(self) -> int:
+        """consumer_backlog_eviction: move the mark-delete of the subscriptions behind the eviction point there;
+        the number of entries skipped (all subscriptions)."""
+        skipped = 0
+        for quota in self.policies.backlog_quotas:
+            if quota.policy != bq.CONSUMER_BACKLOG_EVICTION:
+                continue
+            subs = self._durable_subscriptions()
+            if not subs:
+                return skipped
+            slowest = min(s.cursor.mark_delete for s in subs)
+            target = None
+            if quota.type == bq.DESTINATION_STORAGE:
+                target = bq.size_eviction_mark_delete(self._spans(), slowest, quota.limit)
+            elif bq.breached((quota,), 0, await self._oldest_backlog_age_ms()):
+                cutoff = bq.age_eviction_cutoff_ms(self._clock.wall_ms(), quota.limit)
+                target = await self.ml.find_newest_before(_publish_time, cutoff)
+            if target is None:
+                continue
+            for sub in subs:
+                before = sub.cursor.mark_delete
+                if before < target and sub.cursor.expire_until(target):
+                    n = self.ml.entries_between(before, sub.cursor.mark_delete)
+                    skipped += n
+                    self._log(f"topic {self.name}: backlog quota {quota.describe()}: subscription {sub.name} "
+                              f"skips {n} entries (mark-delete {before} -> {sub.cursor.mark_delete})")
+                    sub.wake()
+        self.evicted_entries += skipped
+        return skipped
 
     def _forget_one_producer(self) -> None:
         """Bound the dedup map: forget a producer that is not connected (the one with the lowest sequence id)."""
@@ -353,12 +474,17 @@ class Topic:
     # ---- maintenance ---------------------------------------------------------------------------------------------
     async def _maintain(self) -> None:
         interval = min(self.config.trim_interval_ms, 1_000)
-        last_trim = self._clock.monotonic_ms()
+        last_trim = last_quota_check = self._clock.monotonic_ms()
         while self.fenced is None:
-            await self._clock.sleep_ms(interval)
+            await self._clock.sleep_ms(min(interval, self.config.backlog_quota_check_interval_ms))
             self._sample_rates()
             try:
                 self.ml.check_rollover()
+                if self._clock.monotonic_ms() - last_quota_check >= self.config.backlog_quota_check_interval_ms:
+                    last_quota_check = self._clock.monotonic_ms()
+                    if self.policies.backlog_quotas:
+                        await self.enforce_backlog_quotas()
+                        await self._oldest_backlog_age_ms()
                 if self._clock.monotonic_ms() - last_trim >= self.config.trim_interval_ms:
                     last_trim = self._clock.monotonic_ms()
                     await self.run_trim()
@@ -430,6 +556,11 @@ class Topic:
                             "connectedSince": p.connected_ms} for p in self.producers.values()],
             "subscriptions": subs,
             "deduplicationStatus": "Enabled" if self.policies.dedup else "Disabled",
+            "backlogQuotas": bq.quotas_to_json(self.policies.backlog_quotas),
+            "estimatedBacklogSizeBytes": self.backlog_bytes(),
+            "oldestBacklogMessageAgeMs": self.oldest_backlog_age_ms,
+            "heldSends": self.held_sends,
+            "backlogEvictedEntries": self.evicted_entries,
             "loadedSince": self.loaded_ms,
         }
 
