@@ -3,6 +3,8 @@
     bksim tenant create NAME [--admin-roles R1,R2] | list   (get, set-admin-roles: cli/security_cmd.py)
     bksim namespace create TENANT/NS [--retention MS|-1] [--retention-bytes B|-1] [--ttl MS] [--dedup|--no-dedup]
     bksim namespace get TENANT/NS | list TENANT
+    bksim namespace set-backlog-quota TENANT/NS (--limit-size BYTES | --limit-time MS) --policy POLICY
+    bksim namespace get-backlog-quotas TENANT/NS | remove-backlog-quota TENANT/NS [--type TYPE]
     bksim topic create TOPIC [--partitions N] | list TENANT/NS | delete TOPIC [--force] | lookup TOPIC
     bksim topic stats TOPIC | stats-internal TOPIC
     bksim produce TOPIC -m MSG [-m ...] [--separator ,] [--file F ...] [--count N] [--rate R] [--key K] [-p k=v ...]
@@ -42,6 +44,7 @@ from bksim.model.status import TopicStatus
 CONSUME_POLL_MS = 500  # consume waits for messages in steps this long (so Ctrl-C is prompt)
 PRODUCE_IDS_SHOWN = 10  # `produce --json` lists at most this many message ids
 CONTENT_PREVIEW_MAX = 1 << 20  # consume prints at most this many bytes of a payload
+QUOTA_POLICIES = ("producer_request_hold", "producer_exception", "consumer_backlog_eviction")
 
 
 class TopicCommandError(BksimError):
@@ -87,6 +90,24 @@ def register(subparsers) -> None:
     p = fam.add_parser("list", parents=[common], help="the namespaces of a tenant")
     p.add_argument("tenant")
     p.set_defaults(func=cmd_namespace_list)
+    p = fam.add_parser("set-backlog-quota", parents=[common],
+                       help="limit each topic's backlog by size or by the age of its oldest message")
+    p.add_argument("namespace", metavar="TENANT/NS")
+    limit = p.add_mutually_exclusive_group(required=True)
+    limit.add_argument("--limit-size", type=int, metavar="BYTES", help="destination_storage quota: backlog bytes")
+    limit.add_argument("--limit-time", type=int, metavar="MS",
+                       help="message_age quota: age of the oldest unacknowledged message (ms)")
+    p.add_argument("--policy", required=True, choices=QUOTA_POLICIES,
+                   help="what happens over the limit: sends wait, sends fail, or the slowest subscriptions skip")
+    p.set_defaults(func=cmd_namespace_set_backlog_quota)
+    p = fam.add_parser("get-backlog-quotas", parents=[common], help="a namespace's backlog quotas")
+    p.add_argument("namespace", metavar="TENANT/NS")
+    p.set_defaults(func=cmd_namespace_get_backlog_quotas)
+    p = fam.add_parser("remove-backlog-quota", parents=[common], help="remove a namespace's backlog quota")
+    p.add_argument("namespace", metavar="TENANT/NS")
+    p.add_argument("--type", default="destination_storage", choices=("destination_storage", "message_age"),
+                   help="which quota (default destination_storage)")
+    p.set_defaults(func=cmd_namespace_remove_backlog_quota)
 
     topic = subparsers.add_parser("topic", help="create, list, delete, look up topics and show their stats")
     fam = topic_family = topic.add_subparsers(dest="topic_command", required=True)
@@ -255,6 +276,50 @@ def cmd_namespace_get(args) -> int:
         _print_json(info)
     else:
         print(f"namespace {info['namespace']}: {_policies_text(info)}")
+    return 0
+
+
+def _quotas_text(namespace: str, quotas: dict) -> str:
+    if not quotas:
+        return f"namespace {namespace}: no backlog quotas"
+    lines = [f"namespace {namespace}:"]
+    for kind, q in sorted(quotas.items()):
+        limit = f"{q['limit_bytes']} bytes" if "limit_bytes" in q else f"{q['limit_time_ms']} ms"
+        lines.append(f"  {kind}: {limit}, {q['policy']}")
+    return "\n".join(lines)
+
+
+def cmd_namespace_set_backlog_quota(args) -> int:
+    limit = args.limit_size if args.limit_size is not None else args.limit_time
+    if limit <= 0:
+        raise TopicCommandError("--limit-size and --limit-time must be > 0")
+    with _client(args) as c:
+        quotas = c.set_backlog_quota(args.namespace, args.policy, limit_bytes=args.limit_size,
+                                     limit_time_ms=args.limit_time)
+    if args.json:
+        _print_json(quotas)
+    else:
+        print(_quotas_text(args.namespace, quotas))
+    return 0
+
+
+def cmd_namespace_get_backlog_quotas(args) -> int:
+    with _client(args) as c:
+        quotas = c.get_backlog_quotas(args.namespace)
+    if args.json:
+        _print_json(quotas)
+    else:
+        print(_quotas_text(args.namespace, quotas))
+    return 0
+
+
+def cmd_namespace_remove_backlog_quota(args) -> int:
+    with _client(args) as c:
+        quotas = c.remove_backlog_quota(args.namespace, args.type)
+    if args.json:
+        _print_json(quotas)
+    else:
+        print(_quotas_text(args.namespace, quotas))
     return 0
 
 

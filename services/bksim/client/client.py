@@ -20,6 +20,7 @@ import threading
 
 from bksim.client.consumer import (ACK_GROUP_TIME_MS_DEFAULT, NEGATIVE_ACK_DELAY_MS_DEFAULT,
                                    RECEIVER_QUEUE_SIZE_DEFAULT, Consumer)
+from bksim.client.dead_letter import DeadLetterPolicy
 from bksim.client.core import (BACKOFF_INITIAL_MS_DEFAULT, BACKOFF_MAX_MS_DEFAULT, OPERATION_TIMEOUT_MS_DEFAULT,
                                RECONNECT_ATTEMPTS_MAX_DEFAULT, Backoff, Connections, LoopThread, parse_service_url)
 from bksim.client.errors import ClientError
@@ -35,7 +36,27 @@ SERVICE_URL_DEFAULT = "127.0.0.1:6650"
 
 
 def _policies(p: topic_pb2.NamespacePolicies) -> dict:
-    return {"retention_ms": p.retention_ms, "retention_bytes": p.retention_bytes, "ttl_ms": p.ttl_ms, "dedup": p.dedup}
+    return {"retention_ms": p.retention_ms, "retention_bytes": p.retention_bytes, "ttl_ms": p.ttl_ms, "dedup": p.dedup,
+            "backlog_quotas": _quotas(p.backlog_quotas)}
+
+
+QUOTA_TYPES = {"destination_storage": topic_pb2.DESTINATION_STORAGE, "message_age": topic_pb2.MESSAGE_AGE}
+QUOTA_POLICIES = {"producer_request_hold": topic_pb2.PRODUCER_REQUEST_HOLD,
+                  "producer_exception": topic_pb2.PRODUCER_EXCEPTION,
+                  "consumer_backlog_eviction": topic_pb2.CONSUMER_BACKLOG_EVICTION}
+
+
+def _quotas(quotas) -> dict:
+    """{"destination_storage": {"limit_bytes", "policy"}, "message_age": {"limit_time_ms", "policy"}} (set ones)."""
+    names = {v: k for k, v in QUOTA_TYPES.items()}
+    policies = {v: k for k, v in QUOTA_POLICIES.items()}
+    out = {}
+    for q in quotas:
+        kind = names.get(q.type, str(q.type))
+        limit = {"limit_bytes": q.limit_bytes} if q.type == topic_pb2.DESTINATION_STORAGE \
+            else {"limit_time_ms": q.limit_time_ms}
+        out[kind] = limit | {"policy": policies.get(q.policy, str(q.policy))}
+    return out
 
 
 class Client:
@@ -153,6 +174,39 @@ class Client:
         r = self._call("GetNamespace", topic_pb2.GetNamespaceRequest(namespace=namespace))
         return {"namespace": r.namespace, **_policies(r.policies)}
 
+    def set_backlog_quota(self, namespace: str, policy: str, *, limit_bytes: int | None = None,
+                          limit_time_ms: int | None = None) -> dict:
+        """Set the namespace's backlog quota of one type: `limit_bytes` (destination_storage) or `limit_time_ms`
+        (message_age), with `policy` "producer_request_hold", "producer_exception" or
+        "consumer_backlog_eviction"; returns the namespace's quotas (get_backlog_quotas). BAD_REQUEST when the
+        quota is not below the namespace's set retention."""
+        if (limit_bytes is None) == (limit_time_ms is None):
+            raise ClientError(TopicStatus.BAD_REQUEST, "give exactly one of limit_bytes and limit_time_ms")
+        if policy not in QUOTA_POLICIES:
+            raise ClientError(TopicStatus.BAD_REQUEST,
+                              f"backlog quota policy {policy!r} is not one of {list(QUOTA_POLICIES)}")
+        if limit_bytes is not None:
+            quota = topic_pb2.BacklogQuota(type=topic_pb2.DESTINATION_STORAGE, limit_bytes=limit_bytes,
+                                           policy=QUOTA_POLICIES[policy])
+        else:
+            quota = topic_pb2.BacklogQuota(type=topic_pb2.MESSAGE_AGE, limit_time_ms=limit_time_ms,
+                                           policy=QUOTA_POLICIES[policy])
+        r = self._call("SetBacklogQuota", topic_pb2.SetBacklogQuotaRequest(namespace=namespace, quota=quota))
+        return _quotas(r.quotas)
+
+    def get_backlog_quotas(self, namespace: str) -> dict:
+        """{"destination_storage": {"limit_bytes", "policy"}, "message_age": {"limit_time_ms", "policy"}}, the
+        quotas that are set (Pulsar's backlogQuotaMap)."""
+        return _quotas(self._call("GetBacklogQuotas",
+                                  topic_pb2.GetBacklogQuotasRequest(namespace=namespace)).quotas)
+
+    def remove_backlog_quota(self, namespace: str, quota_type: str = "destination_storage") -> dict:
+        if quota_type not in QUOTA_TYPES:
+            raise ClientError(TopicStatus.BAD_REQUEST,
+                              f"backlog quota type {quota_type!r} is not one of {list(QUOTA_TYPES)}")
+        return _quotas(self._call("RemoveBacklogQuota", topic_pb2.RemoveBacklogQuotaRequest(
+            namespace=namespace, type=QUOTA_TYPES[quota_type])).quotas)
+
     def list_namespaces(self, tenant: str) -> list[str]:
         return list(self._call("ListNamespaces", topic_pb2.ListNamespacesRequest(tenant=tenant)).namespaces)
 
@@ -246,8 +300,10 @@ class Client:
                   initial_position: InitialPosition | str = InitialPosition.Latest,
                   receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT, ack_timeout_ms: int = 0,
                   negative_ack_redelivery_delay_ms: int = NEGATIVE_ACK_DELAY_MS_DEFAULT,
-                  ack_group_time_ms: int = ACK_GROUP_TIME_MS_DEFAULT) -> Consumer:
-        """A consumer of `subscription` on `topic` (every partition), subscribed when this returns."""
+                  ack_group_time_ms: int = ACK_GROUP_TIME_MS_DEFAULT,
+                  dead_letter_policy: DeadLetterPolicy | None = None, retry_enable: bool = False) -> Consumer:
+        """A consumer of `subscription` on `topic` (every partition), subscribed when this returns. With
+        `dead_letter_policy` / `retry_enable`: dead-letter and retry topics (client/dead_letter.py)."""
         try:
             kind = SubscriptionType.parse(subscription_type)
             position = InitialPosition.parse(initial_position)
@@ -258,7 +314,9 @@ class Client:
                             priority=priority, initial_position=position, receiver_queue_size=receiver_queue_size,
                             ack_timeout_ms=ack_timeout_ms,
                             negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
-                            ack_group_time_ms=ack_group_time_ms)
+                            ack_group_time_ms=ack_group_time_ms, dead_letter_policy=dead_letter_policy,
+                            retry_enable=retry_enable)
+        consumer._attach_dead_letter()   # before subscribing: the retry topic must exist
         self._open(consumer)
         return consumer
 
