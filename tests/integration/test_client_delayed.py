@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from bksim.client import Client, ClientError, InitialPosition, SubscriptionType
+from bksim.client import Client, ClientError, DeadLetterPolicy, InitialPosition, SubscriptionType
 from helpers import wait_until
 from integration.bookie_harness import SESSION_TIMEOUT_MS
 
@@ -118,3 +118,62 @@ def test_a_held_delayed_message_survives_kill9_of_the_owner(brokers, client, top
     finally:
         owner.spawn()
         owner.wait_registered(brokers.zk, timeout_s=3 * SESSION_TIMEOUT_MS / 1000 + 20)
+
+
+def test_a_message_nacked_past_max_redeliver_count_lands_in_the_dlq(client, topic):
+    policy = DeadLetterPolicy(max_redeliver_count=2)
+    consumer = client.subscribe(topic, "work", SubscriptionType.Shared, initial_position=InitialPosition.Earliest,
+                                negative_ack_redelivery_delay_ms=50, dead_letter_policy=policy)
+    dlq = client.subscribe(f"{topic}-work-DLQ", "ops", SubscriptionType.Shared,
+                           initial_position=InitialPosition.Earliest)
+    producer = client.create_producer(topic, batching_enabled=False)
+    sent = producer.send(b"poison", key="k7", properties={"order": "42"})
+    producer.send(b"fine")
+    counts = []
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (got := receive_until(consumer, deadline)) is not None:
+        m = got[0]
+        if m.data() == b"fine":
+            consumer.acknowledge(m)
+            continue
+        counts.append(m.redelivery_count())
+        consumer.negative_acknowledge(m)
+        if m.redelivery_count() >= policy.max_redeliver_count:
+            break
+    assert counts == [0, 1, 2], counts             # seen max_redeliver_count + 1 times, then dead-lettered
+    got = receive_until(dlq, time.monotonic() + 10)
+    assert got is not None, "nothing in the dead-letter topic"
+    m = got[0]
+    assert m.data() == b"poison" and m.key() == "k7"
+    assert m.properties() == {"order": "42", "REAL_TOPIC": topic, "ORIGIN_MESSAGE_ID": str(sent)}
+    dlq.acknowledge(m)
+    wait_until(lambda: client.topic_stats(topic)["subscriptions"]["work"]["msgBacklog"] == 0, 10,
+               message="the dead-lettered message is acknowledged on the original topic")
+    assert receive_until(consumer, time.monotonic() + 0.5) is None
+
+
+def test_reconsume_later_brings_a_message_back_after_its_delay_through_the_retry_topic(client, topic):
+    consumer = client.subscribe(topic, "work", SubscriptionType.Shared, initial_position=InitialPosition.Earliest,
+                                dead_letter_policy=DeadLetterPolicy(max_redeliver_count=1), retry_enable=True)
+    producer = client.create_producer(topic, batching_enabled=False)
+    sent = producer.send(b"job", key="j", properties={"attempt": "x"})
+    first = receive_until(consumer, time.monotonic() + 10)
+    assert first is not None and first[0].data() == b"job" and first[0].topic_name() == topic
+    later = now_ms() + 1_500
+    consumer.reconsume_later(first[0], 1_500)
+    again = receive_until(consumer, time.monotonic() + 1.5 + LATE_MS / 1000)
+    assert again is not None, "the retried message never came back"
+    m, received = again
+    assert m.data() == b"job" and m.key() == "j" and m.topic_name() == f"{topic}-work-RETRY"
+    assert later - CLOCK_SLACK_MS <= received <= later + LATE_MS, received - later
+    props = m.properties()
+    assert props["RECONSUMETIMES"] == "1" and props["DELAY_TIME"] == "1500" and props["attempt"] == "x"
+    assert props["REAL_TOPIC"] == topic and props["ORIGIN_MESSAGE_ID"] == str(sent)
+    wait_until(lambda: client.topic_stats(topic)["subscriptions"]["work"]["msgBacklog"] == 0, 10,
+               message="the original is acknowledged")
+    dlq = client.subscribe(f"{topic}-work-DLQ", "ops", SubscriptionType.Shared,
+                           initial_position=InitialPosition.Earliest)
+    consumer.reconsume_later(m, 100)               # a second retry exceeds max_redeliver_count 1: dead letter
+    got = receive_until(dlq, time.monotonic() + 10)
+    assert got is not None and got[0].data() == b"job" and got[0].properties()["REAL_TOPIC"] == topic
+    assert receive_until(consumer, time.monotonic() + 0.5) is None

@@ -21,10 +21,11 @@ ClientError whose `.status` is a TopicStatus name and `.message` the broker's te
 """
 from bksim.client.client import Client
 from bksim.client.consumer import Consumer
+from bksim.client.dead_letter import DeadLetterPolicy
 from bksim.client.errors import ClientError
 from bksim.client.producer import Producer
 from bksim.client.reader import Reader
 from bksim.client.types import InitialPosition, Message, MessageId, RoutingMode, SubscriptionType
 
 __all__ = ["Client", "Producer", "Consumer", "Reader", "Message", "MessageId", "SubscriptionType", "InitialPosition",
-           "RoutingMode", "ClientError"]
+           "RoutingMode", "ClientError", "DeadLetterPolicy"]

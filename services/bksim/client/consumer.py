@@ -23,6 +23,11 @@ the broker refuses it with NOT_ALLOWED). `negative_acknowledge()` asks for redel
 `negative_ack_redelivery_delay_ms`; with `ack_timeout_ms` > 0, a received message not acknowledged within it is
 redelivered (both through a Redeliver request; the broker raises the redelivery count).
 
+Dead letters and retries (dead_letter.py): with a `dead_letter_policy`, a received message whose redelivery count
+is >= max_redeliver_count is published to the dead-letter topic and acknowledged when it is next due for
+redelivery (negative ack, ack timeout) instead of being redelivered. With `retry_enable` the consumer has one
+more stream, on the retry topic (same subscription), and `reconsume_later(msg, delay_ms)` moves a message there.
+
 Reconnects. The stream's lifecycle (lookup, open, reconnect with back-off, close) is stream.py's
 PartitionStream, shared with the producer; the partition consumer is its role. On NOT_OWNER, TOPIC_FENCED,
 SERVICE_UNAVAILABLE (or the transport failing), ... a partition consumer looks the topic up again and subscribes
@@ -39,6 +44,7 @@ import logging
 import threading
 import time
 
+from bksim.client.dead_letter import DeadLetter, DeadLetterPolicy, resolve as resolve_dead_letter
 from bksim.client.errors import ClientError, from_error_pb
 from bksim.client.stream import CLOSE_WAIT_S, PartitionStream, StreamKind
 from bksim.client.types import InitialPosition, Message, MessageId, SubscriptionType
@@ -56,6 +62,7 @@ ACK_GROUP_TIME_MS_DEFAULT = 10
 ACK_GROUP_MAX = 1000          # grouped acks sent at once when this many wait
 ACK_IDS_PER_REQUEST_MAX = 10_000  # ids in one Ack / Redeliver request
 TICK_MIN_S, TICK_MAX_S = 0.01, 1.0   # the redelivery tracker's tick (a quarter of the shortest delay)
+MAX_RECONSUME_TIMES_DEFAULT = 16     # retry_enable without a dead_letter_policy (Pulsar's MAX_RECONSUME_TIMES)
 
 
 def _ack_id(mid: MessageId, batch_size: int) -> topic_pb2.AckId:
@@ -88,7 +95,8 @@ class Consumer:
     def __init__(self, client, topic: str, partitions: int, subscription: str, *,
                  subscription_type: SubscriptionType, consumer_name: str | None, priority: int,
                  initial_position: InitialPosition, receiver_queue_size: int, ack_timeout_ms: int,
-                 negative_ack_redelivery_delay_ms: int, ack_group_time_ms: int) -> None:
+                 negative_ack_redelivery_delay_ms: int, ack_group_time_ms: int,
+                 dead_letter_policy: DeadLetterPolicy | None = None, retry_enable: bool = False) -> None:
         if not 1 <= receiver_queue_size <= RECEIVER_QUEUE_SIZE_MAX:
             raise ClientError(TopicStatus.BAD_REQUEST,
                               f"receiver_queue_size must be 1..{RECEIVER_QUEUE_SIZE_MAX}, got "
@@ -130,6 +138,23 @@ class Consumer:
         self._parts = [_PartitionConsumer(self, f"{topic}-partition-{i}" if self._partitioned else topic,
                                           i if self._partitioned else -1) for i in range(count)]
         self._tracker_task: asyncio.Task | None = None
+        if retry_enable and dead_letter_policy is None:
+            dead_letter_policy = DeadLetterPolicy(MAX_RECONSUME_TIMES_DEFAULT)
+        self._dead_letter_policy = dead_letter_policy
+        self._dead_letter: DeadLetter | None = None       # its producers, once attached (_attach_dead_letter)
+        self._dlq_candidates: dict[MessageId, Message] = {}  # received with redelivery count >= the maximum
+        self._dlq_topics: tuple[str, str | None] | None = None
+        if dead_letter_policy is not None:
+            self._dlq_topics = resolve_dead_letter(dead_letter_policy, topic, subscription, subscription_type,
+                                                   retry_enable)
+            if self._dlq_topics[1] is not None:   # the retry topic: one more stream, same subscription
+                self._parts.append(_PartitionConsumer(self, self._dlq_topics[1], -1))
+
+    def _attach_dead_letter(self) -> None:
+        """Create the dead-letter (and retry) topics if needed and their producers; the application's thread,
+        before _start (which subscribes to the retry topic too)."""
+        if self._dlq_topics is not None:
+            self._dead_letter = DeadLetter(self._client, self._dead_letter_policy, *self._dlq_topics)
 
     async def _start(self) -> None:
         first = self._parts[0]
@@ -196,6 +221,9 @@ class Consumer:
             msg = self._queue.popleft()
             part = msg._owner
             self._dequeued(part, msg)
+            if (self._dead_letter_policy is not None
+                    and msg._redelivery_count >= self._dead_letter_policy.max_redeliver_count):
+                self._dlq_candidates[msg._id] = msg
             flows = []
             if msg._epoch == part.epoch:
                 part.refill += 1
@@ -273,6 +301,8 @@ class Consumer:
         arm = None
         with self._lock:
             tracked = self._unacked.pop(mid, None)
+            if self._dlq_candidates:
+                self._dlq_candidates.pop(mid, None)
             if tracked is not None:
                 if self._ack_deadlines:
                     self._ack_deadlines.pop(mid, None)
@@ -312,6 +342,7 @@ class Consumer:
                 self._unacked.pop(other, None)
                 self._ack_deadlines.pop(other, None)
                 self._nacks.pop(other, None)
+                self._dlq_candidates.pop(other, None)
 
     def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Ask for the message to be delivered again after negative_ack_redelivery_delay_ms."""
@@ -345,9 +376,13 @@ class Consumer:
             await asyncio.sleep(tick)  # a periodic check, not synchronisation
             now = time.monotonic()
             due: dict[_PartitionConsumer, list[topic_pb2.AckId]] = {}
+            dead: list[Message] = []
             with self._lock:
                 for mid in [m for m, when in self._nacks.items() if when <= now]:
                     del self._nacks[mid]
+                    if self._dead_letter is not None and mid in self._dlq_candidates:
+                        dead.append(self._dlq_candidates.pop(mid))
+                        continue
                     tracked = self._unacked.get(mid)
                     part = tracked[0] if tracked else self._part_of_or_none(mid)
                     if part is not None:
@@ -357,11 +392,47 @@ class Consumer:
                     if when > now:
                         break
                     del self._ack_deadlines[mid]
+                    if self._dead_letter is not None and mid in self._dlq_candidates:
+                        dead.append(self._dlq_candidates.pop(mid))
+                        continue
                     tracked = self._unacked.get(mid)
                     if tracked is not None:
                         due.setdefault(tracked[0], []).append(_ack_id(mid, tracked[1]))
             for part, ids in due.items():
                 part.send_redeliver(ids)
+            for msg in dead:
+                self._send_to_dead_letter(msg)
+
+    def _send_to_dead_letter(self, msg: Message) -> None:  # loop thread
+        """Publish `msg` to the dead-letter topic, then acknowledge it; if the publish fails, redeliver it."""
+        def done(error: ClientError | None, _mid) -> None:
+            if error is None:
+                with self._lock:
+                    self._unacked.pop(msg._id, None)
+                    self._ack_deadlines.pop(msg._id, None)
+                    self._nacks.pop(msg._id, None)
+                msg._owner.send_acks([(msg._id, msg._batch_size)])
+            else:
+                log.warning("consumer of %s: dead-lettering %s to %s failed (%s); redelivering it", self._topic,
+                            msg._id, self._dead_letter.dlq_topic, error)
+                msg._owner.send_redeliver([_ack_id(msg._id, msg._batch_size)])
+        try:
+            self._dead_letter.send_to_dlq_async(msg, done)
+        except ClientError as e:
+            done(e, None)
+
+    def reconsume_later(self, message: Message, delay_ms: int) -> None:
+        """Deliver `message` again after `delay_ms` through the retry topic (or to the dead-letter topic once it
+        was retried max_redeliver_count times), then acknowledge it here; needs retry_enable=True."""
+        self._check_usable()
+        if not isinstance(message, Message):
+            raise ClientError(TopicStatus.BAD_REQUEST, f"reconsume_later takes a received Message, not "
+                                                       f"{type(message).__name__}")
+        if self._dead_letter is None or self._dead_letter.retry is None:
+            raise ClientError(TopicStatus.BAD_REQUEST, f"consumer of {self._subscription} on {self._topic} was not "
+                                                       f"subscribed with retry_enable=True")
+        self._dead_letter.reconsume_later(message, delay_ms)
+        self.acknowledge(message)
 
     def _part_of_or_none(self, mid: MessageId) -> "_PartitionConsumer | None":
         try:
@@ -420,6 +491,8 @@ class Consumer:
             with self._lock:
                 self._closed = True
                 self._cond.notify_all()
+            if self._dead_letter is not None:
+                self._dead_letter.close()
             self._client._forget(self)
 
     async def _close(self) -> None:
