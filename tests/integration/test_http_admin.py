@@ -192,6 +192,26 @@ def test_tenants_and_namespaces(env, produced):
     assert http("GET", f"{env.a_url}/admin/v2/namespaces/{tenant}")[2] == [ns]
 
 
+def test_backlog_quotas_with_pulsars_paths_and_units(env, produced):
+    url = f"{env.a_url}/admin/v2/namespaces/{produced['ns']}"
+    assert http("POST", f"{url}/backlogQuota?backlogQuotaType=message_age",
+                {"limitTime": 120, "policy": "producer_exception"})[0] == 204
+    assert http("POST", f"{url}/backlogQuota", {"limitSize": 10 << 20, "limitTime": -1,
+                                                "policy": "consumer_backlog_eviction"})[0] == 204
+    expected = {"destination_storage": {"limitSize": 10 << 20, "limitTime": -1, "policy": "consumer_backlog_eviction"},
+                "message_age": {"limitSize": -1, "limitTime": 120, "policy": "producer_exception"}}
+    assert http("GET", f"{url}/backlogQuotaMap")[2] == expected
+    assert http("GET", url)[2]["backlog_quota_map"] == expected
+    assert produced["client"].get_backlog_quotas(produced["ns"])["message_age"]["limit_time_ms"] == 120_000
+    status, _, body = http("POST", f"{url}/backlogQuota?backlogQuotaType=message_age",
+                           {"limitTime": 3600, "policy": "producer_exception"})  # the retention is 60 minutes
+    assert status == 412 and "retention" in body["reason"]
+    assert http("POST", f"{url}/backlogQuota", {"limitSize": 5, "policy": "drop"})[0] == 400
+    assert http("DELETE", f"{url}/backlogQuota?backlogQuotaType=message_age")[0] == 204
+    assert http("DELETE", f"{url}/backlogQuota")[0] == 204
+    assert http("GET", f"{url}/backlogQuotaMap")[2] == {}
+
+
 def test_topics_list_create_partitions_delete(env, produced):
     ns = produced["ns"]
     assert http("GET", f"{env.a_url}/admin/v2/persistent/{ns}")[2] == [produced["topic"]]

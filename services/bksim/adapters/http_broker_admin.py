@@ -12,6 +12,9 @@ has, with Pulsar's paths, methods, status codes and JSON shapes (docs/observabil
     GET    /admin/v2/namespaces/{tenant}/{ns}/permissions      {role: [actions]}
     POST   /admin/v2/namespaces/{tenant}/{ns}/permissions/{role}  ["produce", "consume"]  204
     DELETE /admin/v2/namespaces/{tenant}/{ns}/permissions/{role}                        204
+    GET    /admin/v2/namespaces/{tenant}/{ns}/backlogQuotaMap  {type: {"limitSize", "limitTime", "policy"}}
+    POST   /admin/v2/namespaces/{tenant}/{ns}/backlogQuota?backlogQuotaType=T  [BacklogQuota]  204
+    DELETE /admin/v2/namespaces/{tenant}/{ns}/backlogQuota?backlogQuotaType=T                204
     GET    /admin/v2/persistent/{tenant}/{ns}                  ["persistent://t/ns/topic", ...]
     PUT    /admin/v2/persistent/{tenant}/{ns}/{topic}          204 (non-partitioned)
     DELETE /admin/v2/persistent/{tenant}/{ns}/{topic}?force=   204
@@ -94,6 +97,7 @@ def policies_json(info: topic_pb2.NamespaceInfo, auth: dict) -> dict:
                                "retentionSizeInMB": _exact(p.retention_bytes, MIB)},
         "message_ttl_in_seconds": _exact(p.ttl_ms, 1000),
         "deduplicationEnabled": p.dedup,
+        "backlog_quota_map": backlog_quota_map_json(p.backlog_quotas),
         "deleted": False,
     }
 
@@ -115,6 +119,41 @@ def policies_from_json(doc: dict) -> topic_pb2.NamespacePolicies:
         retention_bytes=scaled(retention.get("retentionSizeInMB"), MIB, -1),
         ttl_ms=scaled(doc.get("message_ttl_in_seconds"), 1000, 0),
         dedup=bool(doc.get("deduplicationEnabled", False)))
+
+
+QUOTA_TYPE_OF_NAME = {"destination_storage": topic_pb2.DESTINATION_STORAGE, "message_age": topic_pb2.MESSAGE_AGE}
+QUOTA_POLICY_OF_NAME = {"producer_request_hold": topic_pb2.PRODUCER_REQUEST_HOLD,
+                        "producer_exception": topic_pb2.PRODUCER_EXCEPTION,
+                        "consumer_backlog_eviction": topic_pb2.CONSUMER_BACKLOG_EVICTION}
+
+
+def backlog_quota_map_json(quotas) -> dict:
+    """Pulsar's backlog quota map: {type: {"limitSize": bytes, "limitTime": seconds, "policy"}} (-1: not that
+    kind of limit)."""
+    types = {v: k for k, v in QUOTA_TYPE_OF_NAME.items()}
+    policies = {v: k for k, v in QUOTA_POLICY_OF_NAME.items()}
+    return {types[q.type]: {"limitSize": q.limit_bytes if q.type == topic_pb2.DESTINATION_STORAGE else -1,
+                            "limitTime": _exact(q.limit_time_ms, 1000) if q.type == topic_pb2.MESSAGE_AGE else -1,
+                            "policy": policies[q.policy]} for q in quotas}
+
+
+def backlog_quota_from_json(kind: str, doc) -> topic_pb2.BacklogQuota:
+    """A BacklogQuota of `kind` from Pulsar's JSON (limitSize bytes / limitTime seconds, policy); ValueError."""
+    if kind not in QUOTA_TYPE_OF_NAME:
+        raise ValueError(f"backlogQuotaType {kind!r} is not one of {list(QUOTA_TYPE_OF_NAME)}")
+    if not isinstance(doc, dict) or doc.get("policy") not in QUOTA_POLICY_OF_NAME:
+        raise ValueError(f"the body must be {{\"limitSize\" or \"limitTime\", \"policy\": one of "
+                         f"{list(QUOTA_POLICY_OF_NAME)}}}")
+    key = "limitSize" if kind == "destination_storage" else "limitTime"
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{kind} needs {key} (a number)")
+    quota = topic_pb2.BacklogQuota(type=QUOTA_TYPE_OF_NAME[kind], policy=QUOTA_POLICY_OF_NAME[doc["policy"]])
+    if kind == "destination_storage":
+        quota.limit_bytes = int(value)
+    else:
+        quota.limit_time_ms = int(value * 1000)
+    return quota
 
 
 def topic_stats_json(stats: dict) -> dict:
@@ -291,6 +330,29 @@ class BrokerHttpAdmin:
             namespace=self._namespace(request), role=request.match_info["role"]))
         return no_content()
 
+    async def get_backlog_quotas(self, request: web.Request) -> web.Response:
+        r = await self._call(request, "GetBacklogQuotas",
+                             topic_pb2.GetBacklogQuotasRequest(namespace=self._namespace(request)))
+        return json_response(backlog_quota_map_json(r.quotas))
+
+    async def set_backlog_quota(self, request: web.Request) -> web.Response:
+        try:
+            quota = backlog_quota_from_json(request.query.get("backlogQuotaType", "destination_storage"),
+                                            await self._body(request, {}))
+        except ValueError as e:
+            raise Answer(reason(400, f"backlog quota: {e}")) from None
+        await self._call(request, "SetBacklogQuota",
+                         topic_pb2.SetBacklogQuotaRequest(namespace=self._namespace(request), quota=quota))
+        return no_content()
+
+    async def remove_backlog_quota(self, request: web.Request) -> web.Response:
+        kind = request.query.get("backlogQuotaType", "destination_storage")
+        if kind not in QUOTA_TYPE_OF_NAME:
+            raise Answer(reason(400, f"backlogQuotaType {kind!r} is not one of {list(QUOTA_TYPE_OF_NAME)}"))
+        await self._call(request, "RemoveBacklogQuota", topic_pb2.RemoveBacklogQuotaRequest(
+            namespace=self._namespace(request), type=QUOTA_TYPE_OF_NAME[kind]))
+        return no_content()
+
     # -- topics --------------------------------------------------------------------------------------------
     async def list_topics(self, request: web.Request) -> web.Response:
         r = await self._call(request, "ListTopics", topic_pb2.ListTopicsRequest(namespace=self._namespace(request)))
@@ -343,6 +405,9 @@ def routes(parts: ProcessParts) -> list[web.RouteDef]:
         ("GET", f"{ns}/permissions", a.get_permissions),
         ("POST", f"{ns}/permissions/{{role}}", a.grant),
         ("DELETE", f"{ns}/permissions/{{role}}", a.revoke),
+        ("GET", f"{ns}/backlogQuotaMap", a.get_backlog_quotas),
+        ("POST", f"{ns}/backlogQuota", a.set_backlog_quota),
+        ("DELETE", f"{ns}/backlogQuota", a.remove_backlog_quota),
         ("GET", "/admin/v2/persistent/{tenant}/{namespace}", a.list_topics),
         ("PUT", topic, a.create_topic),
         ("DELETE", topic, a.delete_topic),
