@@ -331,7 +331,7 @@ class FakeBroker(topic_pb2_grpc.TopicsServicer):
                     batch_size=len(seqs), duplicate=True))
                 continue
             messages = [Message(m.payload, m.key if m.has_key else None, dict(m.properties), m.event_time_ms,
-                                m.sequence_id) for m in send.messages]
+                                m.sequence_id, m.deliver_at_ms) for m in send.messages]
             t.entries.append(encode_entry(messages, producer_name=name, publish_time_ms=1_000 + len(t.entries),
                                           batch=len(messages) > 1))
             c.dedup[(t.name, name)] = max(seqs)

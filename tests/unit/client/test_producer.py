@@ -3,6 +3,7 @@ and re-sends."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -261,3 +262,21 @@ def test_a_send_callback_never_blocks_the_clients_thread(fake, client):
     assert seen[0].status is TopicStatus.TOO_MANY_REQUESTS and "in a client callback" in seen[0].message
     producer.flush()
     assert [m.payload for m in fake.published(TOPIC)] == [b"first", b"from-callback-1"]
+
+
+def test_a_delayed_message_is_never_batched_and_carries_its_time(fake, client):
+    fake.add_topic(TOPIC)
+    producer = client.create_producer(TOPIC, batching_max_publish_delay_ms=10_000)
+    producer.send_async(b"a", None)
+    producer.send_async(b"late", None, deliver_at_ms=1_900_000_000_000)
+    producer.send_async(b"b", None)
+    producer.send_async(b"c", None, deliver_after_ms=60_000)
+    producer.flush()
+    assert [seqs for _, _, seqs in fake.sends] == [[0], [1], [2], [3]]
+    times = [[m.deliver_at_ms for m in batch] for batch in _batches(fake, TOPIC)]
+    assert times[0] == [0] and times[1] == [1_900_000_000_000] and times[2] == [0]
+    assert abs(times[3][0] - (time.time() * 1000 + 60_000)) < 10_000
+    for bad in ({"deliver_at_ms": 1, "deliver_after_ms": 1}, {"deliver_at_ms": -1}, {"deliver_after_ms": "5"}):
+        with pytest.raises(ClientError) as info:
+            producer.send(b"x", **bad)
+        assert info.value.status == TopicStatus.BAD_REQUEST
