@@ -6,6 +6,8 @@ payload, key and properties and the original topic and id; reconsume_later bring
 retry topic after its delay. Times are compared on this machine's wall clock, which the brokers share."""
 from __future__ import annotations
 
+import contextlib
+import io
 import time
 import uuid
 
@@ -177,3 +179,18 @@ def test_reconsume_later_brings_a_message_back_after_its_delay_through_the_retry
     got = receive_until(dlq, time.monotonic() + 10)
     assert got is not None and got[0].data() == b"job" and got[0].properties()["REAL_TOPIC"] == topic
     assert receive_until(consumer, time.monotonic() + 0.5) is None
+
+
+def test_bksim_produce_deliver_after(brokers, client, topic):
+    from bksim.cli.main import main
+    shared = client.subscribe(topic, "cli", SubscriptionType.Shared, initial_position=InitialPosition.Earliest)
+    out, err = io.StringIO(), io.StringIO()
+    sent = now_ms()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["produce", "--broker", ",".join(b.address for b in brokers.brokers), topic, "-m", "a,b",
+                     "--deliver-after", "1500"])
+    assert code == 0, err.getvalue()
+    got = [receive_until(shared, time.monotonic() + 1.5 + LATE_MS / 1000) for _ in range(2)]
+    assert all(g is not None for g in got), got
+    assert sorted(m.data() for m, _ in got) == [b"a", b"b"]
+    assert all(received >= sent + 1_500 - CLOCK_SLACK_MS for _, received in got), [r - sent for _, r in got]
