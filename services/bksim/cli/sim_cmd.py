@@ -1,6 +1,6 @@
 """`bksim sim`: the deterministic simulations, one seed at a time or in sweeps.
 
-Four worlds (`--world`):
+Five worlds (`--world`):
 - `ledger` (the default): bookies, brokers, the simulated network and metadata store; ledgers written, read
   and recovered under network, disk, process and session faults (bksim.sim.ledger_scenario);
 - `autorecovery`: the same seed's ledger world plus auditors and replication workers, bookies lost for good,
@@ -10,7 +10,11 @@ Four worlds (`--world`):
   `--steps K` sets its workload length (it applies to this world and the next only);
 - `gc`: the bookie world plus a metadata store of ledgers that fails, breaks off and lags, ledgers deleted from
   it, garbage-collection and compaction rounds among the adds and reads, crashes at every step of both
-  (bksim.sim.gc_scenario).
+  (bksim.sim.gc_scenario);
+- `topics`: brokers running the real topic layer (TopicService, managed ledgers, cursors, subscriptions, dedup)
+  over simulated bookies, network and metadata store; producers and consumers of the four subscription types
+  under broker crashes and takeovers, session expiry, ZooKeeper connection loss, bookie crashes, lossy links,
+  clean restarts, seeks and producer restarts (bksim.sim.topic_scenario).
 
 `bksim sim --seed N [--trace]` prints the seed and every knob of its plan (for the ledger world, the fault
 plan: every fault event with its time), runs it, and prints PASS (with the trace digest: the same seed always
@@ -37,8 +41,9 @@ from bksim.sim.gc_scenario import gc_plans, run_gc_sim
 from bksim.sim.known_issues import KNOWN_ENGINE_ISSUES, KNOWN_INVARIANTS
 from bksim.sim.ledger_scenario import LedgerSimResult, run_ledger_sim
 from bksim.sim.plan import STEPS_DEFAULT, AutorecoveryPlan, BookiePlan, LedgerPlan
+from bksim.sim.topic_scenario import TopicPlan, run_topic_sim
 
-WORLDS = ("ledger", "bookie", "autorecovery", "gc")
+WORLDS = ("ledger", "bookie", "autorecovery", "gc", "topics")
 
 TRACE_TAIL_LINES = 40
 PROGRESS_EVERY_SEEDS = 100  # when stderr is not a terminal: one progress line per this many seeds
@@ -58,7 +63,9 @@ def register(subparsers) -> None:
                     "bookie: one BookieEngine with crashes (also during replay), torn journal tails, latencies "
                     "and bit flips. --world gc: the bookie world with ledgers deleted from a simulated metadata "
                     "store that fails and lags, garbage collection and compaction among the adds, and crashes at "
-                    "every step of both. The same seed always gives a byte-identical trace.")
+                    "every step of both. --world topics: brokers running the real topic layer with producers and "
+                    "consumers of every subscription type under broker, bookie, session and ZooKeeper faults. "
+                    "The same seed always gives a byte-identical trace.")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--seed", type=int, help="run this one seed")
     which.add_argument("--sweep", type=int, metavar="N", help="run N seeds (see --from)")
@@ -66,7 +73,8 @@ def register(subparsers) -> None:
     p.add_argument("--world", choices=WORLDS, default="ledger",
                    help="ledger (default): brokers + bookies + network; bookie: one bookie's storage engine; "
                         "autorecovery: the ledger world with bookies lost for good, auditors and replication "
-                        "workers; gc: the bookie world with ledger deletions, garbage collection and compaction")
+                        "workers; gc: the bookie world with ledger deletions, garbage collection and compaction; "
+                        "topics: brokers running the topic layer, producers and consumers of one topic")
     p.add_argument("--steps", type=int, default=None,
                    help=f"--world bookie or gc only: workload steps per seed (default {STEPS_DEFAULT})")
     p.add_argument("--trace", action="store_true", help="print the whole trace of --seed")
@@ -76,7 +84,7 @@ def register(subparsers) -> None:
 
 
 def cmd_sim(args) -> int:
-    if args.world in ("ledger", "autorecovery"):
+    if args.world in ("ledger", "autorecovery", "topics"):
         if args.steps is not None:
             raise ConfigError(f"--steps applies to --world bookie or gc only (the {args.world} world's length "
                               f"comes from its plan)")
@@ -116,12 +124,12 @@ def replay_commands(seed: int, steps: int, tolerate_known: bool, world: str = "b
 
 
 def ledger_replay_commands(seed: int, world: str = "ledger") -> str:
-    if world == "autorecovery":
-        return f"bksim sim --world autorecovery --seed {seed} --trace"
+    if world in ("autorecovery", "topics"):
+        return f"bksim sim --world {world} --seed {seed} --trace"
     return f"make sim SEED={seed}   |   bksim sim --seed {seed} --trace"
 
 
-RUNS = {"ledger": run_ledger_sim, "autorecovery": run_autorecovery_sim}
+RUNS = {"ledger": run_ledger_sim, "autorecovery": run_autorecovery_sim, "topics": run_topic_sim}
 
 
 def _one(seed: int, steps: int, print_trace: bool, tolerated: frozenset[str], world: str = "bookie") -> int:
@@ -211,7 +219,7 @@ def _sweep(first: int, count: int, steps: int, tolerated: frozenset[str], world:
 
 # -- the ledger world ----------------------------------------------------------------------------------------
 def _one_ledger(seed: int, print_trace: bool, world: str = "ledger") -> int:
-    plan = LedgerPlan.from_seed(seed)
+    plan = TopicPlan.from_seed(seed) if world == "topics" else LedgerPlan.from_seed(seed)
     print(f"bksim sim --world {world}: seed {seed}; replay: {ledger_replay_commands(seed, world)}")
     print("plan (every knob and the fault plan, drawn from the seed):")
     lines = plan.describe()

@@ -309,22 +309,26 @@ class ManagedLedger:
         """Clean close (broker shutdown, unload): wait for pending appends, close the ledger, record it."""
         if self._state in FINAL:
             return
-        if self._roll_task is not None:
-            await asyncio.gather(self._roll_task, return_exceptions=True)
-        waiting = [p.future for p in self._pending]
-        if waiting:
-            await asyncio.gather(*waiting, return_exceptions=True)
+        while True:  # a roll may start while pending appends settle (the ledger filled up): wait for it too
+            if self._roll_task is not None:
+                await asyncio.gather(self._roll_task, return_exceptions=True)
+            waiting = [p.future for p in self._pending]
+            if waiting:
+                await asyncio.gather(*waiting, return_exceptions=True)
+            if self._roll_task is None or self._state in FINAL:
+                break
         if self._state in FINAL:  # fenced meanwhile (a failed roll), which failed every pending append
             return
         self._move(ManagedLedgerState.CLOSED)
-        if self._handle is not None and self._current is not None:
+        handle, current = self._handle, self._current  # the ledger closed here is the one recorded closed
+        if handle is not None and current is not None:
             try:
-                metadata = await self._handle.close()
-                self._record_closed(self._current, metadata)
+                metadata = await handle.close()
+                self._record_closed(current, metadata)
                 async with self._metadata_lock:
                     await self._write_info()
             except (LedgerError, TopicError) as e:
-                self._log(f"topic {self.name}: ledger {self._current.ledger_id} not closed cleanly ({e}); the next "
+                self._log(f"topic {self.name}: ledger {current.ledger_id} not closed cleanly ({e}); the next "
                           f"owner recovers it")
         self._fail_pending(TopicError(TopicStatus.SERVICE_UNAVAILABLE, f"topic {self.name} is closed on this broker"))
 

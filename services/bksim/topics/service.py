@@ -4,7 +4,10 @@ Owns: the topics this broker serves (loaded on first use by a producer or consum
 znodes, and the admin metadata under /admin.
 
 Ownership: a broker serves a topic only while it holds /ownership/<tenant>/<ns>/<topic> (ephemeral, tied to
-its ZooKeeper session). Any broker answers Lookup: the current owner if there is one, else the broker chosen by
+its ZooKeeper session; it names the broker and this TopicService's `instance`). A znode naming this broker id
+but another instance is a predecessor's (a restart after kill -9, before the old session expired): NOT_OWNER
+until that session expires and the znode goes, never adopted (the predecessor's session can expire at any
+moment, and another broker would then take the topic while this one still served it). Any broker answers Lookup: the current owner if there is one, else the broker chosen by
 rendezvous hashing of the topic over the registered brokers (it takes the topic when a client arrives). A
 broker that finds another owner answers NOT_OWNER with that owner's address. Takeover = the managed ledger's
 open(): recover (fence) the last ledger, start a new one, CAS the list. A broker that loses its ownership
@@ -53,14 +56,17 @@ def _field(doc: dict, path: str, read: Callable):
 class TopicService:
     def __init__(self, *, store: MetadataStore, ledgers: LedgerService, clock: Clock, broker_id: str, address: str,
                  open_cursor_factory, config: TopicConfig = TopicConfig(), broker_config: BrokerConfig = BrokerConfig(),
-                 log: Callable[[str], None] = lambda line: None) -> None:
+                 log: Callable[[str], None] = lambda line: None, instance: str = "") -> None:
         """`open_cursor_factory(ml, topic_name, subscription, initial_position, on_fenced)` -> ManagedCursor (async);
-        the cursor calls `on_fenced(TopicError)` when a CAS on its znode shows another broker owns the topic."""
+        the cursor calls `on_fenced(TopicError)` when a CAS on its znode shows another broker owns the topic.
+        `instance` tells this process's ownership znodes from a predecessor's with the same broker id (default:
+        the broker id and the wall time at construction)."""
         self.store = store
         self.ledgers = ledgers
         self._clock = clock
         self.broker_id = broker_id
         self.address = address
+        self.instance = instance or f"{broker_id}@{clock.wall_ms()}"
         self._open_cursor = open_cursor_factory
         self.config = config
         self.broker_config = broker_config
@@ -326,7 +332,8 @@ class TopicService:
                 self._log(f"topic {name}: ledger {lid} not deleted ({e})")
 
     # ---- lookup and ownership -------------------------------------------------------------------------------------
-    async def _owner(self, name: TopicName) -> tuple[str, str] | None:
+    async def _owner(self, name: TopicName) -> tuple[str, str, str] | None:
+        """(broker id, address, instance) from the topic's ownership znode, or None."""
         try:
             data, _ = await self.store.get(name.ownership_path)
         except NoNodeError:
@@ -334,7 +341,7 @@ class TopicService:
         except MetadataError as e:
             raise _meta(f"reading the owner of {name}", e) from None
         d = znode_object(data, name.ownership_path)
-        return str(d.get("broker_id", "")), str(d.get("address", ""))
+        return str(d.get("broker_id", "")), str(d.get("address", "")), str(d.get("instance", ""))
 
     async def _brokers(self) -> dict[str, str]:
         out = {}
@@ -398,14 +405,17 @@ class TopicService:
     async def _load(self, name: TopicName) -> Topic:
         await self._require_topic(name)
         policies = await self.get_namespace(name.ns)
-        mine = json.dumps({"broker_id": self.broker_id, "address": self.address}).encode()
+        mine = json.dumps({"broker_id": self.broker_id, "address": self.address, "instance": self.instance}).encode()
         try:
             await self.store.create(name.ownership_path, mine, ephemeral=True, make_parents=True)
         except NodeExistsError:
             owner = await self._owner(name)
-            if owner is None or owner[0] != self.broker_id:
+            if owner is None or owner[0] != self.broker_id or owner[2] != self.instance:
+                predecessor = owner is not None and owner[0] == self.broker_id
                 raise TopicError(TopicStatus.NOT_OWNER,
-                                 f"topic {name} is served by broker {owner[0] if owner else '?'}",
+                                 f"topic {name} is served by broker {owner[0] if owner else '?'}"
+                                 + (" (a previous instance of this broker, until its ZooKeeper session expires)"
+                                    if predecessor else ""),
                                  owner_address=owner[1] if owner else "") from None
             # our own znode from this session (a topic fenced here and being loaded again): keep it
         except MetadataError as e:

@@ -1,0 +1,298 @@
+"""What the simulated producers and consumers know about one topic, and the topic invariants of PROTOCOL.md §7
+the topic world must keep (checked as things happen and, for the end state, by the scenario).
+
+Owns the history of a topic simulation:
+- every receipt a producer got (producer, highest sequence id of the Send, position or "duplicate", broker);
+- every delivery a consumer got (subscription, consumer, position, the (producer, sequence id) and key of
+  each message of the entry, redelivery count);
+- every managed-ledger list written (all brokers' stores are wrapped in TopicCheckedStore): which broker
+  incarnation first listed each ledger (its writer), and how many entries each closed ledger holds;
+- per subscription, the highest durable (persisted) mark-delete seen on any broker, and the positions the
+  last clean close left acknowledged.
+
+Invariants (each raised as InvariantViolation(name, detail)):
+- ReceiptedMessagesAreConsumed (lost = 0): every (producer, sequence id) with a receipt is delivered to every
+  subscription (checked at the end, after the drain); a receipt that names a position names the one where a
+  consumer found that message (ReceiptNamesItsPosition).
+- NoDuplicateWithDedup: with dedup on, no (producer, sequence id) is stored at two positions (seen in
+  deliveries and receipts).
+- OrderPerKey: on Key_Shared, a message of a key delivered for the first time is never below a position of the
+  same key delivered before; OrderOnExclusive: the same for every message on Exclusive and Failover (a
+  redelivery of something delivered before may come later: that is not a new message).
+- OneOpenLedger / LedgersOrdered: in every managed-ledger list written, ledger ids strictly increase and at
+  most the last ledger is open; ClosedLedgerKeepsItsEntries: a closed ledger's entry count never changes;
+  TrimOnlyAPrefix: ledgers that hold entries leave the list only from its front (an empty one may be dropped
+  anywhere).
+- CursorNeverRegresses: a subscription's persisted mark-delete, seen on the owner (the broker that wrote the
+  managed-ledger list last), never goes below the highest seen before (a seek resets it: the client asked).
+- TrimBelowPersistedMarkDelete (checked by the scenario when a list drops ledgers): every ledger trimmed lies at
+  or below every cursor's persisted mark-delete on the broker that trims (the dedup cursor's too).
+- OneOwnerAtATime (checked by the scenario's probe): at most one broker with a live session serves the topic.
+- AckedNotRedeliveredAfterCleanClose: after a clean close of the topic, nothing the closed cursor held as
+  acknowledged is delivered again (until the next seek of that subscription).
+- OneOwnerPerLedger: every receipt naming a position in ledger L comes from the broker incarnation that created
+  L; AcceptedWritesSurviveTakeover: no receipt names an entry at or beyond the entry count of a ledger another
+  broker closed (a write accepted by an owner that was already taken over).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from bksim.model.errors import ConnectionLossError, FormatError
+from bksim.ports.metadata import ANY_VERSION, MetadataStore
+from bksim.sim.bookie_checks import InvariantViolation
+from bksim.topics.managed_ledger import ManagedLedgerInfo
+from bksim.topics.positions import Position
+
+MessageKey = tuple[str, int]  # (producer name, sequence id)
+
+
+@dataclass(slots=True)
+class SubscriptionRecord:
+    name: str
+    sub_type: str
+    delivered: dict[MessageKey, set[Position]] = field(default_factory=dict)
+    positions: set[Position] = field(default_factory=set)          # every position delivered
+    highest_of_key: dict[str | None, Position] = field(default_factory=dict)
+    durable_floor: Position | None = None   # highest persisted mark-delete seen (None: reset by a seek)
+    acked_at_close: set[Position] = field(default_factory=set)
+
+
+class TopicChecks:
+    def __init__(self, ml_path: str, subscriptions: dict[str, str], dedup: bool, log: Callable[[str], None],
+                 on_violation: Callable[[InvariantViolation], None]) -> None:
+        self.ml_path = ml_path
+        self.dedup = dedup
+        self._log = log
+        self._on_violation = on_violation
+        self.violation: InvariantViolation | None = None
+        self.subs = {name: SubscriptionRecord(name, t) for name, t in subscriptions.items()}
+        self.receipts: dict[MessageKey, list[Position | None]] = {}  # per Send (its highest sequence id)
+        self.sends: dict[MessageKey, tuple[MessageKey, ...]] = {}    # Send key -> every message of it
+        self.stored: dict[MessageKey, set[Position]] = {}            # where each message was seen stored
+        self.ledger_writer: dict[int, str] = {}   # ledger id -> broker incarnation whose store listed it first
+        self.closed_entries: dict[int, int] = {}  # ledger id -> entries, once listed closed
+        self._last_list: list[int] = []
+        self.ml_writer = ""  # the broker incarnation that wrote the list last (the owner)
+        # called with (broker, [(ledger id, entries)]) when a list drops ledgers that held entries (the scenario
+        # checks TrimBelowPersistedMarkDelete against that broker's cursors)
+        self.on_trim: Callable[[str, list[tuple[int, int]]], None] = lambda broker, trimmed: None
+        self.stats = {"receipts": 0, "duplicate_receipts": 0, "deliveries": 0, "redeliveries": 0, "ml_writes": 0,
+                      "ledgers": 0, "trimmed": 0}
+
+    def fail(self, invariant: str, detail: str) -> None:
+        v = InvariantViolation(invariant, detail)
+        self._log(f"VIOLATION {v}")
+        if self.violation is None:
+            self.violation = v
+            self._on_violation(v)
+
+    # -- producers --------------------------------------------------------------------------------------------
+    def send_made(self, send: MessageKey, messages: tuple[MessageKey, ...]) -> None:
+        self.sends[send] = messages
+
+    def receipt(self, send: MessageKey, pos: Position | None, broker: str) -> None:
+        """A producer got a receipt for a Send (pos None: the broker answered "duplicate")."""
+        self.stats["receipts"] += 1
+        self.receipts.setdefault(send, []).append(pos)
+        if pos is None:
+            self.stats["duplicate_receipts"] += 1
+            return
+        writer = self.ledger_writer.get(pos.ledger)
+        if writer is not None and writer != broker:
+            self.fail("OneOwnerPerLedger", f"{broker} acknowledged {send} at {pos}, but ledger {pos.ledger} was "
+                                           f"created by {writer}")
+        closed = self.closed_entries.get(pos.ledger)
+        if closed is not None and pos.entry >= closed:
+            self.fail("AcceptedWritesSurviveTakeover", f"{broker} acknowledged {send} at {pos}, but ledger "
+                                                       f"{pos.ledger} was closed with {closed} entries")
+        for m in self.sends.get(send, (send,)):
+            self._stored(m, pos, f"receipt from {broker}")
+
+    def _stored(self, m: MessageKey, pos: Position, how: str) -> None:
+        where = self.stored.setdefault(m, set())
+        where.add(pos)
+        if self.dedup and len(where) > 1:
+            self.fail("NoDuplicateWithDedup", f"message {m[0]}/{m[1]} is stored at {sorted(map(str, where))} "
+                                              f"with dedup on ({how})")
+
+    # -- consumers --------------------------------------------------------------------------------------------
+    def delivered(self, sub: str, consumer: str, pos: Position, messages: list[tuple[MessageKey, str | None]],
+                  redelivery_count: int) -> None:
+        rec = self.subs[sub]
+        self.stats["deliveries"] += 1
+        new = pos not in rec.positions
+        if not new:
+            self.stats["redeliveries"] += 1
+        if pos in rec.acked_at_close:
+            self.fail("AckedNotRedeliveredAfterCleanClose", f"subscription {sub}: {consumer} got {pos} again, "
+                                                            f"acknowledged when the topic was closed cleanly")
+        rec.positions.add(pos)
+        key = messages[0][1] if messages else None
+        if rec.sub_type in ("Exclusive", "Failover", "Key_Shared"):
+            order_key = key if rec.sub_type == "Key_Shared" else None
+            highest = rec.highest_of_key.get(order_key)
+            if new and highest is not None and pos < highest:
+                what = "OrderPerKey" if rec.sub_type == "Key_Shared" else "OrderOnExclusive"
+                self.fail(what, f"subscription {sub} ({rec.sub_type}): {consumer} got {pos} (key {order_key}) for "
+                                f"the first time after {highest} of the same "
+                                f"{'key' if order_key is not None else 'topic'}")
+            if highest is None or pos > highest:
+                rec.highest_of_key[order_key] = pos
+        for m, _ in messages:
+            rec.delivered.setdefault(m, set()).add(pos)
+            self._stored(m, pos, f"delivered to {sub}")
+
+    def seek(self, sub: str) -> None:
+        rec = self.subs[sub]
+        rec.durable_floor = None
+        rec.acked_at_close.clear()
+
+    def clean_close(self, sub: str, acked: set[Position]) -> None:
+        self.subs[sub].acked_at_close = set(acked)
+
+    def persisted_mark_delete(self, sub: str, pos: Position, where: str) -> None:
+        rec = self.subs.get(sub)
+        if rec is None:
+            return
+        floor = rec.durable_floor
+        if floor is not None and pos < floor:
+            self.fail("CursorNeverRegresses", f"subscription {sub}: persisted mark-delete {pos} on {where}, below "
+                                              f"{floor} seen durable before")
+        if floor is None or pos > floor:
+            rec.durable_floor = pos
+
+    # -- the managed-ledger list ------------------------------------------------------------------------------
+    def ml_written(self, data: bytes, broker: str) -> None:
+        self.stats["ml_writes"] += 1
+        try:
+            info = ManagedLedgerInfo.from_bytes(data)
+        except FormatError as e:
+            self.fail("ManagedLedgerListReadable", f"{broker} wrote {e}")
+            return
+        ids = [i.ledger_id for i in info.ledgers]
+        if ids != sorted(set(ids)):
+            self.fail("LedgersOrdered", f"{broker} wrote the ledger list {ids}")
+        open_ = [i.ledger_id for i in info.ledgers if not i.closed_ms]
+        if len(open_) > 1 or (open_ and open_[0] != ids[-1]):
+            self.fail("OneOpenLedger", f"{broker} wrote the ledger list {ids} with open ledgers {open_}")
+        previous = self._last_list
+        gone = [i for i in previous if i not in ids]
+        held = [i for i in previous if self.closed_entries.get(i, 0) > 0]  # empty ledgers may go from anywhere
+        trimmed = [i for i in gone if self.closed_entries.get(i, 0) > 0]
+        if trimmed != held[:len(trimmed)]:
+            self.fail("TrimOnlyAPrefix", f"{broker} wrote {ids}: ledgers {trimmed} left the list {previous}")
+        for lid in gone:
+            if lid not in self.closed_entries:  # an empty open ledger dropped at takeover: never held an entry
+                self.closed_entries[lid] = 0
+        if trimmed:
+            self.stats["trimmed"] += len(trimmed)
+            self.on_trim(broker, [(lid, self.closed_entries[lid]) for lid in trimmed])
+        for i in info.ledgers:
+            if i.ledger_id not in self.ledger_writer:
+                self.ledger_writer[i.ledger_id] = broker
+                self.stats["ledgers"] += 1
+            if i.closed_ms:
+                known = self.closed_entries.get(i.ledger_id)
+                if known is not None and known != i.entries:
+                    self.fail("ClosedLedgerKeepsItsEntries", f"{broker} lists ledger {i.ledger_id} closed with "
+                                                             f"{i.entries} entries; it was closed with {known}")
+                self.closed_entries[i.ledger_id] = i.entries
+        self._last_list = ids
+        self.ml_writer = broker
+
+    # -- the end ------------------------------------------------------------------------------------------------
+    def receipted_messages(self) -> list[MessageKey]:
+        out = []
+        for send in sorted(self.receipts):
+            out += list(self.sends.get(send, (send,)))
+        return out
+
+    def missing(self, sub: str) -> list[MessageKey]:
+        rec = self.subs[sub]
+        return [m for m in self.receipted_messages() if m not in rec.delivered]
+
+    def final(self) -> None:
+        """After the drain: lost = 0 on every subscription, every receipt's position holds its message."""
+        for sub in sorted(self.subs):
+            lost = self.missing(sub)
+            if lost:
+                self.fail("ReceiptedMessagesAreConsumed", f"subscription {sub}: {len(lost)} messages with a receipt "
+                                                          f"never delivered: {lost[:5]}")
+                return
+        for send, positions in sorted(self.receipts.items()):
+            for pos in positions:
+                if pos is None:
+                    continue
+                for m in self.sends.get(send, (send,)):
+                    seen = {p for rec in self.subs.values() for p in rec.delivered.get(m, ())}
+                    if pos not in seen:
+                        self.fail("ReceiptNamesItsPosition", f"{send} was acknowledged at {pos}; consumers found "
+                                                             f"message {m} at {sorted(map(str, seen))}")
+                        return
+
+
+class TopicCheckedStore:
+    """A broker's MetadataStore (a SessionView, swappable on session renewal) that reports every write of the
+    topic's managed-ledger list to TopicChecks, and fails calls while a ZooKeeper connection loss is injected
+    (reads before they reach the store; writes half of the time after they were applied: the outcome of a
+    request without an answer is unknown)."""
+
+    def __init__(self, session: MetadataStore, checks: TopicChecks, label: str, rng) -> None:
+        self.session = session
+        self.checks = checks
+        self.label = label
+        self._rng = rng
+        self.connection_lost = False
+
+    def _lost(self, what: str):
+        return ConnectionLossError(f"{self.label}: {what}: connection loss")
+
+    async def _write(self, what: str, call):
+        if self.connection_lost:
+            if self._rng.random() < 0.5:
+                raise self._lost(what)
+            await call()
+            raise self._lost(what)
+        return await call()
+
+    async def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False, sequential: bool = False,
+                     make_parents: bool = False) -> str:
+        async def call():
+            return await self.session.create(path, data, ephemeral=ephemeral, sequential=sequential,
+                                             make_parents=make_parents)
+        return await self._write(f"create {path}", call)
+
+    async def set(self, path: str, data: bytes, version: int) -> int:
+        async def call():
+            v = await self.session.set(path, data, version)
+            if path == self.checks.ml_path:
+                self.checks.ml_written(data, self.label)
+            return v
+        return await self._write(f"set {path}", call)
+
+    async def delete(self, path: str, version: int = ANY_VERSION) -> None:
+        async def call():
+            return await self.session.delete(path, version)
+        return await self._write(f"delete {path}", call)
+
+    async def get(self, path: str) -> tuple[bytes, int]:
+        if self.connection_lost:
+            raise self._lost(f"get {path}")
+        return await self.session.get(path)
+
+    async def children(self, path: str) -> list[str]:
+        if self.connection_lost:
+            raise self._lost(f"children {path}")
+        return await self.session.children(path)
+
+    async def exists(self, path: str) -> int | None:
+        if self.connection_lost:
+            raise self._lost(f"exists {path}")
+        return await self.session.exists(path)
+
+    async def sync(self, path: str) -> None:
+        if self.connection_lost:
+            raise self._lost(f"sync {path}")
+        return await self.session.sync(path)

@@ -1,0 +1,217 @@
+"""The topic simulation (bksim.sim.topic_scenario): a 300-seed sweep keeps every topic invariant (lost = 0, no
+duplicate with dedup, order per key and on Exclusive/Failover, one open ledger and ordered positions, durable
+mark-deletes never regress, nothing acknowledged comes back after a clean close, one owner at a time), one seed
+gives one byte-identical trace, the plan is a function of the seed, and the checkers catch deliberately broken
+topic layers (a dedup snapshot taken before the ids it covers are recorded, trimming above a persisted
+mark-delete, a takeover that does not fence) within a few seeds. Two seeds found defects of the topic layer and
+stay as regressions (one with a plan made for it: clean closes during rollovers)."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+
+from bksim.model.errors import LedgerError
+from bksim.model.status import TopicStatus
+from bksim.topics import managed_ledger as ml_mod
+from bksim.topics import service as service_mod
+from bksim.topics import topic as topic_mod
+from bksim.sim.topic_scenario import SUBSCRIPTIONS, TopicFault, TopicPlan, run_topic_sim
+from bksim.topics.errors import TopicError
+
+SWEEP_SEEDS = 300
+SWEEP_SECONDS_MAX = 120.0  # generous: about 28 s here (~95 ms a seed); a regression to seconds per seed fails
+BROKEN_SEEDS_MAX = 40  # a deliberately broken variant must be caught within this many seeds
+# found by the sweep: a restarted broker adopted its predecessor's ownership znode (two owners once the old
+# session expired); a clean close during a rollover recorded the new ledger closed with the old one's entries
+OWNERSHIP_SEED, CLOSE_DURING_ROLL_SEED = 19, 13
+
+
+def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
+    started = time.perf_counter()
+    failures = []
+    totals = {k: 0 for k in ("receipts", "duplicate_receipts", "deliveries", "redeliveries", "ledgers", "trimmed",
+                             "broker_crashes", "session_expiries", "zk_losses", "bookie_crashes", "clean_restarts",
+                             "seeks", "producer_restarts", "net_lost")}
+    dedup_seeds = 0
+    for seed in range(1, SWEEP_SEEDS + 1):
+        result = run_topic_sim(seed)
+        if not result.passed:
+            failures.append(f"seed {seed}: {result.violation} (replay: bksim sim --world topics --seed {seed} "
+                            f"--trace)")
+        for key in totals:
+            totals[key] += result.stats[key]
+        dedup_seeds += result.plan.dedup
+    elapsed_s = time.perf_counter() - started
+    assert not failures, "\n".join(failures)
+    assert elapsed_s < SWEEP_SECONDS_MAX, f"{SWEEP_SEEDS} seeds took {elapsed_s:.1f} s"
+    # the sweep exercised what it claims to: every fault happened, data was written, delivered, redelivered and
+    # trimmed, dedup answered re-sends as duplicates
+    assert 100 < dedup_seeds < 250, dedup_seeds
+    assert totals["receipts"] > 5_000 and totals["deliveries"] > 4 * totals["receipts"], totals
+    assert totals["redeliveries"] > 1_500 and totals["duplicate_receipts"] > 10, totals
+    assert totals["ledgers"] > 1_500 and totals["trimmed"] > 500, totals
+    assert totals["broker_crashes"] > 600 and totals["session_expiries"] > 50 and totals["zk_losses"] > 40, totals
+    assert totals["bookie_crashes"] > 50 and totals["clean_restarts"] > 30 and totals["seeks"] > 40, totals
+    assert totals["producer_restarts"] > 700 and totals["net_lost"] > 10, totals
+
+
+def test_the_same_seed_gives_a_byte_identical_trace():
+    seed = 3  # a broker crash with takeover, a clean restart, a seek
+    first = run_topic_sim(seed)
+    second = run_topic_sim(seed)
+    assert first.passed and first.trace == second.trace and first.digest == second.digest
+    assert first.stats["broker_crashes"] >= 1 and first.stats["clean_restarts"] >= 1 and first.stats["seeks"] >= 1
+    assert run_topic_sim(4).digest != first.digest
+
+
+def test_the_trace_does_not_depend_on_string_hashing_or_the_process():
+    seed = 8
+    expected = run_topic_sim(seed).digest
+    code = f"from bksim.sim.topic_scenario import run_topic_sim; print(run_topic_sim({seed}).digest)"
+    for hash_seed in ("1", "4242"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                             check=True)
+        assert out.stdout.strip() == expected, f"PYTHONHASHSEED={hash_seed}"
+
+
+def test_the_plan_is_a_function_of_the_seed_and_lists_every_knob_and_fault():
+    plan = TopicPlan.from_seed(3)
+    assert plan == TopicPlan.from_seed(3) and plan != TopicPlan.from_seed(4)
+    lines = plan.describe()
+    knobs = dict(line.split(" = ") for line in lines if " = " in line)
+    for name in ("seed", "bookies", "brokers", "dedup", "producers", "producer_window", "session_timeout_ms",
+                 "cursor_persist_interval_ms", "dedup_snapshot_entries", "ledger_entries_max", "events"):
+        assert name in knobs, name
+    assert int(knobs["events"]) == len(plan.events)
+    assert [e.at_ms for e in plan.events] == sorted(e.at_ms for e in plan.events)
+    kinds = {e.kind for seed in range(1, 60) for e in TopicPlan.from_seed(seed).events}
+    assert kinds == {"crash_broker", "expire_broker_session", "zk_connection_loss", "crash_bookie", "lossy_network",
+                     "clean_restart", "break_connection", "seek", "restart_producer"}
+
+
+def test_a_passing_seed_delivers_every_receipted_message_to_every_subscription():
+    result = run_topic_sim(2)
+    assert result.passed, result.violation
+    assert result.trace[-1].endswith("PASS")
+    assert any("closes the topic cleanly" in line for line in result.trace)
+    assert result.stats["receipts"] > 0 and result.stats["deliveries"] >= len(SUBSCRIPTIONS) * result.stats["receipts"]
+
+
+# -- the checkers catch deliberately broken topic layers -----------------------------------------------------------
+def _first_violation(max_seeds: int = BROKEN_SEEDS_MAX):
+    for seed in range(1, max_seeds + 1):
+        result = run_topic_sim(seed)
+        if not result.passed:
+            return seed, result.violation
+    return None, None
+
+
+def test_a_dedup_snapshot_taken_before_its_ids_are_recorded_is_caught(monkeypatch):
+    original = ml_mod.ManagedLedger.append
+
+    def append_recording_late(self, payload, on_confirmed=None):
+        # BROKEN: the persisted sequence id is recorded after the confirmation (in a callback of the append's
+        # future), so a snapshot at last_confirmed taken by an earlier Send's continuation misses it
+        future = original(self, payload, None)
+        if on_confirmed is not None:
+            future.add_done_callback(lambda f: f.cancelled() or f.exception() is not None or on_confirmed(f.result()))
+        return future
+    monkeypatch.setattr(ml_mod.ManagedLedger, "append", append_recording_late)
+    seed, violation = _first_violation()
+    assert violation is not None, f"no seed of {BROKEN_SEEDS_MAX} caught a dedup snapshot taken too early"
+    assert violation.invariant == "NoDuplicateWithDedup", (seed, violation)
+
+
+def test_trimming_above_a_persisted_mark_delete_is_caught(monkeypatch):
+    async def run_trim_in_memory(self):  # BROKEN: trims below the slowest IN-MEMORY mark-delete
+        cursors = [s.cursor for s in self.subscriptions.values()]
+        if self._dedup_cursor is not None:
+            cursors.append(self._dedup_cursor)
+        slowest = min((c.mark_delete for c in cursors), default=None)
+        return await self.ml.trim(slowest, retention_ms=self.policies.retention_ms,
+                                  retention_bytes=self.policies.retention_bytes)
+    monkeypatch.setattr(topic_mod.Topic, "run_trim", run_trim_in_memory)
+    seed, violation = _first_violation(10)
+    assert violation is not None and violation.invariant == "TrimBelowPersistedMarkDelete", (seed, violation)
+
+
+def test_a_takeover_without_fencing_is_caught(monkeypatch):
+    async def recover_without_fencing(self, ledger_id):
+        # BROKEN: the new owner reads the LAC and takes the ledger as ending there; the ledger is neither fenced
+        # nor closed, so a previous owner's acknowledged appends beyond that LAC vanish from the topic
+        metadata = await self._ledgers.open_ledger(ledger_id, password=ml_mod.LEDGER_PASSWORD, recover=False)
+        if metadata.is_closed:
+            return metadata
+        lac = await self._ledgers.read_lac(ledger_id, password=ml_mod.LEDGER_PASSWORD)
+        return metadata.closed(lac, 0)
+    monkeypatch.setattr(ml_mod.ManagedLedger, "_recover_once", recover_without_fencing)
+    seed, violation = _first_violation(10)
+    assert violation is not None, "no seed of 10 caught a takeover without fencing"
+    assert violation.invariant in ("CursorNeverRegresses", "AcceptedWritesSurviveTakeover",
+                                   "ReceiptedMessagesAreConsumed", "ReceiptNamesItsPosition"), (seed, violation)
+
+
+# -- defects the sweep found ---------------------------------------------------------------------------------------
+def test_a_restarted_broker_does_not_adopt_its_predecessors_ownership():
+    """A broker restarts before its old session expired, finds the ownership znode naming its broker id and (before
+    the fix) served the topic; once the old session expired another broker took it too."""
+    assert run_topic_sim(OWNERSHIP_SEED).passed
+
+
+def test_the_ownership_regression_seed_fails_when_any_znode_of_the_broker_id_counts_as_its_own(monkeypatch):
+    original = service_mod.TopicService.__init__
+
+    def init_any_instance(self, *args, **kwargs):  # the behaviour before the fix
+        original(self, *args, **kwargs)
+        self.instance = self.broker_id
+    monkeypatch.setattr(service_mod.TopicService, "__init__", init_any_instance)
+    violation = run_topic_sim(OWNERSHIP_SEED).violation
+    assert violation is not None and violation.invariant == "OneOwnerAtATime", violation
+
+
+def _clean_restarts_while_ledgers_roll() -> TopicPlan:
+    """The owner closes cleanly four times while a pipelined producer fills two-entry ledgers."""
+    return dataclasses.replace(TopicPlan.from_seed(CLOSE_DURING_ROLL_SEED), ledger_entries_max=2,
+                               burst_probability=0.7, producer_window=8, sends_per_producer=16,
+                               events=tuple(TopicFault(at, "clean_restart", "", 60.0) for at in (50.0, 150.0, 250.0,
+                                                                                                  350.0)))
+
+
+def test_a_clean_close_during_a_rollover_records_the_ledger_it_closed():
+    """The close used to proceed while a roll it had not waited for was running, and recorded the NEW ledger as
+    closed with the old one's entry count (entries that never existed): the subscriptions could not drain (no broker
+    could read them). It now waits for the roll and records the ledger it closed."""
+    result = run_topic_sim(CLOSE_DURING_ROLL_SEED, plan=_clean_restarts_while_ledgers_roll())
+    assert result.passed, result.violation
+    assert result.stats["clean_restarts"] == 4
+
+
+def test_the_close_regression_fails_with_the_close_before_the_fix(monkeypatch):
+    async def close_before_the_fix(self):
+        if self._state in ml_mod.FINAL:
+            return
+        if self._roll_task is not None:  # only a roll running when the close starts is waited for
+            await asyncio.gather(self._roll_task, return_exceptions=True)
+        waiting = [p.future for p in self._pending]
+        if waiting:
+            await asyncio.gather(*waiting, return_exceptions=True)
+        if self._state in ml_mod.FINAL:
+            return
+        self._move(ml_mod.ManagedLedgerState.CLOSED)
+        if self._handle is not None and self._current is not None:
+            try:
+                metadata = await self._handle.close()
+                self._record_closed(self._current, metadata)  # _current read after the await
+                async with self._metadata_lock:
+                    await self._write_info()
+            except (LedgerError, TopicError):
+                pass
+        self._fail_pending(TopicError(TopicStatus.SERVICE_UNAVAILABLE, "closed"))
+    monkeypatch.setattr(ml_mod.ManagedLedger, "close", close_before_the_fix)
+    violation = run_topic_sim(CLOSE_DURING_ROLL_SEED, plan=_clean_restarts_while_ledgers_roll()).violation
+    assert violation is not None and violation.invariant == "SubscriptionsDrain", violation
