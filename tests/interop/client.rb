@@ -21,7 +21,8 @@
 #       taken as they are and acknowledged by their own ids; nothing here reads the entry format.
 #
 # FILE of --payloads: a JSON list; each item a base64 string (the payload) or an object
-# {"payload_b64": ..., "key": ..., "properties": {...}, "event_time_ms": ...}. Payloads are bytes, never text.
+# {"payload_b64": ..., "key": ..., "properties": {...}, "event_time_ms": ..., "deliver_at_ms": ...} (delayed
+# delivery: a delayed message must be alone in its Send, --batch 1). Payloads are bytes, never text.
 # Secrets (the ledger password, the token) come from files, never from arguments.
 #
 # Output: one JSON object on stdout, exit 0. A refusal prints {"error": {"grpc_code", "details",
@@ -85,11 +86,13 @@ end
 
 # One stored message entry (services/bksim/formats/message.py), big-endian:
 #   "BKM1" | flags u16 | publish_time_ms i64 | first_sequence_id i64 | highest_sequence_id i64 | num_messages u32
-#   | producer_name (u16 + UTF-8) | sticky key (u16 + UTF-8), then per message: record_length u32 | sequence_id
+#   | producer_name (u16 + UTF-8) | sticky key (u16 + UTF-8) | deliver_at_ms i64 (only with flag bit 2), then
+#   per message: record_length u32 | sequence_id
 #   i64 | event_time_ms i64 | has_key u8 | key (u16 + UTF-8) | property count u16 | (name u16 + UTF-8, value u32
 #   + UTF-8) * count | payload u32 + bytes
 module MessageEntry
   FLAG_BATCH = 0x1
+  FLAG_DELIVER_AT = 0x4
 
   def self.decode(entry)
     entry = entry.b
@@ -98,6 +101,11 @@ module MessageEntry
     pos = 34
     producer, pos = str16(entry, pos)
     _sticky, pos = str16(entry, pos)
+    deliver_at_ms = 0
+    if (flags & FLAG_DELIVER_AT) != 0
+      (deliver_at_ms,) = entry.unpack("@#{pos} q>")
+      pos += 8
+    end
     messages = Array.new(count) do
       length, seq, event_ms, has_key = entry.unpack("@#{pos} N q> q> C")
       stop = pos + 4 + length
@@ -119,7 +127,8 @@ module MessageEntry
         sequence_id: seq, event_time_ms: event_ms }
     end
     raise EntryError, 'stray bytes after the last message' unless pos == entry.bytesize
-    { batch: (flags & FLAG_BATCH) != 0, publish_time_ms: publish_ms, producer_name: producer, messages: messages }
+    { batch: (flags & FLAG_BATCH) != 0, publish_time_ms: publish_ms, producer_name: producer,
+      deliver_at_ms: deliver_at_ms, messages: messages }
   end
 
   def self.str16(entry, pos)
@@ -264,7 +273,8 @@ def produce(broker, o)
           messages.each do |m|
             send.messages << TopicV1::Message.new(payload: m['payload'], key: m['key'].to_s, has_key: !m['key'].nil?,
                                                   properties: m['properties'] || {},
-                                                  event_time_ms: m['event_time_ms'] || 0, sequence_id: seq)
+                                                  event_time_ms: m['event_time_ms'] || 0, sequence_id: seq,
+                                                  deliver_at_ms: m['deliver_at_ms'] || 0)
             seq += 1
           end
           outbox.push(TopicV1::ProduceRequest.new(send: send))
@@ -318,7 +328,8 @@ def consume(broker, o)
                             payload_b64: b64(m.payload), key: m.has_key ? m.key : nil,
                             properties: m.properties.to_h, sequence_id: m.sequence_id,
                             event_time_ms: m.event_time_ms, publish_time_ms: m.publish_time_ms,
-                            producer_name: m.producer_name, redelivery_count: m.redelivery_count }
+                            producer_name: m.producer_name, redelivery_count: m.redelivery_count,
+                            deliver_at_ms: m.deliver_at_ms }
               ids << m.id
             end
             next if ids.empty?
@@ -336,7 +347,8 @@ def consume(broker, o)
             messages << { message_id: index >= 0 ? "#{base}:#{index}" : base, payload_b64: b64(m[:payload]),
                           key: m[:key], properties: m[:properties], sequence_id: m[:sequence_id],
                           event_time_ms: m[:event_time_ms], publish_time_ms: entry[:publish_time_ms],
-                          producer_name: entry[:producer_name], redelivery_count: d.redelivery_count }
+                          producer_name: entry[:producer_name], redelivery_count: d.redelivery_count,
+                          deliver_at_ms: entry[:deliver_at_ms] }
             ids << TopicV1::AckId.new(ledger_id: d.ledger_id, entry_id: d.entry_id, batch_index: index,
                                       batch_size: entry[:batch] ? entry[:messages].size : 0)
           end

@@ -17,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import time
 import uuid
 
 import pytest
 
 from bksim.cli.main import main as bksim_main
-from bksim.client import Client, InitialPosition
+from bksim.client import Client, InitialPosition, SubscriptionType
 from integration.broker_harness import BrokerCluster, BrokerConn
 from interop.ruby_harness import b64, ensure_ruby, payloads, ruby, unb64, write_json
 
@@ -189,3 +190,23 @@ def test_ruby_consumes_decoded_messages_without_the_entry_format(cluster, client
     assert [m["event_time_ms"] for m in got[5:]] == [5, 5] and {m["producer_name"] for m in got} == {"py-2"}
     stats = client.topic_stats(topic)["subscriptions"]["rb-decoded"]
     assert stats["msgBacklog"] == 0 and stats["consumers"] == [], stats
+
+
+def test_ruby_sends_a_delayed_message_and_decodes_its_time(cluster, client, ns, tmp_path):
+    topic = f"persistent://{ns}/delayed-from-ruby"
+    client.create_topic(topic)
+    at = int(time.time() * 1000) + 1_500
+    items = [{"payload_b64": b64(b"later"), "key": "k", "deliver_at_ms": at}, {"payload_b64": b64(b"now")}]
+    shared = client.subscribe(topic, "sh", SubscriptionType.Shared, initial_position=InitialPosition.Earliest)
+    ruby("produce", topic, "--payloads", write_json(tmp_path / "d.json", items), "--batch", "1",
+         broker=non_owner(cluster, client, topic))
+    first = shared.receive(RECEIVE_MS)
+    assert first.data() == b"now" and time.time() * 1000 < at
+    second = shared.receive(RECEIVE_MS)
+    assert second.data() == b"later" and time.time() * 1000 >= at - 2   # never before its time (whole ms)
+    shared.acknowledge(first)
+    shared.acknowledge(second)
+    out = ruby("consume", topic, "--subscription", "rb", "--count", "2", "--position", "earliest",
+               broker=non_owner(cluster, client, topic))   # Exclusive: at once, the time in the entry header
+    assert [unb64(m["payload_b64"]) for m in out["messages"]] == [b"later", b"now"]
+    assert [m["deliver_at_ms"] for m in out["messages"]] == [at, 0]
