@@ -13,7 +13,8 @@ def test_tenants_namespaces_topics(fake, client):
     client.create_tenant("t")
     assert client.list_tenants() == ["t"]
     ns = client.create_namespace("t/ns", retention_ms=-1, ttl_ms=5, dedup=True)
-    assert ns == {"namespace": "t/ns", "retention_ms": -1, "retention_bytes": -1, "ttl_ms": 5, "dedup": True}
+    assert ns == {"namespace": "t/ns", "retention_ms": -1, "retention_bytes": -1, "ttl_ms": 5, "dedup": True,
+                  "backlog_quotas": {}}
     assert client.get_namespace("t/ns") == ns
     assert client.list_namespaces("t") == ["t/ns"]
     assert client.create_topic(TOPIC, partitions=3) == {"topic": TOPIC, "partitions": 3}
