@@ -31,6 +31,7 @@ from bksim.client.reader import Reader
 from bksim.client.types import InitialPosition, RoutingMode, SubscriptionType
 from bksim.gen import topic_pb2
 from bksim.model.status import TopicStatus
+from bksim.topics.partitioned_stats import aggregate as aggregate_partitioned_stats
 
 SERVICE_URL_DEFAULT = "127.0.0.1:6650"
 
@@ -220,25 +221,11 @@ class Client:
         return {"topic": r.topic, "partitions": r.partitions}
 
     def delete_topic(self, topic: str, force: bool = False) -> dict:
-        """Delete a topic (every partition). A broker deletes only what it owns or nobody owns: when it answers
-        NOT_OWNER for a partition, each partition is deleted at its owner, then the partitioned topic."""
-        request = topic_pb2.DeleteTopicRequest(topic=topic, force=force)
-        try:
-            r = self._call("DeleteTopic", request, owner=topic)
-        except ClientError as e:
-            if e.status is not TopicStatus.NOT_OWNER:
-                raise
-            partitions = self.get_topic(topic)["partitions"]
-            if not partitions:
-                raise
-            for i in range(partitions):
-                part = f"{topic}-partition-{i}"
-                try:
-                    self._call("DeleteTopic", topic_pb2.DeleteTopicRequest(topic=part, force=force), owner=part)
-                except ClientError as pe:
-                    if pe.status is not TopicStatus.TOPIC_NOT_FOUND:
-                        raise
-            r = self._call("DeleteTopic", request)
+        """Delete a topic. A partitioned topic is deleted by one broker, every partition wherever it is served:
+        marked deleting first (no producer or consumer is admitted to any partition from then on), then the
+        partitions, then its metadata; if that is interrupted, the topic stays marked and calling this again
+        finishes it."""
+        r = self._call("DeleteTopic", topic_pb2.DeleteTopicRequest(topic=topic, force=force), owner=topic)
         return {"topic": r.topic, "partitions": r.partitions}
 
     def list_topics(self, namespace: str) -> list[str]:
@@ -251,8 +238,15 @@ class Client:
 
     def topic_stats(self, topic: str, *, follow_owner: bool = True) -> dict:
         """The topic's stats from its owner. follow_owner=False asks the service URL's brokers themselves: one that
-        does not own the topic answers NOT_OWNER (naming the owner), and one that finds no owner takes it."""
-        return self._json("TopicStats", topic, follow_owner)
+        does not own the topic answers NOT_OWNER (naming the owner), and one that finds no owner takes it.
+        A partitioned topic: each partition's stats from its owner, summed as Pulsar's PartitionedTopicStats
+        (topics/partitioned_stats.py: the sums, "metadata": {"partitions": N}, "partitions": {name: stats})."""
+        partitions = self._partitions(topic) if follow_owner else 0
+        if not partitions:
+            return self._json("TopicStats", topic, follow_owner)
+        parts = {f"{topic}-partition-{i}": self._json("TopicStats", f"{topic}-partition-{i}")
+                 for i in range(partitions)}
+        return aggregate_partitioned_stats(topic, parts)
 
     def topic_stats_internal(self, topic: str, *, follow_owner: bool = True) -> dict:
         return self._json("TopicStatsInternal", topic, follow_owner)

@@ -27,6 +27,7 @@ from bksim.topics.errors import TopicError, znode_object
 from bksim.topics.cursor_codec import CodecError, decode_znode
 from bksim.topics.managed_cursor import CURSOR_PASSWORD
 from bksim.topics.managed_ledger import LEDGER_PASSWORD, ManagedLedger
+from bksim.topics.partitioned_delete import being_deleted, delete_partitioned, is_deleting, release_deleting
 from bksim.topics.names import (PARTITIONS_MAX, TENANTS_ROOT, TopicName, check_name, namespace_managed_ledgers,
                                        namespace_partitioned, parse_namespace, policies_path, tenant_path)
 from bksim.topics.topic import Policies, Topic
@@ -265,10 +266,13 @@ class TopicService:
         return sorted(out)
 
     async def delete_topic(self, topic: str, force: bool) -> int:
-        """Delete a topic (all partitions): refuse while producers/consumers are connected here, or (without
-        force) while subscriptions exist. Metadata first, then the ledgers."""
+        """Delete a topic: refuse while producers/consumers are connected here, or (without force) while
+        subscriptions exist. Metadata first, then the ledgers. A partitioned topic: every partition, wherever it
+        is served, as topics/partitioned_delete.py says (marked deleting first; a retry finishes it)."""
         partitions = await self.get_topic(topic)
         name = TopicName.parse(topic)
+        if partitions:
+            return await delete_partitioned(self, name, partitions, force)
         parts = [name.partition(i) for i in range(partitions)] if partitions else [name]
         for part in parts:
             owner = await self._owner(part)
@@ -420,6 +424,12 @@ class TopicService:
             # our own znode from this session (a topic fenced here and being loaded again): keep it
         except MetadataError as e:
             raise _meta(f"taking ownership of {name}", e) from None
+        if name.partition_index is not None and await is_deleting(self, name):  # after the znode: see
+            try:                                                                 # partitioned_delete.py
+                await self.store.delete(name.ownership_path)
+            except MetadataError:
+                pass  # our session's ephemeral: it goes with the session at worst
+            raise being_deleted(name)
         ml = ManagedLedger(name, ledgers=self.ledgers, store=self.store, clock=self._clock, config=self.config,
                            broker_config=self.broker_config, log=self._log)
 
@@ -453,6 +463,7 @@ class TopicService:
         while not self._closing:
             await self._clock.sleep_ms(OWNERSHIP_CHECK_MS)
             await self._refresh_policies()
+            await release_deleting(self)
             for key, topic in list(self.topics.items()):
                 if topic.fenced is not None:
                     self.topics.pop(key, None)
@@ -463,6 +474,22 @@ class TopicService:
                     continue  # ZooKeeper unreachable: the session decides; a new owner fences our ledger anyway
                 if owner is None or owner[0] != self.broker_id:
                     await self.fence_topic(key, f"ownership znode {'gone' if owner is None else 'taken by ' + owner[0]}")
+
+    async def unload_for_deletion(self, key: str) -> None:
+        """A partition of a topic being deleted: unloaded (producers and consumers dropped; they are refused when
+        they come back), its ownership znode released."""
+        topic = self.topics.pop(key, None)
+        if topic is None:
+            return
+        self._log(f"topic {key}: unloaded, its partitioned topic is being deleted")
+        try:
+            await topic.close()
+        except TopicError as e:
+            self._log(f"topic {key}: not closed cleanly ({e})")
+        try:
+            await self.store.delete(topic.name.ownership_path)
+        except MetadataError:
+            pass  # gone already, or ZooKeeper unreachable: the deleting broker waits for it, bounded
 
     async def fence_topic(self, key: str, reason: str) -> None:
         topic = self.topics.pop(key, None)
