@@ -30,6 +30,8 @@ Invariants (each raised as InvariantViolation(name, detail)):
 - OneOwnerAtATime (checked by the scenario's probe): at most one broker with a live session serves the topic.
 - AckedNotRedeliveredAfterCleanClose: after a clean close of the topic, nothing the closed cursor held as
   acknowledged is delivered again (until the next seek of that subscription).
+- PositionsTotallyOrdered: no two Sends are acknowledged at one position, and the receipts on one producer
+  connection name increasing positions (checked by the scenario).
 - OneOwnerPerLedger: every receipt naming a position in ledger L comes from the broker incarnation that created
   L; AcceptedWritesSurviveTakeover: no receipt names an entry at or beyond the entry count of a ledger another
   broker closed (a write accepted by an owner that was already taken over).
@@ -71,6 +73,7 @@ class TopicChecks:
         self.receipts: dict[MessageKey, list[Position | None]] = {}  # per Send (its highest sequence id)
         self.sends: dict[MessageKey, tuple[MessageKey, ...]] = {}    # Send key -> every message of it
         self.stored: dict[MessageKey, set[Position]] = {}            # where each message was seen stored
+        self.send_at: dict[Position, MessageKey] = {}                 # the Send a receipt put at each position
         self.ledger_writer: dict[int, str] = {}   # ledger id -> broker incarnation whose store listed it first
         self.closed_entries: dict[int, int] = {}  # ledger id -> entries, once listed closed
         self._last_list: list[int] = []
@@ -107,6 +110,10 @@ class TopicChecks:
         if closed is not None and pos.entry >= closed:
             self.fail("AcceptedWritesSurviveTakeover", f"{broker} acknowledged {send} at {pos}, but ledger "
                                                        f"{pos.ledger} was closed with {closed} entries")
+        other = self.send_at.setdefault(pos, send)
+        if other != send:
+            self.fail("PositionsTotallyOrdered", f"{broker} acknowledged {send} at {pos}, where {other} was "
+                                                 f"acknowledged before")
         for m in self.sends.get(send, (send,)):
             self._stored(m, pos, f"receipt from {broker}")
 

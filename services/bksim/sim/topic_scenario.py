@@ -305,6 +305,7 @@ class _Conn:
     def __init__(self, world: "TopicWorld", broker: _Broker, client: str) -> None:
         self.world, self.broker, self.client = world, broker, client
         self.open = True
+        self.last_position: Position | None = None  # of the last receipt on this connection
         self._to_broker_at = 0.0
         self._to_client_at = 0.0
         self.on_client_break: Callable[[str], None] = lambda why: None
@@ -504,6 +505,8 @@ class _Client:
         self.stopped = False
         self.connects = 0
         self.task: asyncio.Task | None = None
+        self.side = None        # the broker side of the open connection
+        self.ready_args: tuple = ()  # what the open answered (a producer: its last_sequence_id)
 
     async def _connect(self, make_side) -> _Conn | None:
         """Lookup on a live broker, then open on the owner; the open connection or None (try again later)."""
@@ -616,7 +619,13 @@ class _Producer(_Client):
 
     def _on_receipt(self, index: int, pos: Position | None) -> None:
         send = self.sends[index]
-        broker = self.pushed_on[index].broker.label
+        conn = self.pushed_on[index]
+        broker = conn.broker.label
+        if pos is not None:  # Sends on one connection are written in order: their positions increase
+            if conn.last_position is not None and pos <= conn.last_position:
+                self.world.checks.fail("PositionsTotallyOrdered", f"{self.name} got receipt #{index} at {pos} from "
+                                                                  f"{broker} after one at {conn.last_position}")
+            conn.last_position = pos
         self.world.trace.add(f"{self.name}: receipt #{index} seq {send.seq} at {pos if pos else 'duplicate'} "
                              f"from {broker}")
         if index not in self.receipted:
