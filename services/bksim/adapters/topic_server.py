@@ -511,8 +511,14 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
                 message_id=MessageId(start.ledger_id, start.entry_id, topic.partition, start.batch_index)
                 if o.HasField("start_message_id") else None)
         else:
+            policy = o.key_shared_policy
+            if policy.mode not in (topic_pb2.AUTO_SPLIT, topic_pb2.STICKY):
+                raise TopicError(TopicStatus.BAD_REQUEST, f"unknown Key_Shared mode {policy.mode}")
+            if policy.mode == topic_pb2.AUTO_SPLIT and policy.hash_ranges:
+                raise TopicError(TopicStatus.BAD_REQUEST, "hash_ranges are for the STICKY Key_Shared mode")
+            ranges = [(r.start, r.end) for r in policy.hash_ranges] if policy.mode == topic_pb2.STICKY else None
             sub, consumer = await topic.subscribe(o.subscription, SUB_TYPES[o.type], initial, consumer_name,
-                                                  o.priority, sink)
+                                                  o.priority, sink, ranges)
         try:
             subscribed = topic_pb2.Subscribed(consumer_name=consumer_name, broker_id=self.service.broker_id,
                                               partition=topic.partition, subscription=sub.name)

@@ -25,7 +25,7 @@ from bksim.client.dead_letter import DeadLetterPolicy
 from bksim.client.errors import ClientError
 from bksim.client.producer import Producer
 from bksim.client.reader import Reader
-from bksim.client.types import InitialPosition, Message, MessageId, RoutingMode, SubscriptionType
+from bksim.client.types import InitialPosition, KeySharedPolicy, Message, MessageId, RoutingMode, SubscriptionType
 
 __all__ = ["Client", "Producer", "Consumer", "Reader", "Message", "MessageId", "SubscriptionType", "InitialPosition",
-           "RoutingMode", "ClientError", "DeadLetterPolicy"]
+           "RoutingMode", "ClientError", "DeadLetterPolicy", "KeySharedPolicy"]

@@ -28,7 +28,7 @@ from bksim.client.producer import (BATCHING_MAX_BYTES_DEFAULT, BATCHING_MAX_MESS
                                    BATCHING_MAX_PUBLISH_DELAY_MS_DEFAULT, MAX_MESSAGE_BYTES_DEFAULT,
                                    MAX_PENDING_MESSAGES_DEFAULT, SEND_TIMEOUT_MS_DEFAULT, Producer)
 from bksim.client.reader import Reader
-from bksim.client.types import InitialPosition, RoutingMode, SubscriptionType
+from bksim.client.types import InitialPosition, KeySharedPolicy, RoutingMode, SubscriptionType
 from bksim.gen import topic_pb2
 from bksim.model.status import TopicStatus
 from bksim.topics.partitioned_stats import aggregate as aggregate_partitioned_stats
@@ -295,9 +295,11 @@ class Client:
                   receiver_queue_size: int = RECEIVER_QUEUE_SIZE_DEFAULT, ack_timeout_ms: int = 0,
                   negative_ack_redelivery_delay_ms: int = NEGATIVE_ACK_DELAY_MS_DEFAULT,
                   ack_group_time_ms: int = ACK_GROUP_TIME_MS_DEFAULT,
-                  dead_letter_policy: DeadLetterPolicy | None = None, retry_enable: bool = False) -> Consumer:
+                  dead_letter_policy: DeadLetterPolicy | None = None, retry_enable: bool = False,
+                  key_shared_policy: KeySharedPolicy | None = None) -> Consumer:
         """A consumer of `subscription` on `topic` (every partition), subscribed when this returns. With
-        `dead_letter_policy` / `retry_enable`: dead-letter and retry topics (client/dead_letter.py)."""
+        `dead_letter_policy` / `retry_enable`: dead-letter and retry topics (client/dead_letter.py). Key_Shared:
+        `key_shared_policy=KeySharedPolicy.sticky([(start, end), ...])` takes those key slots only."""
         try:
             kind = SubscriptionType.parse(subscription_type)
             position = InitialPosition.parse(initial_position)
@@ -309,7 +311,7 @@ class Client:
                             ack_timeout_ms=ack_timeout_ms,
                             negative_ack_redelivery_delay_ms=negative_ack_redelivery_delay_ms,
                             ack_group_time_ms=ack_group_time_ms, dead_letter_policy=dead_letter_policy,
-                            retry_enable=retry_enable)
+                            retry_enable=retry_enable, key_shared_policy=key_shared_policy)
         consumer._attach_dead_letter()   # before subscribing: the retry topic must exist
         self._open(consumer)
         return consumer

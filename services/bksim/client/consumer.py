@@ -47,7 +47,7 @@ import time
 from bksim.client.dead_letter import DeadLetter, DeadLetterPolicy, resolve as resolve_dead_letter
 from bksim.client.errors import ClientError, from_error_pb
 from bksim.client.stream import CLOSE_WAIT_S, PartitionStream, StreamKind
-from bksim.client.types import InitialPosition, Message, MessageId, SubscriptionType
+from bksim.client.types import InitialPosition, KeySharedPolicy, Message, MessageId, SubscriptionType
 from bksim.formats.message import decode_entry
 from bksim.gen import topic_pb2
 from bksim.model.errors import FormatError
@@ -81,7 +81,9 @@ class Consumer:
     def _open_message(self, part: "_PartitionConsumer", name: str) -> topic_pb2.SubscribeOpen:
         return topic_pb2.SubscribeOpen(topic=part.topic, subscription=self._subscription, type=self._type.value,
                                        consumer_name=name, priority=self._priority,
-                                       initial_position=self._initial_position.value)
+                                       initial_position=self._initial_position.value,
+                                       key_shared_policy=self._key_shared_policy.to_pb()
+                                       if self._key_shared_policy is not None else None)
 
     def _subscribed(self, part: "_PartitionConsumer", subscribed: topic_pb2.Subscribed) -> None:
         pass
@@ -96,7 +98,8 @@ class Consumer:
                  subscription_type: SubscriptionType, consumer_name: str | None, priority: int,
                  initial_position: InitialPosition, receiver_queue_size: int, ack_timeout_ms: int,
                  negative_ack_redelivery_delay_ms: int, ack_group_time_ms: int,
-                 dead_letter_policy: DeadLetterPolicy | None = None, retry_enable: bool = False) -> None:
+                 dead_letter_policy: DeadLetterPolicy | None = None, retry_enable: bool = False,
+                 key_shared_policy: KeySharedPolicy | None = None) -> None:
         if not 1 <= receiver_queue_size <= RECEIVER_QUEUE_SIZE_MAX:
             raise ClientError(TopicStatus.BAD_REQUEST,
                               f"receiver_queue_size must be 1..{RECEIVER_QUEUE_SIZE_MAX}, got "
@@ -115,6 +118,7 @@ class Consumer:
         self._type = subscription_type
         self._requested_name = consumer_name or ""
         self._priority = priority
+        self._key_shared_policy = key_shared_policy  # KEY_SHARED only (the broker refuses it elsewhere)
         self._initial_position = initial_position
         self._queue_size = receiver_queue_size
         self._refill_at = max(1, receiver_queue_size // 2)

@@ -14,7 +14,7 @@ import enum
 from bksim.topics.positions import MessageId
 from bksim.gen import topic_pb2
 
-__all__ = ["MessageId", "Message", "SubscriptionType", "InitialPosition", "RoutingMode"]
+__all__ = ["MessageId", "Message", "SubscriptionType", "InitialPosition", "RoutingMode", "KeySharedPolicy"]
 
 
 class SubscriptionType(enum.Enum):
@@ -34,6 +34,29 @@ class SubscriptionType(enum.Enum):
             if member.name.replace("_", "").lower() == wanted:
                 return member
         raise ValueError(f"unknown subscription type {text!r}: use Exclusive, Shared, Failover or Key_Shared")
+
+
+class KeySharedPolicy:
+    """How a Key_Shared subscription assigns keys (Pulsar's KeySharedPolicy). `KeySharedPolicy.auto_split()`
+    (the default): the broker spreads keys over the consumers. `KeySharedPolicy.sticky([(start, end), ...])`:
+    this consumer takes the key slots (murmur3_32(key) mod 65536) in the inclusive ranges; the broker refuses
+    ranges that overlap another consumer's (CONSUMER_ASSIGN_ERROR) and holds keys no consumer covers."""
+
+    def __init__(self, mode: int, hash_ranges: tuple[tuple[int, int], ...] = ()) -> None:
+        self.mode = mode
+        self.hash_ranges = hash_ranges
+
+    @staticmethod
+    def auto_split() -> "KeySharedPolicy":
+        return KeySharedPolicy(topic_pb2.AUTO_SPLIT)
+
+    @staticmethod
+    def sticky(hash_ranges) -> "KeySharedPolicy":
+        return KeySharedPolicy(topic_pb2.STICKY, tuple((int(s), int(e)) for s, e in hash_ranges))
+
+    def to_pb(self) -> topic_pb2.KeySharedPolicy:
+        return topic_pb2.KeySharedPolicy(mode=self.mode, hash_ranges=[topic_pb2.HashRange(start=s, end=e)
+                                                                      for s, e in self.hash_ranges])
 
 
 class InitialPosition(enum.Enum):

@@ -44,6 +44,7 @@ from bksim.topics.delayed_delivery import DelayedDeliveryTracker
 from bksim.topics.errors import TopicError
 from bksim.topics.managed_ledger import ManagedLedgerState
 from bksim.topics.positions import Position
+from bksim.topics.sticky_ranges import StickyRanges, check_ranges, slot_of
 from bksim.formats.message import read_header
 from bksim.formats.murmur3 import murmur3_32
 from bksim.model.config import TopicConfig
@@ -134,6 +135,7 @@ class Subscription:
         self._entry_hash: dict[Position, int] = {}          # Key_Shared: key hash of replayed/pending entries
         self._hash_holder: dict[int, tuple[Consumer, int]] = {}   # Key_Shared: hash -> (consumer, in-flight count)
         self._ring = _Ring(config.key_shared_replica_points)
+        self._sticky: StickyRanges | None = None   # Key_Shared sticky mode (while its consumers are connected)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._active: Consumer | None = None
@@ -151,7 +153,10 @@ class Subscription:
         ml.add_listener(self.wake)
 
     # ---- consumers ---------------------------------------------------------------------------------------------
-    def add_consumer(self, name: str, priority: int, sink: ConsumerSink, sub_type: str) -> Consumer:
+    def add_consumer(self, name: str, priority: int, sink: ConsumerSink, sub_type: str,
+                     hash_ranges: list[tuple[int, int]] | None = None) -> Consumer:
+        """`hash_ranges`: a Key_Shared consumer in sticky mode and the key slots it takes (topics/sticky_ranges.py);
+        None = auto split. Every consumer of a subscription uses one mode (CONSUMER_ASSIGN_ERROR otherwise)."""
         if self.closed:
             raise TopicError(TopicStatus.SERVICE_UNAVAILABLE, f"subscription {self.name} is closing")
         if not self.durable and sub_type != "Exclusive":
@@ -171,8 +176,21 @@ class Subscription:
         if any(c.name == name for c in self.consumers):
             raise TopicError(TopicStatus.CONSUMER_BUSY,
                              f"a consumer named {name!r} is already connected to {self.name}")
+        ranges = None
+        if hash_ranges is not None:
+            if self.type != "Key_Shared":
+                raise TopicError(TopicStatus.BAD_REQUEST, f"hash ranges are for Key_Shared consumers, not {self.type}")
+            ranges = check_ranges(hash_ranges, self.config.key_shared_sticky_ranges_max)
+        if self.type == "Key_Shared" and self.consumers and (self._sticky is not None) != (ranges is not None):
+            mode = "sticky" if self._sticky is not None else "auto-split"
+            raise TopicError(TopicStatus.CONSUMER_ASSIGN_ERROR, f"Key_Shared subscription {self.name} has {mode} "
+                                                                f"consumers connected: a consumer must use that mode")
         self._order += 1
         consumer = Consumer(name, priority, sink, self._order, connected_ms=self._clock.wall_ms())
+        if ranges is not None:
+            sticky = self._sticky if self._sticky is not None else StickyRanges()
+            sticky.add(name, consumer, ranges)  # CONSUMER_ASSIGN_ERROR on overlap: nothing changed
+            self._sticky = sticky
         self.consumers.append(consumer)
         self._membership_changed()
         self._ensure_task()
@@ -183,6 +201,10 @@ class Subscription:
         if consumer not in self.consumers:
             return
         self.consumers.remove(consumer)
+        if self._sticky is not None:
+            self._sticky.remove(consumer)
+            if not self.consumers:
+                self._sticky = None
         self._return_pending(consumer, list(consumer.pending))
         if not self.consumers:
             # nobody left: forget the replay set; the next consumer starts again after the mark-delete position
@@ -558,7 +580,7 @@ class Subscription:
         h = murmur3_32(key or "")
         if h in blocked:
             return None, count, h
-        target = self._ring.select(h)
+        target = self._sticky.select(slot_of(h)) if self._sticky is not None else self._ring.select(h)
         holder = self._hash_holder.get(h)
         if holder is not None and holder[0] is not target and holder[0] in self.consumers:
             blocked.add(h)  # the key's in-flight messages are still with its previous consumer
@@ -608,8 +630,12 @@ class Subscription:
                            "unackedMessages": c.unacked_messages, "msgOutCounter": c.messages_out,
                            "bytesOutCounter": c.bytes_out, "redeliveredCounter": c.redelivered,
                            "connectedSince": c.connected_ms,
-                           "active": c.active if self.type in ("Exclusive", "Failover") else None}
+                           "active": c.active if self.type in ("Exclusive", "Failover") else None,
+                           "keyHashRanges": [f"[{a}, {b}]" for a, b in self._sticky.ranges_of(c)]
+                           if self._sticky is not None else None}
                           for c in sorted(self.consumers, key=lambda c: c.order)],
+            "keySharedMode": ("STICKY" if self._sticky is not None else "AUTO_SPLIT")
+            if self.type == "Key_Shared" else None,
         }
 
 

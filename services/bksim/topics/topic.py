@@ -395,7 +395,8 @@ class Topic:
 
     # ---- subscriptions -----------------------------------------------------------------------------------------
     async def subscribe(self, sub_name: str, sub_type: str, initial_position: str, consumer_name: str,
-                        priority: int, sink: ConsumerSink):
+                        priority: int, sink: ConsumerSink, hash_ranges: list[tuple[int, int]] | None = None):
+        """`hash_ranges`: a sticky Key_Shared consumer's key slots (Subscription.add_consumer)."""
         self._check_serving()
         if sub_name == DEDUP_CURSOR:
             raise TopicError(TopicStatus.BAD_REQUEST, f"subscription name {DEDUP_CURSOR!r} is reserved")
@@ -415,7 +416,7 @@ class Topic:
                 self.subscriptions[sub_name] = sub
                 self._log(f"topic {self.name}: subscription {sub_name} ({sub_type}) created at "
                           f"{cursor.mark_delete} ({initial_position})")
-        return sub, sub.add_consumer(consumer_name, priority, sink, sub_type)
+        return sub, sub.add_consumer(consumer_name, priority, sink, sub_type, hash_ranges)
 
     async def create_reader(self, sub_name: str, consumer_name: str, sink: ConsumerSink, *,
                             message_id: MessageId | None, initial_position: str, inclusive: bool):
