@@ -289,6 +289,14 @@ def _quotas_text(namespace: str, quotas: dict) -> str:
     return "\n".join(lines)
 
 
+def _print_quotas(args, quotas: dict) -> int:
+    if args.json:
+        _print_json(quotas)
+    else:
+        print(_quotas_text(args.namespace, quotas))
+    return 0
+
+
 def cmd_namespace_set_backlog_quota(args) -> int:
     limit = args.limit_size if args.limit_size is not None else args.limit_time
     if limit <= 0:
@@ -296,31 +304,19 @@ def cmd_namespace_set_backlog_quota(args) -> int:
     with _client(args) as c:
         quotas = c.set_backlog_quota(args.namespace, args.policy, limit_bytes=args.limit_size,
                                      limit_time_ms=args.limit_time)
-    if args.json:
-        _print_json(quotas)
-    else:
-        print(_quotas_text(args.namespace, quotas))
-    return 0
+    return _print_quotas(args, quotas)
 
 
 def cmd_namespace_get_backlog_quotas(args) -> int:
     with _client(args) as c:
         quotas = c.get_backlog_quotas(args.namespace)
-    if args.json:
-        _print_json(quotas)
-    else:
-        print(_quotas_text(args.namespace, quotas))
-    return 0
+    return _print_quotas(args, quotas)
 
 
 def cmd_namespace_remove_backlog_quota(args) -> int:
     with _client(args) as c:
         quotas = c.remove_backlog_quota(args.namespace, args.type)
-    if args.json:
-        _print_json(quotas)
-    else:
-        print(_quotas_text(args.namespace, quotas))
-    return 0
+    return _print_quotas(args, quotas)
 
 
 def cmd_namespace_list(args) -> int:

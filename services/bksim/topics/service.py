@@ -482,6 +482,10 @@ class TopicService:
         if topic is None:
             return
         self._log(f"topic {key}: unloaded, its partitioned topic is being deleted")
+        await self._unload(key, topic)  # an ownership znode left (ZooKeeper unreachable): the deleter waits, bounded
+
+    async def _unload(self, key: str, topic: Topic) -> None:
+        """Close `topic` cleanly (final cursor state, ledger closed) and release its ownership znode."""
         try:
             await topic.close()
         except TopicError as e:
@@ -489,7 +493,7 @@ class TopicService:
         try:
             await self.store.delete(topic.name.ownership_path)
         except MetadataError:
-            pass  # gone already, or ZooKeeper unreachable: the deleting broker waits for it, bounded
+            pass
 
     async def fence_topic(self, key: str, reason: str) -> None:
         topic = self.topics.pop(key, None)
@@ -510,12 +514,5 @@ class TopicService:
             self._watchdog.cancel()
             await asyncio.gather(self._watchdog, return_exceptions=True)
         for key, topic in list(self.topics.items()):
-            try:
-                await topic.close()
-            except TopicError as e:
-                self._log(f"topic {key}: not closed cleanly ({e})")
-            try:
-                await self.store.delete(topic.name.ownership_path)
-            except MetadataError:
-                pass
+            await self._unload(key, topic)
         self.topics.clear()
