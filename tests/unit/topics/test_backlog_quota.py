@@ -179,3 +179,28 @@ def test_eviction_moves_only_the_slow_subscription_to_ninety_percent_of_the_limi
         assert t.backlog_bytes() == per_entry * 9 and t.stats()["backlogEvictedEntries"] == 11
         assert await t.enforce_backlog_quotas() == 0
     asyncio.run(main())
+
+
+def test_message_age_eviction_and_exception_follow_the_oldest_unacknowledged_message():
+    async def main():
+        _, svc, _, t = await _topic()
+        t._maintenance.cancel()  # the test applies the quotas itself, on its own clock steps
+        name, _ = t.add_producer("p", "br0")
+        slow, _ = await t.subscribe("slow", "Shared", "earliest", "c1", 0, Sink())
+        fast, _ = await t.subscribe("fast", "Shared", "earliest", "c2", 0, Sink())
+        old = [await t.publish(name, msgs(i)) for i in range(5)]
+        t._clock.advance(10_000)
+        new = [await t.publish(name, msgs(5 + i)) for i in range(5)]
+        fast.cursor.ack(old + new)
+        await svc.set_backlog_quota("acme/orders", bq.BacklogQuota(bq.MESSAGE_AGE, 8_000,
+                                                                   bq.CONSUMER_BACKLOG_EVICTION))
+        assert await t.enforce_backlog_quotas() == 5  # the five messages 10 s old; 7.2 s (90%) is the cutoff
+        assert slow.cursor.mark_delete == old[-1] and fast.cursor.mark_delete == new[-1]
+        assert await t._oldest_backlog_age_ms() == 0
+        await svc.set_backlog_quota("acme/orders", bq.BacklogQuota(bq.MESSAGE_AGE, 5_000, bq.PRODUCER_EXCEPTION))
+        await t.publish(name, msgs(10))
+        t._clock.advance(5_001)
+        with pytest.raises(TopicError) as e:
+            await t.publish(name, msgs(11))
+        assert e.value.status is TopicStatus.PRODUCER_BLOCKED_QUOTA_EXCEEDED and "5001 ms old" in e.value.message
+    asyncio.run(main())
