@@ -738,7 +738,6 @@ class _Consumer(_Client):
                         granted += count
                 if granted:
                     conn.to_broker(side.flow, granted)
-                if granted:
                     await w.clock.sleep_ms(w.workload.uniform(0.0, 2.0))  # processing time
                     continue
                 self.arrived.clear()
