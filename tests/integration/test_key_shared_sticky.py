@@ -3,6 +3,9 @@ ranges overlap another's is refused with CONSUMER_ASSIGN_ERROR, each key goes on
 holds its slot (murmur3_32(key) mod 65536), and a key no consumer covers is held until one does."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -95,3 +98,22 @@ def test_a_key_no_consumer_covers_is_held_until_one_does(client, topic):
     b = _sticky(client, topic, "b", HIGH)
     m = b.receive(RECEIVE_MS)
     assert m.data() == b"held" and m.partition_key() == high_key
+
+
+def test_bksim_consume_takes_its_sticky_range(brokers, client, topic):
+    keys = [f"key-{i}" for i in range(20)]
+    with client.create_producer(topic, batching_enabled=False) as producer:
+        for key in keys:
+            producer.send(key.encode(), key=key)
+    low = [k for k in keys if _slot(k) < HALF]
+
+    def consume(*extra):
+        return subprocess.run([sys.executable, "-m", "bksim.cli.main", "consume", topic, "-s", "cli", "--type",
+                               "Key_Shared", "--position", "earliest", "--json", "--timeout", "10",
+                               "--broker", brokers.brokers[0].address, *extra],
+                              capture_output=True, text=True, timeout=60)
+    r = consume("--sticky-range", f"0-{HALF - 1}", "-n", str(len(low)))
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(line)["key"] for line in r.stdout.splitlines()] == low
+    r = consume("--sticky-range", "7-3", "-n", "1")
+    assert r.returncode == 2 and "CONSUMER_ASSIGN_ERROR" in r.stderr and "[7, 3]" in r.stderr

@@ -10,7 +10,7 @@
     bksim produce TOPIC -m MSG [-m ...] [--separator ,] [--file F ...] [--count N] [--rate R] [--key K] [-p k=v ...]
                   [--deliver-after MS]
     bksim consume TOPIC -s SUB [--type Exclusive|Failover|Shared|Key_Shared] [-n N] [--position earliest|latest]
-                  [--hex] [--timeout S]
+                  [--hex] [--timeout S] [--sticky-range START-END ...]
     bksim read TOPIC [--start-message-id ID | --earliest | --latest] [--inclusive] [-n N] [--hex] [--timeout S]
 
 Every command talks to the brokers named by `--broker HOST:PORT` (repeatable or comma-separated; any broker
@@ -167,6 +167,9 @@ def register(subparsers) -> None:
                    help="where a new subscription starts (default latest)")
     p.add_argument("--consumer-name", help="consumer name (Failover orders consumers by priority, then name)")
     p.add_argument("--priority", type=int, default=0, help="Failover: lower is preferred (default 0)")
+    p.add_argument("--sticky-range", action="append", type=_hash_range, default=[], metavar="START-END",
+                   help="Key_Shared sticky mode: take the keys whose slot (murmur3_32(key) mod 65536) is in "
+                        "[START, END] (repeatable)")
     p.add_argument("--hex", action="store_true", help="print content as a hex dump")
     p.add_argument("--hide-content", action="store_true", help="do not print the content")
     p.add_argument("--timeout", type=float, default=0.0, metavar="S",
@@ -196,6 +199,14 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _hash_range(text: str) -> tuple[int, int]:
+    try:
+        start, end = (int(x) for x in text.split("-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a hash range is START-END (0..65535), not {text!r}") from None
+    return start, end
 
 
 def _non_negative(text: str) -> int:
@@ -552,7 +563,7 @@ def cmd_read(args) -> int:
 
 
 def cmd_consume(args) -> int:
-    from bksim.client import InitialPosition, SubscriptionType
+    from bksim.client import InitialPosition, KeySharedPolicy, SubscriptionType
 
     try:
         kind = SubscriptionType.parse(args.type)
@@ -563,7 +574,9 @@ def cmd_consume(args) -> int:
     consumed = 0
     with _client(args) as c:
         consumer = c.subscribe(args.topic, args.subscription, kind, consumer_name=args.consumer_name,
-                               priority=args.priority, initial_position=InitialPosition.parse(args.position))
+                               priority=args.priority, initial_position=InitialPosition.parse(args.position),
+                               key_shared_policy=KeySharedPolicy.sticky(args.sticky_range)
+                               if args.sticky_range else None)
         try:
             while args.num_messages == 0 or consumed < args.num_messages:
                 m = _next_message(consumer.receive, args, f"subscription {args.subscription}", f"consumed {consumed}")
