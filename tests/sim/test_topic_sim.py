@@ -1,9 +1,11 @@
 """The topic simulation (bksim.sim.topic_scenario): a 300-seed sweep keeps every topic invariant (lost = 0, no
 duplicate with dedup, order per key and on Exclusive/Failover, one open ledger and ordered positions, durable
-mark-deletes never regress, nothing acknowledged comes back after a clean close, one owner at a time), one seed
-gives one byte-identical trace, the plan is a function of the seed, and the checkers catch deliberately broken
+mark-deletes never regress, nothing acknowledged comes back after a clean close, one owner at a time, no delayed
+message before its time, sticky Key_Shared ranges honoured, a reader reads every message once and in order), one
+seed gives one byte-identical trace, the plan is a function of the seed, and the checkers catch deliberately broken
 topic layers (a dedup snapshot taken before the ids it covers are recorded, trimming above a persisted
-mark-delete, a takeover that does not fence) within a few seeds. Two seeds found defects of the topic layer and
+mark-delete, a takeover that does not fence, a delayed message let out early, a sticky key sent to the wrong
+consumer, a reader resuming at its last message or at the latest one) within a few seeds. Two seeds found defects of the topic layer and
 stay as regressions (one with a plan made for it: clean closes during rollovers)."""
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import time
 from bksim.cli.main import main
 from bksim.model.errors import LedgerError
 from bksim.model.status import TopicStatus
+from bksim.topics import delayed_delivery as delayed_mod
 from bksim.topics import managed_ledger as ml_mod
 from bksim.topics import service as service_mod
+from bksim.topics import sticky_ranges as sticky_mod
 from bksim.topics import topic as topic_mod
 from bksim.sim.topic_scenario import SUBSCRIPTIONS, TopicFault, TopicPlan, run_topic_sim
 from bksim.topics.errors import TopicError
@@ -31,13 +35,20 @@ BROKEN_SEEDS_MAX = 40  # a deliberately broken variant must be caught within thi
 OWNERSHIP_SEED, CLOSE_DURING_ROLL_SEED = 20, 13
 
 
+def _without_delivery_features(plan: TopicPlan) -> TopicPlan:
+    """The plan as it was before readers, delayed messages and sticky ranges joined the workload (the regression
+    seeds were found with it)."""
+    return dataclasses.replace(plan, delayed_probability=0.0, key_shared_sticky=0, reader=False)
+
+
 def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
     started = time.perf_counter()
     failures = []
     totals = {k: 0 for k in ("receipts", "duplicate_receipts", "deliveries", "redeliveries", "ledgers", "trimmed",
                              "broker_crashes", "session_expiries", "zk_losses", "bookie_crashes", "clean_restarts",
-                             "seeks", "producer_restarts", "net_lost")}
-    dedup_seeds = 0
+                             "seeks", "producer_restarts", "net_lost", "delayed_sends", "delayed_deliveries",
+                             "reader_reads")}
+    dedup_seeds = delayed_seeds = sticky_seeds = reader_seeds = 0
     for seed in range(1, SWEEP_SEEDS + 1):
         result = run_topic_sim(seed)
         if not result.passed:
@@ -46,6 +57,9 @@ def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
         for key in totals:
             totals[key] += result.stats[key]
         dedup_seeds += result.plan.dedup
+        delayed_seeds += result.plan.delayed_probability > 0
+        sticky_seeds += result.plan.key_shared_sticky > 0
+        reader_seeds += result.plan.reader
     elapsed_s = time.perf_counter() - started
     assert not failures, "\n".join(failures)
     assert elapsed_s < SWEEP_SECONDS_MAX, f"{SWEEP_SEEDS} seeds took {elapsed_s:.1f} s"
@@ -58,6 +72,12 @@ def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
     assert totals["broker_crashes"] > 600 and totals["session_expiries"] > 50 and totals["zk_losses"] > 40, totals
     assert totals["bookie_crashes"] > 50 and totals["clean_restarts"] > 30 and totals["seeks"] > 40, totals
     assert totals["producer_restarts"] > 700 and totals["net_lost"] > 10, totals
+    # and the delivery features: delayed messages held and delivered on Shared and Key_Shared, sticky Key_Shared
+    # consumers, a reader following the topic through every fault
+    assert 50 < delayed_seeds < 150 and 50 < sticky_seeds < 150 and 70 < reader_seeds < 170, \
+        (delayed_seeds, sticky_seeds, reader_seeds)
+    assert totals["delayed_sends"] > 500 and totals["delayed_deliveries"] > totals["delayed_sends"], totals
+    assert totals["reader_reads"] > 3_000, totals
 
 
 def test_the_same_seed_gives_a_byte_identical_trace():
@@ -86,7 +106,8 @@ def test_the_plan_is_a_function_of_the_seed_and_lists_every_knob_and_fault():
     lines = plan.describe()
     knobs = dict(line.split(" = ") for line in lines if " = " in line)
     for name in ("seed", "bookies", "brokers", "dedup", "producers", "producer_window", "session_timeout_ms",
-                 "cursor_persist_interval_ms", "dedup_snapshot_entries", "ledger_entries_max", "events"):
+                 "cursor_persist_interval_ms", "dedup_snapshot_entries", "ledger_entries_max", "events",
+                 "delayed_probability", "delay_ms_max", "key_shared_sticky", "reader"):
         assert name in knobs, name
     assert int(knobs["events"]) == len(plan.events)
     assert [e.at_ms for e in plan.events] == sorted(e.at_ms for e in plan.events)
@@ -177,11 +198,56 @@ def test_a_takeover_without_fencing_is_caught(monkeypatch):
                                    "ReceiptedMessagesAreConsumed", "ReceiptNamesItsPosition"), (seed, violation)
 
 
+def test_a_delayed_message_let_out_early_is_caught(monkeypatch):
+    original = delayed_mod.DelayedDeliveryTracker.pop_due
+
+    def pop_due_early(self, now_ms, max_n=None):  # BROKEN: a tick of 10 ms early, as a non-strict tracker does
+        return original(self, now_ms + 10, max_n)
+    monkeypatch.setattr(delayed_mod.DelayedDeliveryTracker, "pop_due", pop_due_early)
+    seed, violation = _first_violation(10)
+    assert violation is not None and violation.invariant == "DelayedNotBeforeItsTime", (seed, violation)
+
+
+def test_a_sticky_key_given_to_the_wrong_consumer_is_caught(monkeypatch):
+    original = sticky_mod.StickyRanges.select
+
+    def select_shifted(self, slot):  # BROKEN: looks the slot up half the hash range away
+        return original(self, (slot + sticky_mod.HASH_RANGE_SIZE // 2) % sticky_mod.HASH_RANGE_SIZE)
+    monkeypatch.setattr(sticky_mod.StickyRanges, "select", select_shifted)
+    seed, violation = _first_violation(10)
+    assert violation is not None and violation.invariant == "StickyRangesHonoured", (seed, violation)
+
+
+def test_a_reader_resuming_at_its_last_message_again_is_caught(monkeypatch):
+    original = topic_mod.reader_start
+
+    def start_inclusive(layout, *, message_id, initial, inclusive):  # BROKEN: resumes AT its last message
+        return original(layout, message_id=message_id, initial=initial, inclusive=message_id is not None)
+    monkeypatch.setattr(topic_mod, "reader_start", start_inclusive)
+    seed, violation = _first_violation(20)
+    assert violation is not None and violation.invariant == "ReaderInOrder", (seed, violation)
+
+
+def test_a_reader_resuming_at_the_latest_message_is_caught(monkeypatch):
+    original = topic_mod.reader_start
+
+    def start_latest(layout, *, message_id, initial, inclusive):  # BROKEN: a reconnect forgets where it was
+        return original(layout, message_id=None, initial="latest" if message_id is not None else initial,
+                        inclusive=False)
+    monkeypatch.setattr(topic_mod, "reader_start", start_latest)
+    seed, violation = _first_violation(20)
+    assert violation is not None and violation.invariant == "ReaderSkipsOnlyTrimmed", (seed, violation)
+
+
 # -- defects the sweep found ---------------------------------------------------------------------------------------
+def _ownership_plan() -> TopicPlan:
+    return _without_delivery_features(TopicPlan.from_seed(OWNERSHIP_SEED))
+
+
 def test_a_restarted_broker_does_not_adopt_its_predecessors_ownership():
     """A broker restarts before its old session expired, finds the ownership znode naming its broker id and (before
     the fix) served the topic; once the old session expired another broker took it too."""
-    assert run_topic_sim(OWNERSHIP_SEED).passed
+    assert run_topic_sim(OWNERSHIP_SEED, plan=_ownership_plan()).passed
 
 
 def test_the_ownership_regression_seed_fails_when_any_znode_of_the_broker_id_counts_as_its_own(monkeypatch):
@@ -191,13 +257,14 @@ def test_the_ownership_regression_seed_fails_when_any_znode_of_the_broker_id_cou
         original(self, *args, **kwargs)
         self.instance = self.broker_id
     monkeypatch.setattr(service_mod.TopicService, "__init__", init_any_instance)
-    violation = run_topic_sim(OWNERSHIP_SEED).violation
+    violation = run_topic_sim(OWNERSHIP_SEED, plan=_ownership_plan()).violation
     assert violation is not None and violation.invariant == "OneOwnerAtATime", violation
 
 
 def _clean_restarts_while_ledgers_roll() -> TopicPlan:
     """The owner closes cleanly four times while a pipelined producer fills two-entry ledgers."""
-    return dataclasses.replace(TopicPlan.from_seed(CLOSE_DURING_ROLL_SEED), ledger_entries_max=2,
+    return dataclasses.replace(_without_delivery_features(TopicPlan.from_seed(CLOSE_DURING_ROLL_SEED)),
+                               ledger_entries_max=2,
                                burst_probability=0.7, producer_window=8, sends_per_producer=16,
                                events=tuple(TopicFault(at, "clean_restart", "", 60.0) for at in (50.0, 150.0, 250.0,
                                                                                                   350.0)))

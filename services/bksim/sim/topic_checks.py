@@ -32,6 +32,12 @@ Invariants (each raised as InvariantViolation(name, detail)):
   acknowledged is delivered again (until the next seek of that subscription).
 - PositionsTotallyOrdered: no two Sends are acknowledged at one position, and the receipts on one producer
   connection name increasing positions (checked by the scenario).
+- DelayedNotBeforeItsTime (checked by the scenario as a broker delivers): on Shared and Key_Shared no message is
+  delivered before its delivery time; such a message is out of order by design, so OrderPerKey leaves it out.
+- StickyRangesHonoured (checked by the scenario): a sticky Key_Shared consumer gets only keys in its slots.
+- ReaderInOrder: a reader reads each message once, in position (and batch index) order, across reconnects;
+  ReaderSkipsOnlyTrimmed (at the end, and the drain waits for it): every message stored in the topic was read
+  by the reader, or lies in a ledger retention had trimmed before the reader read past it.
 - OneOwnerPerLedger: every receipt naming a position in ledger L comes from the broker incarnation that created
   L; AcceptedWritesSurviveTakeover: no receipt names an entry at or beyond the entry count of a ledger another
   broker closed (a write accepted by an owner that was already taken over).
@@ -78,11 +84,17 @@ class TopicChecks:
         self.closed_entries: dict[int, int] = {}  # ledger id -> entries, once listed closed
         self._last_list: list[int] = []
         self.ml_writer = ""  # the broker incarnation that wrote the list last (the owner)
+        self.trimmed_ledgers: set[int] = set()
+        # the reader (if the world has one): what it read, in order, and each step past unread positions
+        self.reader = False
+        self.reader_got: set[tuple[MessageKey, Position]] = set()
+        self.reader_last: tuple[Position, int] | None = None
+        self.reader_steps: list[tuple[Position | None, Position, frozenset[int]]] = []  # (from, to, trimmed then)
         # called with (broker, [(ledger id, entries)]) when a list drops ledgers that held entries (the scenario
         # checks TrimBelowPersistedMarkDelete against that broker's cursors)
         self.on_trim: Callable[[str, list[tuple[int, int]]], None] = lambda broker, trimmed: None
         self.stats = {"receipts": 0, "duplicate_receipts": 0, "deliveries": 0, "redeliveries": 0, "ml_writes": 0,
-                      "ledgers": 0, "trimmed": 0}
+                      "ledgers": 0, "trimmed": 0, "reader_reads": 0}
 
     def fail(self, invariant: str, detail: str) -> None:
         v = InvariantViolation(invariant, detail)
@@ -126,7 +138,7 @@ class TopicChecks:
 
     # -- consumers --------------------------------------------------------------------------------------------
     def delivered(self, sub: str, consumer: str, pos: Position, messages: list[tuple[MessageKey, str | None]],
-                  redelivery_count: int) -> None:
+                  redelivery_count: int, *, delayed: bool = False) -> None:
         rec = self.subs[sub]
         self.stats["deliveries"] += 1
         new = pos not in rec.positions
@@ -137,7 +149,7 @@ class TopicChecks:
                                                             f"acknowledged when the topic was closed cleanly")
         rec.positions.add(pos)
         key = messages[0][1] if messages else None
-        if rec.sub_type in ("Exclusive", "Failover", "Key_Shared"):
+        if rec.sub_type in ("Exclusive", "Failover") or (rec.sub_type == "Key_Shared" and not delayed):
             order_key = key if rec.sub_type == "Key_Shared" else None
             highest = rec.highest_of_key.get(order_key)
             if new and highest is not None and pos < highest:
@@ -150,6 +162,42 @@ class TopicChecks:
         for m, _ in messages:
             rec.delivered.setdefault(m, set()).add(pos)
             self._stored(m, pos, f"delivered to {sub}")
+
+    def reader_read(self, pos: Position, read: list[tuple[int, MessageKey]]) -> None:
+        """The reader's application got these messages ((batch index, message)) of the entry at `pos`."""
+        for index, m in read:
+            self.stats["reader_reads"] += 1
+            last = self.reader_last
+            if last is not None and (pos, index) <= last:
+                self.fail("ReaderInOrder", f"the reader read {m[0]}/{m[1]} at {pos} index {index} after {last[0]} "
+                                           f"index {last[1]}")
+            if last is None or pos != last[0]:
+                self.reader_steps.append((last[0] if last else None, pos, frozenset(self.trimmed_ledgers)))
+            self.reader_last = (pos, index)
+            self.reader_got.add((m, pos))
+            self._stored(m, pos, "read by the reader")
+
+    def reader_behind(self) -> list[MessageKey]:
+        """Messages stored after the reader's last read that it has not read and retention has not trimmed."""
+        if not self.reader:
+            return []
+        last = self.reader_last[0] if self.reader_last else None
+        return [m for m, where in sorted(self.stored.items())
+                if any((m, p) not in self.reader_got and (last is None or p > last)
+                       and p.ledger not in self.trimmed_ledgers for p in where)]
+
+    def _reader_final(self) -> None:
+        for m, where in sorted(self.stored.items()):
+            for p in sorted(where):
+                if (m, p) in self.reader_got:
+                    continue
+                step = next(((a, b, t) for a, b, t in self.reader_steps if (a is None or a < p) and p < b), None)
+                trimmed = step[2] if step is not None else self.trimmed_ledgers
+                if p.ledger not in trimmed:
+                    self.fail("ReaderSkipsOnlyTrimmed", f"the reader never read {m[0]}/{m[1]} at {p}" + (
+                        f": it went from {step[0]} to {step[1]} while ledger {p.ledger} was still in the topic"
+                        if step is not None else f" (it read up to {self.reader_last})"))
+                    return
 
     def seek(self, sub: str) -> None:
         rec = self.subs[sub]
@@ -195,6 +243,7 @@ class TopicChecks:
                 self.closed_entries[lid] = 0
         if trimmed:
             self.stats["trimmed"] += len(trimmed)
+            self.trimmed_ledgers.update(trimmed)
             self.on_trim(broker, [(lid, self.closed_entries[lid]) for lid in trimmed])
         for i in info.ledgers:
             if i.ledger_id not in self.ledger_writer:
@@ -238,6 +287,8 @@ class TopicChecks:
                         self.fail("ReceiptNamesItsPosition", f"{send} was acknowledged at {pos}; consumers found "
                                                              f"message {m} at {sorted(map(str, seen))}")
                         return
+        if self.reader:
+            self._reader_final()
 
 
 class TopicCheckedStore:

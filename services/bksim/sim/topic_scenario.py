@@ -14,7 +14,9 @@ with a ConsumerSink, flow permits, acks (individual, cumulative, batch-index), n
 seeks. A link is FIFO with a seeded delay; a lost message breaks the connection (as a broken stream does):
 the client looks the topic up again and reconnects, a producer re-sends every Send without a receipt with
 the same sequence ids. Subscriptions: one each of Exclusive, Failover, Shared and Key_Shared, created at
-"earliest" before the first Send.
+"earliest" before the first Send. Delivery features, per seed (TopicPlan, from a stream of their own): delayed
+messages (a Send of one message with deliver_at_ms), sticky Key_Shared consumers (hash_ranges), and a reader
+(Topic.create_reader: a non-durable cursor from the earliest message, resumed after the last message it read).
 
 Broker processes: every task a broker's code creates is its own (a context variable marks the broker and the
 loop's task factory files each task under it), so a crash cancels exactly that process's work; its ledgers
@@ -46,7 +48,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from bksim.broker.ledgers import LedgerService
-from bksim.formats.message import Message, decode_entry
+from bksim.formats.message import Message, decode_entry, read_header
+from bksim.formats.murmur3 import murmur3_32
 from bksim.metadata.memory import SessionView
 from bksim.metadata.paths import BROKERS_AVAILABLE
 from bksim.model.config import BookieConfig, BrokerConfig, TopicConfig
@@ -65,8 +68,9 @@ from bksim.topics.errors import TopicError
 from bksim.topics.managed_cursor import ManagedCursor
 from bksim.topics.managed_ledger import FINAL as FINAL_STATES
 from bksim.topics.names import TopicName
-from bksim.topics.positions import Position
+from bksim.topics.positions import MessageId, Position
 from bksim.topics.service import TopicService
+from bksim.topics.sticky_ranges import HASH_RANGE_SIZE, slot_of
 from bksim.topics.subscription import Delivery
 from bksim.topics.topic import Policies
 
@@ -144,6 +148,11 @@ class TopicPlan:
     dispatch_read_entries_max: int
     disk_latency_ms_max: float
     events: tuple[TopicFault, ...]
+    # delivery features (drawn from a stream of their own, so the knobs above keep their values per seed)
+    delayed_probability: float  # a Send is one message with a delivery time (deliver_at_ms)
+    delay_ms_max: float         # ... now - 50 ms .. now + this (a time already past is delivered at once)
+    key_shared_sticky: int      # 0: Key_Shared auto-split; else sticky ranges [0, this - 1] and [this, 65535]
+    reader: bool                # a reader (non-durable cursor from the earliest message) follows the topic
 
     @classmethod
     def from_seed(cls, seed: int) -> "TopicPlan":
@@ -185,7 +194,7 @@ class TopicPlan:
             ensemble=(3, 2, 2), ledger_entries_max=r.choice([4, 10, 1_000]),
             cursor_persist_interval_ms=r.choice([50, 100, 300]), dedup_snapshot_entries=r.choice([2, 3, 5]),
             dispatch_read_entries_max=r.choice([2, 10]), disk_latency_ms_max=r.choice([0.1, 1.0]),
-            events=tuple(events))
+            events=tuple(events), **_delivery_features(seed))
 
     def describe(self) -> list[str]:
         lines = []
@@ -210,6 +219,13 @@ class TopicPlan:
 
     def bookie_config(self) -> BookieConfig:
         return dataclasses.replace(BookieConfig(), journal_sync_on_loop=False, flush_interval_ms=500)
+
+
+def _delivery_features(seed: int) -> dict:
+    r = rng_for(seed, "topic-plan-features")
+    return {"delayed_probability": r.choice([0.0, 0.0, 0.25]), "delay_ms_max": r.choice([20.0, 300.0]),
+            "key_shared_sticky": r.choice([0, 0, r.randint(1, HASH_RANGE_SIZE - 1)]),
+            "reader": r.random() < 0.4}
 
 
 @dataclass(slots=True)
@@ -425,6 +441,13 @@ async def _wait_any(events, timeout_ms: float | None) -> None:
             waiter.cancel()
 
 
+def _deliver_at(entry: bytes) -> int:
+    try:
+        return read_header(entry).deliver_at_ms
+    except FormatError:
+        return 0
+
+
 def _quiet(task: asyncio.Task) -> None:
     if not task.cancelled():
         task.exception()
@@ -442,7 +465,8 @@ class _ConsumerSide:
         c = self.client
         try:
             topic = await self.broker.topics.acquire(TOPIC)
-            sub, consumer = await topic.subscribe(c.sub, c.sub_type, "earliest", c.name, c.priority, self)
+            sub, consumer = await topic.subscribe(c.sub, c.sub_type, "earliest", c.name, c.priority, self,
+                                                  c.ranges)
         except TopicError as e:
             self.conn.to_client(refused, e)
             self.conn.break_(f"subscribe refused: {e.status.name}")
@@ -455,6 +479,16 @@ class _ConsumerSide:
 
     # ConsumerSink
     def deliver(self, deliveries: list[Delivery]) -> None:
+        if self.client.sub_type in ("Shared", "Key_Shared"):
+            now = self.world.clock.wall_ms()
+            for d in deliveries:
+                at = _deliver_at(d.entry)
+                if at:
+                    self.world.stats["delayed_deliveries"] += 1
+                if at > now:
+                    self.world.checks.fail("DelayedNotBeforeItsTime",
+                                           f"{self.broker.label} delivered {d.position} to {self.client.name} "
+                                           f"({self.client.sub_type}) {at - now} ms before its delivery time")
         self.conn.to_client(self.client.on_deliveries, self.conn, list(deliveries))
 
     def active_changed(self, active: bool) -> None:
@@ -494,6 +528,31 @@ class _ConsumerSide:
     def close(self) -> None:
         if self.sub is not None:
             self.sub.remove_consumer(self.consumer)
+
+
+class _ReaderSide(_ConsumerSide):
+    """The broker side of a reader's connection: a non-durable subscription from the reader's start (the earliest
+    message, then after the last message it read), gone with the connection."""
+
+    async def open(self, ready: Callable, refused: Callable) -> None:
+        start = self.client.last_read
+        try:
+            topic = await self.broker.topics.acquire(TOPIC)
+            sub, consumer = await topic.create_reader("", self.client.name, self, message_id=start,
+                                                      initial_position="earliest", inclusive=False)
+        except TopicError as e:
+            self.conn.to_client(refused, e)
+            self.conn.break_(f"reader refused: {e.status.name}")
+            return
+        self.topic, self.sub, self.consumer = topic, sub, consumer
+        if not self.conn.open:
+            self.close()
+            return
+        self.conn.to_client(ready)
+
+    def close(self) -> None:
+        if self.sub is not None:
+            asyncio.get_running_loop().create_task(self.topic.remove_consumer(self.sub, self.consumer))
 
 
 # -- clients -------------------------------------------------------------------------------------------------------
@@ -602,11 +661,16 @@ class _Producer(_Client):
         r, plan = self.world.workload, self.world.plan
         n = r.randint(1, plan.batch_max)
         key = f"k{r.randrange(plan.keys)}"
+        deliver_at = 0
+        if plan.delayed_probability and self.world.delays.random() < plan.delayed_probability:
+            n = 1  # a delayed message is sent alone
+            deliver_at = self.world.clock.wall_ms() + round(self.world.delays.uniform(-50.0, plan.delay_ms_max))
+            self.world.stats["delayed_sends"] += 1
         msgs = []
         for _ in range(n):
             seq = self._next_seq
             self._next_seq += 1
-            msgs.append(Message(f"{self.name}:{seq}".encode(), key, {}, 0, seq))
+            msgs.append(Message(f"{self.name}:{seq}".encode(), key, {}, 0, seq, deliver_at))
         send = _Send(len(self.sends), msgs[-1].sequence_id, msgs)
         self.sends.append(send)
         self.world.checks.send_made((self.name, send.seq), tuple((self.name, m.sequence_id) for m in msgs))
@@ -683,6 +747,10 @@ class _Consumer(_Client):
         self.inbox: collections.deque = collections.deque()
         self.arrived = asyncio.Event()
         self.seek_request: Position | None = None
+        self.ranges: list[tuple[int, int]] | None = None  # a sticky Key_Shared consumer's key slots
+        split = world.plan.key_shared_sticky
+        if sub_type == "Key_Shared" and split:
+            self.ranges = [(0, split - 1)] if index == 1 else [(split, HASH_RANGE_SIZE - 1)]
 
     def on_active(self, active: bool) -> None:
         self.world.trace.add(f"{self.name}: {'active' if active else 'inactive'}")
@@ -696,7 +764,13 @@ class _Consumer(_Client):
                 w.checks.fail("EntriesDecode", f"{self.name} got {d.position}: {e}")
                 return
             keyed = [((header.producer_name, m.sequence_id), m.key) for m in messages]
-            w.checks.delivered(self.sub, self.name, d.position, keyed, d.redelivery_count)
+            if self.ranges is not None:
+                slot = slot_of(murmur3_32(header.sticky_key or ""))
+                if not any(a <= slot <= b for a, b in self.ranges):
+                    w.checks.fail("StickyRangesHonoured", f"{self.name} (key slots {self.ranges}) got {d.position} "
+                                                          f"of key {header.sticky_key!r} in slot {slot}")
+            w.checks.delivered(self.sub, self.name, d.position, keyed, d.redelivery_count,
+                               delayed=header.deliver_at_ms > 0)
             self.inbox.append((conn, d, len(messages)))
         self.arrived.set()
 
@@ -716,10 +790,21 @@ class _Consumer(_Client):
         cumulative = self.sub_type in ("Exclusive", "Failover") and r.random() < 0.3
         conn.to_broker(side.ack, [(pos, -1, 0)], cumulative)
 
+    def _side(self, broker: _Broker, conn: _Conn) -> _ConsumerSide:
+        return _ConsumerSide(self.world, broker, conn, self)
+
+    def _take(self, conn: _Conn, item: tuple) -> int:
+        """Process one delivery of the inbox if it came on `conn`; the permits it frees."""
+        got_conn, d, count = item
+        if got_conn is not conn:
+            return 0
+        self._act(conn, d, count)
+        return count
+
     async def run(self) -> None:
         w = self.world
         while not self.stopped:
-            conn = await self._connect(lambda broker, conn: _ConsumerSide(w, broker, conn, self))
+            conn = await self._connect(self._side)
             if conn is None:
                 await self.backoff()
                 continue
@@ -732,10 +817,7 @@ class _Consumer(_Client):
                     conn.to_broker(lambda: conn.broker.spawn(side.seek(target)))
                 granted = 0
                 while self.inbox:
-                    got_conn, d, count = self.inbox.popleft()
-                    if got_conn is conn:
-                        self._act(conn, d, count)
-                        granted += count
+                    granted += self._take(conn, self.inbox.popleft())
                 if granted:
                     conn.to_broker(side.flow, granted)
                     await w.clock.sleep_ms(w.workload.uniform(0.0, 2.0))  # processing time
@@ -748,6 +830,41 @@ class _Consumer(_Client):
                 await self.backoff()
 
 
+class _Reader(_Consumer):
+    """A reader (as bksim.client.Reader): from the earliest message; after a reconnect from the last message it
+    read (exclusive), so it reads every message once, in order, skipping only what retention trimmed."""
+
+    def __init__(self, world: "TopicWorld") -> None:
+        super().__init__(world, "reader", "Exclusive", 0)
+        self.name = "reader"
+        self.last_read: MessageId | None = None
+
+    def on_deliveries(self, conn: _Conn, deliveries: list[Delivery]) -> None:
+        self.inbox.extend((conn, d) for d in deliveries)
+        self.arrived.set()
+
+    def _side(self, broker: _Broker, conn: _Conn) -> _ReaderSide:
+        return _ReaderSide(self.world, broker, conn, self)
+
+    def _take(self, conn: _Conn, item: tuple) -> int:
+        """What the application gets of one delivery (if it came on `conn`); the permits it frees."""
+        got_conn, d = item
+        if got_conn is not conn:
+            return 0
+        try:
+            header, messages = decode_entry(d.entry)
+        except FormatError as e:
+            self.world.checks.fail("EntriesDecode", f"reader got {d.position}: {e}")
+            return 1
+        indexes = [i for i in range(len(messages)) if i not in d.acked_batch_indexes]
+        read = [(i, (header.producer_name, messages[i].sequence_id)) for i in indexes]
+        self.world.checks.reader_read(d.position, read)
+        if indexes:
+            last = indexes[-1] if header.is_batch else -1
+            self.last_read = MessageId(d.position.ledger, d.position.entry, -1, last)
+        return len(messages)
+
+
 # -- the world -----------------------------------------------------------------------------------------------------
 class TopicWorld:
     def __init__(self, plan: TopicPlan) -> None:
@@ -755,6 +872,7 @@ class TopicWorld:
         seed = plan.seed
         self.workload = rng_for(seed, "topic-workload")
         self.faults = rng_for(seed, "topic-faults")
+        self.delays = rng_for(seed, "topic-delayed")
         self._links = rng_for(seed, "topic-links")
         self.network = SimNetwork(rng_for(seed, "topic-net"), LinkFaults(delay_ms=plan.net_delay_ms,
                                                                               jitter_ms=plan.net_jitter_ms),
@@ -777,6 +895,7 @@ class TopicWorld:
         self._incarnations: dict[str, int] = {}
         self.producers: list[_Producer] = []
         self.consumers: list[_Consumer] = []
+        self.reader: _Reader | None = None
         self._client_tasks: set[asyncio.Task] = set()
         self._fault_tasks: set[asyncio.Task] = set()
         self._timers: list[asyncio.TimerHandle] = []
@@ -789,7 +908,8 @@ class TopicWorld:
         self.error = ""
         self.stats: dict[str, int | float] = {k: 0 for k in (
             "broker_crashes", "session_expiries", "zk_losses", "bookie_crashes", "clean_restarts", "seeks",
-            "connects", "faults_fired", "faults_skipped", "producer_restarts")}
+            "connects", "faults_fired", "faults_skipped", "producer_restarts", "delayed_sends",
+            "delayed_deliveries")}
 
     # -- basics -------------------------------------------------------------------------------------------------
     def now(self) -> float:
@@ -909,6 +1029,8 @@ class TopicWorld:
             await broker.spawn(broker.topics.close())
             if owned is not None:
                 for name, sub in sorted(owned.subscriptions.items()):
+                    if not sub.durable:
+                        continue  # a reader's: gone with the close
                     acked = {p for p in self.checks.subs[name].positions if sub.cursor.is_acked(p)}
                     self.checks.clean_close(name, acked)
                 self._log(f"{broker.label}: closed the topic cleanly")
@@ -952,7 +1074,12 @@ class TopicWorld:
                 self.consumers.append(_Consumer(self, name, sub_type, i + 1))
         for i in range(plan.producers):
             self.producers.append(_Producer(self, f"p{i + 1}"))
-        for client in self.consumers + self.producers:
+        clients = self.consumers + self.producers
+        if plan.reader:
+            self.reader = _Reader(self)
+            self.checks.reader = True
+            clients.append(self.reader)
+        for client in clients:
             client.task = self._spawn(self._client_tasks, client.run(), client.name)
         loop = asyncio.get_running_loop()
         for event in plan.events:
@@ -968,7 +1095,7 @@ class TopicWorld:
             self._check()
         finally:
             prober.cancel()
-            for client in self.consumers + self.producers:
+            for client in self.consumers + self.producers + ([self.reader] if self.reader else []):
                 client.stopped = True
             for task in sorted(self._client_tasks, key=lambda t: t.sim_seq):
                 task.cancel()
@@ -1033,6 +1160,8 @@ class TopicWorld:
         if topic is None:
             return
         for name, cursor in sorted(topic.stats_internal()["cursors"].items()):
+            if cursor.get("durable") is False:
+                continue  # a reader holds nothing back (retention ignores it)
             persisted = Position.parse(cursor["persistentMarkDeletePosition"])
             for lid, entries in trimmed:
                 if Position(lid, entries - 1) > persisted:
@@ -1098,7 +1227,8 @@ class TopicWorld:
             self.link_loss, self.link_jitter_ms = event.amount, event.amount * 200
             self._later(event.duration_ms, self._heal_network)
         elif kind == "break_connection":
-            open_ = [c for c in self.consumers + self.producers if c.conn is not None and c.conn.open]
+            clients = self.consumers + self.producers + ([self.reader] if self.reader else [])
+            open_ = [c for c in clients if c.conn is not None and c.conn.open]
             if not open_:
                 return self._skip("no open connection")
             self.faults.choice(open_).conn.break_("fault")
@@ -1195,9 +1325,11 @@ class TopicWorld:
                 missing = {s: len(self.checks.missing(s)) for s in sorted(SUBSCRIPTIONS)}
                 found = self.owner()
                 backlog = {n: s.cursor.backlog() for n, s in sorted(found[1].subscriptions.items())} if found else None
+                behind = len(self.checks.reader_behind())
                 raise InvariantViolation("SubscriptionsDrain", f"{LIVENESS_MS:g} virtual ms into the liveness phase: "
                                          f"messages with a receipt not delivered {missing}, backlog on the owner "
-                                         f"{backlog}")
+                                         f"{backlog}" + (f", messages the reader has not read {behind}"
+                                                         if self.reader else ""))
             await self.clock.sleep_ms(20.0)
         self._check()
         found = self.owner()
@@ -1219,7 +1351,7 @@ class TopicWorld:
             await self.clock.sleep_ms(20.0)
 
     def _drained(self) -> bool:
-        if any(self.checks.missing(s) for s in SUBSCRIPTIONS):
+        if any(self.checks.missing(s) for s in SUBSCRIPTIONS) or self.checks.reader_behind():
             return False
         found = self.owner()
         if found is None:
