@@ -6,6 +6,9 @@ step by step in tests/unit/topics/test_partitioned.py.)"""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 import uuid
 
 import pytest
@@ -116,3 +119,51 @@ def test_a_topic_left_marked_admits_nobody_and_a_retried_delete_finishes_it(brok
     with pytest.raises(ClientError) as e3:
         client.get_topic(topic)
     assert e3.value.status is TopicStatus.TOPIC_NOT_FOUND
+
+
+def test_kill9_of_the_deleting_broker_mid_deletion_then_a_retry_on_the_other_finishes(brokers, topic):
+    """Broker a deletes; broker b (SIGSTOP) cannot release its partition, so a waits there after marking the topic
+    and deleting its own first partition: kill -9 of a at that point. (Last in the module: a stays dead.)"""
+    a, b = brokers.brokers
+    _spread(brokers, topic)  # partitions 0 and 2 on a, 1 and 3 on b
+    name = TopicName.parse(topic)
+    zk = brokers.zk
+    os.kill(b.pid, signal.SIGSTOP)
+    try:
+        with Client(a.address, operation_timeout_ms=20_000) as only_a:
+            deleting = threading.Thread(target=lambda: _ignore(ClientError, only_a.delete_topic, topic, True),
+                                        daemon=True)
+            deleting.start()
+            wait_until(lambda: zk.exists(name.partition(0).managed_ledger_path) is None, 10, interval_s=0.01,
+                       message="broker a did not delete its first partition")
+            a.kill9()  # a now waits for b's partition 1: mid-deletion
+    finally:
+        os.kill(b.pid, signal.SIGCONT)
+    assert json.loads(zk.get(name.partitioned_path)[0])["deleting"] is True
+    assert zk.exists(name.partition(1).managed_ledger_path) is not None
+    with Client(b.address, operation_timeout_ms=20_000) as only_b:
+        def refused():  # b unloads partition 3 within a second and admits nobody to it from then on
+            try:
+                only_b.subscribe(f"{topic}-partition-3", "late").close()
+            except ClientError as error:
+                return error
+            return None
+        e = wait_until(refused, 10)
+        assert e.status is TopicStatus.NOT_ALLOWED and "being deleted" in str(e)
+
+        def retried():  # partition 2 is a's until a's ZooKeeper session expires (2 s): SERVICE_UNAVAILABLE until then
+            try:
+                return only_b.delete_topic(topic)
+            except ClientError as error:
+                assert error.status is TopicStatus.SERVICE_UNAVAILABLE, error
+                return None
+        assert wait_until(retried, 30, interval_s=0.5)["partitions"] == PARTITIONS
+    assert zk.exists(name.partitioned_path) is None
+    assert all(zk.exists(name.partition(i).managed_ledger_path) is None for i in range(PARTITIONS))
+
+
+def _ignore(kind, fn, *args):
+    try:
+        fn(*args)
+    except kind:
+        pass
