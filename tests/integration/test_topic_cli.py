@@ -59,7 +59,7 @@ def test_tenant_and_namespace_commands(brokers):
     out = ok(brokers, "namespace", "create", f"{tenant}/a", "--retention", "60000", "--retention-bytes", "1000000",
              "--ttl", "5000", "--dedup", "--json")
     assert json.loads(out) == {"namespace": f"{tenant}/a", "retention_ms": 60000, "retention_bytes": 1000000,
-                               "ttl_ms": 5000, "dedup": True}
+                               "ttl_ms": 5000, "dedup": True, "backlog_quotas": {}}
     assert "retention 60000 ms / 1000000 bytes, ttl 5000 ms, dedup on" in ok(brokers, "namespace", "get", f"{tenant}/a")
     assert json.loads(ok(brokers, "namespace", "list", tenant, "--json")) == [f"{tenant}/a"]
     code, _, err = bksim(brokers, "namespace", "create", f"nobody{uuid.uuid4().hex[:6]}/x")
