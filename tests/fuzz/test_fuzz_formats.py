@@ -105,7 +105,8 @@ def test_journal_scan_or_format_error(data, newest, skip_corruption):
 
 
 def _engine_apply(record: jfmt.JournalRecord) -> None:
-    """The unpacking the engine's replay does with each record's body (bookie/engine.py _apply_record)."""
+    """The unpacking the engine's replay does with each record's body (bookie/engine.py _apply_records,
+    _apply_ledger_record)."""
     if record.type is jfmt.RecordType.ENTRY:
         entry_fmt.IDS.unpack_from(record.body)
     elif record.type in (jfmt.RecordType.MASTER_KEY, jfmt.RecordType.FENCE):

@@ -6,6 +6,8 @@ Ordering contracts:
 - A fence is answered only after its FENCE journal record is synced.
 - Checkpoint order (PROTOCOL.md §2.2): mark M -> swap caches -> append to entry log -> fsync entry log ->
   index batch (synced) -> ledger index (synced) -> persist M. The persisted mark never moves backwards.
+  Replay checkpoints a full write-cache half in a task while it fills the other (section "replay"); M is then
+  the start of the group of the first record left out of that half.
 - "Unknown is never no": NO_LEDGER / NO_ENTRY only when the bookie durably knows; a damaged or missing
   entry-log record behind an index entry is IO_ERROR; what a re-initialised bookie lacks of a ledger in limbo
   (id <= `limbo_ledger_id_max`, from the cookie `bksim bookie format` wrote: bookie/cookie.py) is UNKNOWN_STATE,
@@ -62,8 +64,11 @@ _ENTRY = int(jfmt.RecordType.ENTRY)
 _ENTRY_CRC_SEED = (crc32c(bytes((jfmt.RecordType.ENTRY, 0))), crc32c(bytes((jfmt.RecordType.ENTRY, 1))))
 CHECKPOINT_STEPS = ("mark", "swap", "entrylog_write", "entrylog_sync", "index_write", "ledger_index_write",
                     "lastmark_write")
-_LEDGER_RECORDS = frozenset((jfmt.RecordType.ENTRY, jfmt.RecordType.MASTER_KEY, jfmt.RecordType.FENCE,
-                             jfmt.RecordType.EXPLICIT_LAC))
+_ENTRY_RECORD = jfmt.RecordType.ENTRY
+# replay checkpoints the active write-cache half early, between two lists of records, once it holds this fraction of
+# a half and no replay checkpoint runs: checkpoints then follow each other, and what is left to checkpoint when
+# replay ends (before the bookie serves) is about what replay applied during the last one, not up to a half
+REPLAY_EARLY_SWAP_FRACTION = 4
 GC_STEPS = ("gc_index_delete", "gc_ledger_delete", "gc_log_delete", "gc_meta_delete")
 GC_AND_COMPACTION_STEPS = GC_STEPS + COMPACTION_STEPS
 
@@ -100,7 +105,8 @@ class BookieEngine:
         self._persisted_mark = JournalMark(0, 0)
         self._checkpoint_lock = asyncio.Lock()
         self._cache_room = asyncio.Event()  # set when a checkpoint swaps or frees a write-cache half
-        self._tasks: list[asyncio.Task] = []  # the periodic checkpoint loop and checkpoints requested by adds
+        self._tasks: list[asyncio.Task] = []  # the periodic checkpoint loop, checkpoints requested by adds, replay's
+        self._replay_flush: asyncio.Task | None = None  # replay's checkpoint of a full write-cache half, running
         self._checkpoint_timer: asyncio.Task | None = None
         self._read_only = False
         self._free_bytes = 1 << 62
@@ -132,8 +138,17 @@ class BookieEngine:
         if stale:
             await self._log_meta.write({}, stale)
         await self._entry_logger.open()
-        self.replay_report = await replay(self._disk, self.journal_dir, self._persisted_mark, self.instance_id,
-                                          self._apply_record, self.config.journal_skip_corruption, self._log)
+        try:
+            self.replay_report = await replay(self._disk, self.journal_dir, self._persisted_mark, self.instance_id,
+                                              None, self.config.journal_skip_corruption, self._log,
+                                              apply_batch=self._apply_records)
+            await self._replay_flushed()
+        except Exception:
+            await self._replay_flush_settled()
+            raise
+        except BaseException:  # cancelled (a crash, a stop): so is replay's checkpoint
+            self._replay_flush_cancelled()
+            raise
         self._adopt_unrecorded_ledgers()
         await self.checkpoint(mark=self.replay_report.end)
         await self._journal.open(after_id=self.replay_report.end.journal_id)
@@ -617,34 +632,133 @@ class BookieEngine:
                 f"bookie's format recorded): an earlier incarnation may have held it")
 
     # -- replay ------------------------------------------------------------------------------------------
-    async def _apply_record(self, record: jfmt.JournalRecord, mark_after: JournalMark) -> None:
-        """Re-apply one journal record (idempotent). The fenced check does not apply to replayed adds."""
-        body = record.body
-        if record.type in _LEDGER_RECORDS:
-            self._touch(jfmt.LEDGER_ID.unpack_from(body)[0])
-        if record.type == jfmt.RecordType.ENTRY:
-            ledger_id, entry_id, lac = _IDS.unpack_from(body)
-            if ledger_id not in self._ledgers:
-                self._ledgers.update(ledger_id)
-            if not self._write_cache.put(ledger_id, entry_id, body):
-                await self.checkpoint(mark=mark_after_previous(record, mark_after))
-                if not self._write_cache.put(ledger_id, entry_id, body):
+    # Replay (bookie/replay.py) hands `_apply_records` the journal's records a list at a time. Entries go into the
+    # active write-cache half; when it is full (or, between two lists while no checkpoint runs, holds a
+    # REPLAY_EARLY_SWAP_FRACTION of a half), `_replay_swap` makes it the flushing half and checkpoints it in a task
+    # (`_replay_checkpoint`, steps 3-7) while replay fills the other half, yielding to the task after each list;
+    # replay waits only when that half fills too before the checkpoint has finished. The mark such a checkpoint
+    # persists is the start of the group of the record that did not fit (or of the list's last record): every
+    # record before it was applied before the swap, so it is in the half being flushed (or in one flushed
+    # before: one checkpoint runs at a time, in order), its ledger-index changes are in the store by step 6
+    # (`LedgerIndex.flush` takes what is dirty when it starts), and replay resumes there after a crash, applying
+    # that group's earlier records again. Ledger-index changes of later records may reach the store with it:
+    # they are in the synced journal after the mark, and applying them again changes nothing (a key is kept once
+    # set, fenced stays set, an explicit LAC only rises). Start-up waits for the last of these checkpoints before
+    # its own; when replay fails it lets a running one end, when start-up is cancelled it cancels it.
+
+    async def _apply_records(self, journal_id: int, records: list[jfmt.JournalRecord]) -> None:
+        """Re-apply journal records of journal `journal_id`, in order (idempotent). Entries are taken in runs of
+        one ledger as `_accept` takes adds: one unpack per entry; the ledger's record, its touch and its LAC once
+        per run. The fenced check does not apply to replayed adds."""
+        put = self._write_cache.put
+        unpack_ids = _IDS.unpack_from
+        ledgers = self._ledgers
+        run_ledger: int | None = None  # the ledger of the current run of ENTRY records
+        run_lac = -1  # the highest piggybacked LAC in that run
+        for record in records:
+            if record.type is not _ENTRY_RECORD:
+                if run_ledger is not None:
+                    self._end_replay_run(run_ledger, run_lac)
+                    run_ledger = None
+                self._apply_ledger_record(record)
+                continue
+            body = record.body
+            ledger_id, entry_id, lac = unpack_ids(body)
+            if ledger_id != run_ledger:
+                if run_ledger is not None:
+                    self._end_replay_run(run_ledger, run_lac)
+                run_ledger, run_lac = ledger_id, -1
+                if ledger_id not in ledgers:
+                    ledgers.update(ledger_id)
+            if not put(ledger_id, entry_id, body):
+                await self._replay_swap(JournalMark(journal_id, record.group))
+                if not put(ledger_id, entry_id, body):
                     raise BksimError(f"journal entry {ledger_id}:{entry_id} of {len(body)} bytes does not fit half "
                                      f"the write cache (write_cache_bytes_max={self.config.write_cache_bytes_max}): "
                                      f"raise write_cache_bytes_max to replay this journal")
-            self._note_lac(ledger_id, lac)
-        elif record.type == jfmt.RecordType.MASTER_KEY:
+            if lac > run_lac:
+                run_lac = lac
+        if run_ledger is not None:
+            self._end_replay_run(run_ledger, run_lac)
+        flush = self._replay_flush
+        if flush is not None and not flush.done():
+            await asyncio.sleep(0)  # the checkpoint's task goes on with its next step (its I/O runs off the loop)
+        elif self._write_cache.active_bytes >= self._write_cache.half_bytes_max // REPLAY_EARLY_SWAP_FRACTION:
+            await self._replay_swap(JournalMark(journal_id, records[-1].group))
+
+    def _end_replay_run(self, ledger_id: int, lac: int) -> None:
+        self._note_lac(ledger_id, lac)
+        self._touch(ledger_id)
+
+    def _apply_ledger_record(self, record: jfmt.JournalRecord) -> None:
+        """Re-apply one MASTER_KEY, FENCE, EXPLICIT_LAC (or PADDING: nothing) record."""
+        body = record.body
+        rtype = record.type
+        if rtype == jfmt.RecordType.MASTER_KEY:
             ledger_id = jfmt.LEDGER_ID.unpack_from(body)[0]
+            self._touch(ledger_id)
             existing = self._ledgers.get(ledger_id)
             if existing is None or not existing.master_key:
                 self._ledgers.update(ledger_id, master_key=bytes(body[8:]))
-        elif record.type == jfmt.RecordType.FENCE:
-            self._ledgers.update(jfmt.LEDGER_ID.unpack_from(body)[0], fenced=True)
-        elif record.type == jfmt.RecordType.EXPLICIT_LAC:
+        elif rtype == jfmt.RecordType.FENCE:
+            ledger_id = jfmt.LEDGER_ID.unpack_from(body)[0]
+            self._touch(ledger_id)
+            self._ledgers.update(ledger_id, fenced=True)
+        elif rtype == jfmt.RecordType.EXPLICIT_LAC:
             ledger_id, lac = jfmt.LEDGER_LAC.unpack_from(body)
+            self._touch(ledger_id)
             existing = self._ledgers.get(ledger_id)
             if existing is None or existing.explicit_lac is None or lac > existing.explicit_lac:
                 self._ledgers.update(ledger_id, explicit_lac=lac)
+
+    async def _replay_swap(self, mark: JournalMark) -> None:
+        """Checkpoint the active write-cache half in a task, persisting `mark` (the start of a group none of whose
+        records is in a later half): wait for replay's checkpoint of the other half if it still runs, then swap."""
+        if not self._write_cache.active_bytes:
+            return  # nothing to hand over: the record does not fit even an empty half
+        await self._replay_flushed()
+        runs = self._write_cache.swap()  # 2.
+        task = asyncio.get_running_loop().create_task(self._replay_checkpoint(runs, mark), name="replay-checkpoint")
+        self._replay_flush = task
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
+
+    async def _replay_checkpoint(self, runs: list, mark: JournalMark) -> None:
+        """Checkpoint steps 3-7 for the half `_replay_swap` swapped, persisting `mark` (section comment above)."""
+        step = self._fault_hook
+        async with self._checkpoint_lock:
+            mark = max(mark, self._persisted_mark)
+            step("mark")
+            await self._flush_half(runs, step)  # 3.-5.
+            self._write_cache.flushed()
+            await self._ledgers.flush()  # 6.
+            step("ledger_index_write")
+            await self._persist_mark(mark)  # 7.
+            step("lastmark_write")
+            self.stats["checkpoints"] += 1
+            await self._collect_journals(mark)
+
+    async def _replay_flushed(self) -> None:
+        """Wait for replay's running checkpoint, if any; raises what it raised."""
+        task, self._replay_flush = self._replay_flush, None
+        if task is not None:
+            await task
+
+    async def _replay_flush_settled(self) -> None:
+        """Replay failed: let its running checkpoint end (it is a sound checkpoint, and its writes must not outlive
+        the start-up that made them); a failure of its own is logged, replay's is the one raised."""
+        task, self._replay_flush = self._replay_flush, None
+        if task is not None:
+            (outcome,) = await asyncio.gather(task, return_exceptions=True)
+            if isinstance(outcome, BaseException):
+                self._log(f"journal replay: its checkpoint failed too: {type(outcome).__name__}: {outcome}")
+
+    def _replay_flush_cancelled(self) -> None:
+        """Start-up was cancelled: so is replay's running checkpoint (what it leaves is a crash's)."""
+        task, self._replay_flush = self._replay_flush, None
+        if task is not None:
+            task.cancel()
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     # -- checkpoint --------------------------------------------------------------------------------------
     def _request_checkpoint(self) -> None:
@@ -945,10 +1059,3 @@ class AddBatch:
             except BookieError as e:
                 self.fail_accepted(e.status, e.message)
         return self.statuses, self.message
-
-
-def mark_after_previous(record: jfmt.JournalRecord, mark_after: JournalMark) -> JournalMark:
-    """A mark before `record` (all records before it applied): used when replay must checkpoint mid-way. It is
-    the start of the record's group, since replay resumes only at a group boundary; the group's records that
-    were already applied are applied again (idempotent)."""
-    return JournalMark(mark_after.journal_id, record.group)

@@ -24,6 +24,9 @@ In an older file any of this is corruption. A torn tail ends the scan at its fir
 truncates. `skip_corruption` skips damaged groups (loudly) but keeps the records in them that pass their own
 CRC, and goes on at the next group.
 
+`JournalScan` is `scan_journal` a batch of whole groups at a time, with the same checks and outcome: replay applies
+each batch and drops it before the next is parsed, so a journal's records are never all held at once.
+
 Version 1 files keep their rules (`scan_records`): a short header, a length running past the end, an all-zero
 remainder, or a CRC mismatch that no valid record follows is a torn tail; anything else is corruption.
 `scan_records` is also the record-level view the audit uses to locate damage inside any file.
@@ -265,57 +268,103 @@ def scan_journal(data: bytes, start: int, newest: bool, skip_corruption: bool = 
     """The records of one journal file (its full bytes, header already checked) from offset `start` (a group
     boundary), as replay sees them, by the rules of the file's version (module docstring). Never returns
     GROUP records. Raises JournalCorruptError on corruption unless `skip_corruption`."""
-    if file_version(data) == 1:
-        return scan_records(data, start, newest, skip_corruption, name)
+    scan = JournalScan(data, start, newest, skip_corruption, name, batch_bytes=0)
     records: list[JournalRecord] = []
-    skipped: list[str] = []
-    pos, size = start, len(data)
-    while pos < size:
-        pos = _complete_groups(data, pos, records)
-        if pos >= size:
-            break
-        frame, why = _parse_group(data, pos)
-        if frame is not None:
-            body, end, crc = frame
-            if end <= size and crc32c(memoryview(data)[body:end]) == crc:
-                inside, why = _records_of_group(data, pos, body, end)
-                if why is None:
-                    records.extend(inside)
-                    pos = end
-                    continue
-                why = f"group at offset {pos} passes its CRC but holds an invalid record: {why}"
-                followed = None  # a complete group is never torn, wherever it is
-            else:
-                why = (f"group at offset {pos} runs past the end of the file ({end - body} bytes, {size - body} "
-                       f"left)") if end > size else f"group at offset {pos} fails its CRC"
-                followed = end if end < size and data.count(0, end) != size - end else None
-                if newest and followed is None:
-                    return ScanResult(records, pos, f"torn last group: {why}", skipped)
-            resume = max(end, pos + 1)
+    for batch in scan:
+        if records:
+            records += batch
         else:
-            if newest and data.count(0, pos) == size - pos:
-                return ScanResult(records, pos, f"torn tail: {size - pos} zero bytes after the last group", skipped)
-            followed = _next_group_record(data, pos + 1)
-            if newest and followed is None:
-                return ScanResult(records, pos, f"torn last group: {why}", skipped)
-            resume = size if followed is None else followed
-        problem = f"{name}: corruption: {why}" + (
-            f", followed by more of the journal at offset {followed}" if followed is not None else
-            ("" if newest else " in a journal that is not the newest"))
-        if not skip_corruption:
-            raise JournalCorruptError(problem)
-        salvaged = _salvage(data, pos, min(resume, size))
-        records.extend(salvaged)
-        skipped.append(f"{problem} (kept {len(salvaged)} records of it that pass their own CRC)")
-        pos = resume
-    return ScanResult(records, min(pos, size), None, skipped)
+            records = batch
+    return ScanResult(records, scan.end, scan.torn, scan.skipped)
 
 
-def _complete_groups(data: bytes, pos: int, records: list[JournalRecord]) -> int:
-    """Take the complete groups of valid records from pos on into `records`; return where the first group that is
-    not one begins (`scan_journal` judges it). The common case, read inline: each group's frame, its CRC, then
-    each record's prefix and CRC (over type, flags and body in one call), exactly the checks of `_parse_group`,
-    `_records_of_group` and `_parse_at`, which say why when one fails."""
+class JournalScan:
+    """`scan_journal` a batch at a time, for replay: iterating yields the records in order, in lists of whole
+    groups of about `batch_bytes` of journal each (0: no bound; a skipped damaged region's salvaged records are a
+    list of their own), so a caller can apply and drop each list before the next is parsed. The same checks as
+    `scan_journal`, which is built on it; JournalCorruptError is raised when the iteration reaches the damage, so
+    the lists before it have been yielded by then. Once the iteration ends, `end`, `torn` and `skipped` are what
+    `scan_journal` returns (`skipped` grows as the damage is met)."""
+
+    def __init__(self, data: bytes, start: int, newest: bool, skip_corruption: bool = False,
+                 name: str = "journal", batch_bytes: int = 1 << 20) -> None:
+        self._data, self._start, self._newest, self._skip, self._name = data, start, newest, skip_corruption, name
+        self._batch_bytes = batch_bytes
+        self.end = start
+        self.torn: str | None = None
+        self.skipped: list[str] = []
+
+    def __iter__(self) -> Iterator[list[JournalRecord]]:
+        if file_version(self._data) == 1:
+            result = scan_records(self._data, self._start, self._newest, self._skip, self._name)
+            self.skipped.extend(result.skipped)
+            self.end, self.torn = result.end, result.torn
+            if result.records:
+                yield result.records
+            return
+        yield from self._groups()
+
+    def _groups(self) -> Iterator[list[JournalRecord]]:
+        data, newest, skipped = self._data, self._newest, self.skipped
+        pos, size = self._start, len(data)
+        while pos < size:
+            records: list[JournalRecord] = []
+            limit = pos + self._batch_bytes if self._batch_bytes > 0 else size
+            pos = _complete_groups(data, pos, records, limit)
+            if records:
+                yield records
+            if pos >= size:
+                break
+            if pos >= limit:  # the batch is full, not a group `_complete_groups` could not take
+                continue
+            frame, why = _parse_group(data, pos)
+            if frame is not None:
+                body, end, crc = frame
+                if end <= size and crc32c(memoryview(data)[body:end]) == crc:
+                    inside, why = _records_of_group(data, pos, body, end)
+                    if why is None:
+                        if inside:
+                            yield inside
+                        pos = end
+                        continue
+                    why = f"group at offset {pos} passes its CRC but holds an invalid record: {why}"
+                    followed = None  # a complete group is never torn, wherever it is
+                else:
+                    why = (f"group at offset {pos} runs past the end of the file ({end - body} bytes, {size - body} "
+                           f"left)") if end > size else f"group at offset {pos} fails its CRC"
+                    followed = end if end < size and data.count(0, end) != size - end else None
+                    if newest and followed is None:
+                        self.end, self.torn = pos, f"torn last group: {why}"
+                        return
+                resume = max(end, pos + 1)
+            else:
+                if newest and data.count(0, pos) == size - pos:
+                    self.end, self.torn = pos, f"torn tail: {size - pos} zero bytes after the last group"
+                    return
+                followed = _next_group_record(data, pos + 1)
+                if newest and followed is None:
+                    self.end, self.torn = pos, f"torn last group: {why}"
+                    return
+                resume = size if followed is None else followed
+            problem = f"{self._name}: corruption: {why}" + (
+                f", followed by more of the journal at offset {followed}" if followed is not None else
+                ("" if newest else " in a journal that is not the newest"))
+            if not self._skip:
+                raise JournalCorruptError(problem)
+            salvaged = _salvage(data, pos, min(resume, size))
+            skipped.append(f"{problem} (kept {len(salvaged)} records of it that pass their own CRC)")
+            if salvaged:
+                yield salvaged
+            pos = resume
+        self.end = min(pos, size)
+
+
+def _complete_groups(data: bytes, pos: int, records: list[JournalRecord], limit: int) -> int:
+    """Take the complete groups of valid records from pos on into `records`, until one ends at or past `limit`;
+    return where the next group begins: at or past `limit`, or a group that is not complete (`JournalScan` judges
+    it). The common case, read inline: each group's frame, its CRC, then each record's prefix and CRC (over type,
+    flags and body in one call), exactly the checks of `_parse_group`, `_records_of_group` and `_parse_at`, which
+    say why when one fails."""
     if type(data) is not bytes:
         return pos
     size = len(data)
@@ -343,6 +392,8 @@ def _complete_groups(data: bytes, pos: int, records: list[JournalRecord]) -> int
                 at = nxt
             else:
                 pos = end
+                if pos >= limit:
+                    break
                 continue
             del records[taken:]
             break

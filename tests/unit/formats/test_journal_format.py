@@ -364,3 +364,54 @@ def test_complete_groups_read_inline_scan_exactly_as_judged_group_by_group():
         outcomes.add("raised" if isinstance(inline, str) else "torn" if inline[2] else
                      "skipped" if inline[3] else "whole")
     assert outcomes == {"raised", "torn", "skipped", "whole"}
+
+
+# -- JournalScan: scan_journal a batch at a time (replay) ------------------------------------------------------
+def scan_in_batches(data, newest: bool, skip: bool, batch_bytes: int):
+    """(what scan_outcome returns, the batches yielded, before an error too)."""
+    scan = fmt.JournalScan(data, H, newest, skip, batch_bytes=batch_bytes)
+    batches = []
+    try:
+        for batch in scan:
+            batches.append(batch)
+    except JournalCorruptError as e:
+        return str(e), batches
+    return ([r for b in batches for r in b], scan.end, scan.torn, scan.skipped), batches
+
+
+def test_journal_scan_yields_what_scan_journal_returns_whatever_the_damage():
+    for data, newest, skip in damaged_journals(12, 400):
+        expected = scan_outcome(data, newest, skip)
+        for batch_bytes in (1, 90, 1 << 20, 0):
+            outcome, batches = scan_in_batches(data, newest, skip, batch_bytes)
+            assert outcome == expected
+            assert all(batches)  # never an empty list
+
+
+def test_journal_scan_batches_are_whole_groups_of_about_batch_bytes():
+    recs = records()
+    groups = [[recs[i % len(recs)] for i in range(n % 5 + 1)] for n in range(60)]
+    data = fmt.encode_file(INSTANCE, groups)
+    largest = max(fmt.GROUP_RECORD_BYTES + sum(map(len, g)) for g in groups)
+    for batch_bytes in (1, 200, 1000, 5000):
+        (records_, end, torn, skipped), batches = scan_in_batches(data, False, False, batch_bytes)
+        assert records_ == fmt.scan_journal(data, H, False).records and (end, torn, skipped) == (len(data), None, [])
+        starts = [b[0].group for b in batches]
+        for batch, nxt in zip(batches, starts[1:] + [len(data)]):
+            assert batch[-1].end == nxt  # a batch ends where the next group begins: no group is split
+            assert nxt - batch[0].group < batch_bytes + largest
+        assert len(batches) >= min(len(groups), len(data) // (batch_bytes + largest))
+
+
+def test_journal_scan_raises_at_the_damage_after_yielding_what_precedes_it():
+    recs = records()
+    data = bytearray(fmt.encode_file(INSTANCE, [recs] * 6))
+    group_bytes = fmt.GROUP_RECORD_BYTES + sum(map(len, recs))
+    third = H + 3 * group_bytes
+    data[third + fmt.GROUP_RECORD_BYTES + 12] ^= 0x01
+    outcome, batches = scan_in_batches(bytes(data), False, False, 1)
+    assert f"group at offset {third} fails its CRC" in outcome
+    assert [b[0].group for b in batches] == [H, H + group_bytes, H + 2 * group_bytes]
+    (kept, _end, _torn, skipped), batches = scan_in_batches(bytes(data), False, True, 1)
+    assert len(skipped) == 1 and [b[0].group for b in batches] == [H + i * group_bytes for i in range(6)]
+    assert len(kept) == 6 * len(recs) - 1
