@@ -96,7 +96,7 @@ $(CHROMIUM_BIN):
 
 # ---- tests ---------------------------------------------------------------------------------------------
 # make test leaves out the smoke runs of the long benchmarks (marker benchmark_run: rereplication, soak, the
-# security and metrics cost pairs, perf audit); make test-perf runs every smoke test of `bksim perf`.
+# security and metrics cost pairs, perf audit, perf scale); make test-perf runs every smoke test of `bksim perf`.
 test: deps compose-tools interop-deps prometheus browser-deps
 	$(PYTEST) -m "not benchmark_run" tests
 
@@ -140,6 +140,7 @@ perf: deps  ## every benchmark with its same-run ratio (prints figures; not a pa
 	$(BKSIM) perf journal-append --record-bytes 1024 --group 16 --seconds $(PERF_SECONDS) --repeat $(PERF_REPEAT)
 	$(BKSIM) perf grpc-baseline --batch 100 --record-bytes 1024 --seconds $(PERF_SECONDS)
 	$(BKSIM) perf bookie-add --batch 100 --record-bytes 1024 --seconds $(PERF_SECONDS) --repeat $(PERF_REPEAT)
+	$(BKSIM) perf bookie-add --batch 100 --record-bytes 1024 --seconds 60
 	$(BKSIM) perf ledger-write --both --entry-size 1024 --batch 100 --duration $(PERF_SECONDS) --repeat $(PERF_REPEAT)
 	$(BKSIM) perf recovery --entries 10000 --entry-size 1024
 	$(BKSIM) perf cursor-holes --entries 10000000
@@ -149,7 +150,9 @@ perf: deps  ## every benchmark with its same-run ratio (prints figures; not a pa
 	$(BKSIM) perf audit --size $(AUDIT_SIZE)
 	$(BKSIM) perf rereplication --size $(PERF_REREPLICATION_SIZE) --seconds $(PERF_SECONDS)
 	$(BKSIM) perf compaction --log-mb $(COMPACTION_LOG_MB) --live $(COMPACTION_LIVE) --seconds $(PERF_SECONDS)
+	$(BKSIM) perf replay --size $(REPLAY_SIZE) --repeat $(PERF_REPEAT)
 	$(BKSIM) perf soak --minutes $(PERF_SOAK_MINUTES) --png $(SOAK_PNG)
+	$(BKSIM) perf scale --axis all --png-dir $(SCALE_PNG_DIR) --seconds $(PERF_SECONDS)
 
 # `make perf-compaction` (COMPACTION_LOG_MB=64, COMPACTION_LIVE=0.25): compaction's live MB/s against a raw scan of
 # the same entry log, and a writer's add p99 without and during compaction, in one in-process engine.
@@ -159,6 +162,13 @@ COMPACTION_LIVE ?= 0.25
 perf-compaction: deps
 	$(BKSIM) perf compaction --log-mb $(COMPACTION_LOG_MB) --live $(COMPACTION_LIVE) --seconds $(PERF_SECONDS)
 
+# `make perf-replay` (REPLAY_SIZE=256MB): the bookie's journal replay on start-up (an in-process engine crashed after a
+# fill without checkpoints) against a bare parse of the same journal files.
+REPLAY_SIZE ?= 256MB
+.PHONY: perf-replay
+perf-replay: deps
+	$(BKSIM) perf replay --size $(REPLAY_SIZE) --repeat $(PERF_REPEAT)
+
 # `make perf-soak` (SOAK_MINUTES=3): the bookies' disk usage under produce+consume on a retention-0 topic, as a
 # table and a chart in $(SOAK_PNG); `make perf` runs it for PERF_SOAK_MINUTES (1).
 SOAK_MINUTES ?= 3
@@ -167,6 +177,17 @@ SOAK_PNG ?= $(RUN_DIR)/perf/soak.png
 .PHONY: perf-soak
 perf-soak: deps
 	$(BKSIM) perf soak --minutes $(SOAK_MINUTES) --png $(SOAK_PNG)
+
+# `make perf-scale` (SCALE_AXIS=all, about 5-6 minutes on 2 cores): how cost grows with topics per broker,
+# subscriptions per topic, ledgers per bookie and entry size, each axis on a fresh cluster; a table and a verdict per
+# axis, and charts $(SCALE_PNG_DIR)/scale-<axis>.png. SCALE_ARGS passes more flags
+# (SCALE_AXIS=topics SCALE_ARGS="--points 1,10,100").
+SCALE_AXIS ?= all
+SCALE_ARGS ?=
+SCALE_PNG_DIR ?= $(RUN_DIR)/perf
+.PHONY: perf-scale
+perf-scale: deps
+	$(BKSIM) perf scale --axis $(SCALE_AXIS) --png-dir $(SCALE_PNG_DIR) --seconds $(PERF_SECONDS) $(SCALE_ARGS)
 
 # `make perf-rereplication` (REREPLICATION_SIZE=1GB): a bookie lost for good and autorecovery's copy alone; `make perf`
 # runs it at PERF_REREPLICATION_SIZE (256MB, under 2 minutes).

@@ -231,6 +231,17 @@ def cpu_seconds(pid: int) -> float:
     return (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
+def memory_bytes(pid: int) -> dict[str, int]:
+    """Resident set of process `pid` now ("rss", VmRSS) and at its peak so far ("peak", VmHWM), in bytes."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                out["rss" if name == "VmRSS" else "peak"] = int(value.split()[0]) * 1024  # kB
+    return out
+
+
 def _reap(pid: int) -> None:
     proc = _children.get(pid)
     if proc is not None and proc.poll() is not None:

@@ -1,6 +1,6 @@
 """`bksim perf ...`: the benchmarks (fsync-baseline, journal-append, grpc-baseline, bookie-add, ledger-write,
-recovery, cursor-holes, produce, consume, failover, audit, rereplication, compaction, soak): their arguments,
-wired to bksim.perf.
+recovery, cursor-holes, produce, consume, failover, audit, rereplication, compaction, replay, soak, scale): their
+arguments, wired to bksim.perf.
 
 Each runs through perf/harness.py and prints a header with the machine facts, the CPU idle fraction before every measurement, and a table of
 records/s, MB/s and per-record p50/p99/p99.9 latency; `--json` prints one JSON object instead (the human
@@ -8,8 +8,8 @@ lines go to stderr). The bookie figures run their baseline first, in the same ru
 and group/batch size, and print the ratio; ledger-write, recovery and rereplication also print their targets'
 verdicts ("targets" in the JSON). ledger-write and produce with --tls and/or --auth measure a plain and then a
 secured cluster (perf/security_cost.py) and print the secured/plain ratio and p99 difference; bookie-add and
-produce with --metrics measure with metrics off and then on (perf/metrics_cost.py) and print the on/off ratio. Every run is bounded by --seconds and/or --records (audit and rereplication
-by --size); all files go
+produce with --metrics measure with metrics off and then on (perf/metrics_cost.py) and print the on/off ratio. Every run is bounded by --seconds and/or --records (audit, rereplication
+and replay by --size); all files go
 to a fresh temp dir under --dir that is removed at the end, and every child process is stopped by pid,
 also on Ctrl-C, SIGTERM or an error. On a terminal (without --json) a status line on stderr shows the
 measurement under way and its seconds (cli/progress.py).
@@ -180,6 +180,17 @@ def register(subparsers) -> None:
     _run_options(p)
     p.set_defaults(func=cmd_compaction, records=0, group=1)
 
+    p = sub.add_parser("replay", help="journal replay on start-up in an in-process engine (crashed after a fill "
+                       "without checkpoints) vs a bare parse of the same journal files")
+    p.add_argument("--size", default="256MB", help="entry bytes to write before the crash (default 256MB; units KB MB "
+                   "GB KiB MiB GiB)")
+    p.add_argument("--entry-size", "--record-bytes", dest="record_bytes", type=int, default=1024,
+                   help="bytes per entry, header included (default 1024)")
+    p.add_argument("--config", default=None, help="bksim configuration file (default: the usual lookup); the "
+                   "replaying engine takes its bookie options")
+    _run_options(p)
+    p.set_defaults(func=cmd_replay, seconds=0.0, records=0, group=1)
+
     p = sub.add_parser("soak", help="disk usage of every bookie over time under produce+consume on a topic with "
                        "retention 0, small entry logs and frequent GC/compaction: table, PNG chart, bound verdict")
     p.add_argument("--minutes", type=float, default=3.0, help="how long to produce and consume (default 3)")
@@ -194,6 +205,25 @@ def register(subparsers) -> None:
     p.add_argument("--config", default=None, help="bksim configuration file (default: the usual lookup)")
     _run_options(p)
     p.set_defaults(func=cmd_soak, records=0, group=1)
+
+    from bksim.perf import scale as perf_scale
+
+    p = sub.add_parser("scale", help="how cost grows along an axis (topics per broker, subscriptions per topic, "
+                       "ledgers per bookie, entry size), each axis on a fresh cluster: a table of per-unit costs, a "
+                       "verdict (roughly flat: within 2x from the smallest to the largest point) and a PNG chart")
+    p.add_argument("--axis", choices=[*perf_scale.AXES, "all"], default="all",
+                   help="the axis to measure (default all, one after the other)")
+    p.add_argument("--points", default=None,
+                   help="comma-separated points of the one --axis (entry sizes may carry K or M: 100,1K,1M); default: "
+                        + "; ".join(f"{a} {','.join(map(str, perf_scale.default_points(a)))}" for a in perf_scale.AXES))
+    p.add_argument("--png-dir", default=DIR_DEFAULT,
+                   help=f"where the charts go, scale-<axis>.png (default {DIR_DEFAULT})")
+    p.add_argument("--seconds", type=float, default=SECONDS_DEFAULT,
+                   help=f"each point's measurement window (CPU of topics and subscriptions; each of entry-size's "
+                        f"three runs) in seconds (default {SECONDS_DEFAULT:g})")
+    p.add_argument("--config", default=None, help="bksim configuration file (default: the usual lookup)")
+    _run_options(p)
+    p.set_defaults(func=cmd_scale, records=0, group=1, record_bytes=1)
 
     from bksim.perf import consume as perf_consume, produce as perf_produce
 
@@ -368,7 +398,7 @@ def cmd_bookie_add(args) -> int:
         subject = bookie_add.measure(workdir, args.record_bytes, args.group, args.inflight, args.seconds,
                                      args.records, idle, config, config_path=args.config,
                                      py_spy_out=args.py_spy, keep=args.keep)
-        return [base, subject], [ratio(subject, base, bookie_add.TARGET_RATIO)]
+        return [base, subject], [ratio(subject, base, bookie_add.TARGET_RATIO)], bookie_add.targets([subject])
 
     if args.metrics:
         return _run("bookie-add", args, measure_metrics, shape="metrics off, then on (scraped every second)")
@@ -646,6 +676,28 @@ def cmd_compaction(args) -> int:
                       + (f"{rate / 2**20:g} MiB/s" if rate else "no rate limit") + "; writer phase without")
 
 
+def cmd_replay(args) -> int:
+    from bksim.cli import config as cfgload
+    from bksim.model.errors import ConfigError
+    from bksim.perf import audit as perf_audit, replay as perf_replay
+
+    try:
+        shape = perf_replay.Shape(perf_audit.parse_size(args.size), args.record_bytes)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    config = cfgload.load(args.config)
+
+    def measure(workdir: str, idle: Callable[[str], float]):
+        log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
+        return perf_replay.measure(workdir, shape, idle, config, log=log)
+
+    return _run("replay", args, measure,
+                shape=f"in-process engine (real files, RocksDB), {args.size} of {args.record_bytes} B entries in "
+                      f"{perf_replay.LEDGERS} ledgers journaled with no checkpoint, then a crash; a bare parse of the "
+                      f"journals vs a fresh engine's start() (write cache "
+                      f"{config.bookie.write_cache_bytes_max / 2**20:g} MiB)")
+
+
 def cmd_soak(args) -> int:
     from bksim.cli import config as cfgload
     from bksim.model.errors import ConfigError
@@ -663,6 +715,34 @@ def cmd_soak(args) -> int:
                             log=log)
 
     return _run("soak", args, measure, shape=soak.describe(args.rate, args.record_bytes))
+
+
+def cmd_scale(args) -> int:
+    from bksim.cli import config as cfgload
+    from bksim.formats.entry import HEADER_BYTES
+    from bksim.model.errors import ConfigError
+    from bksim.perf import scale
+
+    axes = list(scale.AXES) if args.axis == "all" else [args.axis]
+    if args.points and len(axes) > 1:
+        raise ConfigError("--points belongs to one --axis (topics, subscriptions, ledgers or entry-size)")
+    if args.seconds <= 0:
+        raise ConfigError("--seconds must be > 0")
+    try:
+        points = {a: scale.parse_points(a, args.points) if args.points else scale.default_points(a) for a in axes}
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    config = cfgload.load(args.config)
+    largest = min(config.bookie.entry_bytes_max, config.bookie.frame_bytes_max - 64 * 1024)
+    if "entry-size" in axes and not all(HEADER_BYTES <= size <= largest for size in points["entry-size"]):
+        raise ConfigError(f"entry sizes must be within {HEADER_BYTES}..{largest} bytes (header included)")
+
+    def measure(workdir: str, idle: Callable[[str], float]):
+        log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
+        return scale.measure(workdir, axes, points, args.seconds, args.png_dir, idle, config,
+                             config_path=args.config, keep=args.keep, log=log)
+
+    return _run("scale", args, measure, shape=scale.describe(axes, points, args.seconds))
 
 
 # ---------------------------------------------------------------------------------------------- shared
@@ -697,8 +777,8 @@ def _check_shape(args) -> None:
 def _check_bounds(args) -> None:
     from bksim.model.errors import ConfigError
 
-    if args.func in (cmd_recovery, cmd_cursor_holes, cmd_audit, cmd_rereplication):
-        pass  # bounded by --entries (audit, rereplication: by --size)
+    if args.func in (cmd_recovery, cmd_cursor_holes, cmd_audit, cmd_rereplication, cmd_replay):
+        pass  # bounded by --entries (audit, rereplication, replay: by --size)
     elif args.seconds <= 0 and args.records <= 0:
         raise ConfigError("give a bound: --seconds > 0 and/or --records > 0")
     if args.record_bytes <= 0 or args.group <= 0:

@@ -6,6 +6,10 @@ bookie_client.AddStream with the same window, batch size, record size and entry 
 (`grpc_baseline.drive`), and waits for every ack. OK means the entry is durable (journal fsync). The
 bookie is stopped with SIGTERM (drain + checkpoint; its stop time is reported), then ZooKeeper, by pid.
 
+The bookie's resident set is read from /proc as it becomes SERVING and again when every ack is in (VmRSS, and
+VmHWM: its peak over its whole life, start-up included): target peak <= its write cache + RSS_SLACK_MB, over a
+sustained run (`make perf` runs 60 s for it), since the write cache is the one memory a bookie holds by design.
+
 Target on this machine: >= 0.5x grpc-baseline's records/s at the same batch size.
 """
 from __future__ import annotations
@@ -25,15 +29,16 @@ from bksim.gen import bookie_pb2
 from bksim.model.config import Config
 from bksim.model.errors import BookieUnreachable
 from bksim.perf.grpc_baseline import RESPONSE_TIMEOUT_S, EntryFactory, drive, drive_result
-from bksim.perf.machine import process_cpu_s
+from bksim.perf.machine import process_cpu_s, process_memory_bytes
 from bksim.perf.ledger_write import LedgerCluster
 from bksim.perf.metrics_cost import Scraper
 from bksim.perf.procs import Child, ProcessGroup, run_interruptible
-from bksim.perf.stats import Result
+from bksim.perf.stats import MB, Result
 
 TARGET_RATIO = 0.5
 BOOKIE_READY_TIMEOUT_S = 60.0
 LEDGER_ID = 7
+RSS_SLACK_MB = 150.0  # the bookie's peak RSS may exceed its write cache by this much
 PY_SPY_WAIT_S = 90.0  # py-spy stops by itself after the measurement's duration; wait this long at most
 
 
@@ -56,8 +61,8 @@ def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds:
             profiler = _profiler(group, bookie, py_spy_out, seconds, cluster.run_dir)
             if metrics:
                 scraper = Scraper([bookie.http_port], "bookkeeper_server_ADD_ENTRY_REQUEST")
-            result, bookie_cpu_s, idle = run_interruptible(_measure(bookie, record_bytes, batch, inflight, seconds,
-                                                                    records_max, idle_guard, profiler, scraper))
+            result, bookie_cpu_s, idle, memory = run_interruptible(_measure(
+                bookie, record_bytes, batch, inflight, seconds, records_max, idle_guard, profiler, scraper))
             server_pid, zk_pid = bookie.pid, cluster.zookeeper.pid
             stop_started = time.monotonic()
             stopped = cluster.stop(bookie)
@@ -70,6 +75,8 @@ def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds:
         if scraper.errors or not scraper.scrapes:
             raise RuntimeError(f"/metrics scrapes failed ({scraper.scrapes} done): {scraper.errors[:3]}")
         out.extra.update(scraper.extra())
+    out.extra.update(memory)
+    out.extra["write_cache_mb"] = config.bookie.write_cache_bytes_max / MB
     out.extra["bookie_stop_s"] = stop_s if stopped else -1.0
     out.extra["server_pid"] = server_pid  # both stopped before measure() returns
     out.extra["zookeeper_pid"] = zk_pid
@@ -94,7 +101,8 @@ async def _measure(bookie: Node, record_bytes: int, batch: int, inflight: int, s
                    records_max: int, idle_guard: Callable[[str], float], profiler: Callable[[], Child] | None,
                    scraper: Scraper | None = None):
     async with BookieClient(bookie.address, deadline_s=RESPONSE_TIMEOUT_S) as client:
-        await _wait_serving(client, bookie)
+        await wait_serving(client, bookie)
+        rss_serving = process_memory_bytes(bookie.pid)["rss"]
         idle = idle_guard("bookie-add")
         spy = profiler() if profiler else None
         cpu_start = process_cpu_s(bookie.pid)
@@ -106,14 +114,31 @@ async def _measure(bookie: Node, record_bytes: int, batch: int, inflight: int, s
         except BookieUnreachable as e:
             raise RuntimeError(f"bookie (pid {bookie.pid}) stream broke: {e}; its log:\n{bookie.log_tail()}") from None
         cpu_s = process_cpu_s(bookie.pid) - cpu_start
+        memory = process_memory_bytes(bookie.pid)
     if spy is not None and not processes.wait_exit(spy.pid, PY_SPY_WAIT_S):
         print(f"# py-spy (pid {spy.pid}) still running after {PY_SPY_WAIT_S:.0f} s: stopping it", file=sys.stderr)
-    return result, cpu_s, idle
+    return result, cpu_s, idle, {"bookie_rss_serving_mb": rss_serving / MB, "bookie_rss_end_mb": memory["rss"] / MB,
+                                 "bookie_rss_peak_mb": memory["peak"] / MB}
 
 
-async def _wait_serving(client: BookieClient, bookie: Node) -> None:
+def targets(results: list[Result]) -> list[dict]:
+    """The memory target of each bookie-add row: peak RSS <= write cache + RSS_SLACK_MB."""
+    out = []
+    for r in results:
+        if "bookie_rss_peak_mb" not in r.extra:
+            continue
+        bound = r.extra["write_cache_mb"] + RSS_SLACK_MB
+        out.append({"target": f"{r.name}: bookie peak RSS <= write cache + {RSS_SLACK_MB:g} MB",
+                    "value": f"peak {r.extra['bookie_rss_peak_mb']:.0f} MB (serving {r.extra['bookie_rss_serving_mb']:.0f}"
+                             f", end {r.extra['bookie_rss_end_mb']:.0f}) after {r.elapsed_s:.0f} s of adds; bound "
+                             f"{bound:.0f} MB", "met": r.extra["bookie_rss_peak_mb"] <= bound})
+    return out
+
+
+async def wait_serving(client: BookieClient, bookie: Node, timeout_s: float = BOOKIE_READY_TIMEOUT_S,
+                       poll_s: float = 0.1) -> None:
     """Wait (bounded) until the bookie's health check says SERVING; fail fast with its log if it exits."""
-    deadline = time.monotonic() + BOOKIE_READY_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     last = ""
     while True:
         if not bookie.alive():
@@ -126,6 +151,6 @@ async def _wait_serving(client: BookieClient, bookie: Node) -> None:
         except BookieUnreachable as e:
             last = str(e)
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"bookie (pid {bookie.pid}) not SERVING after {BOOKIE_READY_TIMEOUT_S:.0f} s "
+            raise TimeoutError(f"bookie (pid {bookie.pid}) not SERVING after {timeout_s:.0f} s "
                                f"(last: {last}); its log:\n{bookie.log_tail()}")
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(poll_s)

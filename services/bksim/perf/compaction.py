@@ -45,6 +45,7 @@ from bksim.bookie.engine import BookieEngine
 from bksim.formats.entry import HEADER_BYTES, encode_entry
 from bksim.model.config import Config
 from bksim.model.status import StatusCode
+from bksim.perf.machine import idle_noting_load
 from bksim.perf.procs import run_interruptible
 from bksim.perf.stats import MB, LatencyRecorder, Ratio, Result, make_result, ratio
 from bksim.ports.ratelimit import TokenBucket
@@ -104,11 +105,7 @@ async def _measure(workdir: str, shape: Shape, idle: Callable[[str], float], con
             + ", ".join(f"{i:x} ({stats[i]['bytes'] / MB:.1f} MB, live {stats[i]['live_ratio']:.3f})"
                         for i in [first, *others]) + f" in {time.monotonic() - started:.1f} s")
         loads: dict[str, float] = {}
-
-        def ready(name: str) -> float:  # the idle guard, then the 1-minute load average as the measurement starts
-            fraction = idle(name)
-            loads[name] = os.getloadavg()[0]
-            return fraction
+        ready = idle_noting_load(idle, loads)
 
         scan = _scan(engine, first, shape, ready("entrylog-scan"))
         compacted = await _compact(engine, first, shape, stats[first], ready("compaction"))

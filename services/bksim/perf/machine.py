@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bksim.adapters.processes import cpu_seconds as process_cpu_s  # noqa: F401 - the benchmarks take it from here
+from bksim.adapters.processes import memory_bytes as process_memory_bytes  # noqa: F401 - likewise
 
 IDLE_MIN_DEFAULT = 0.85  # the environment notes' guard: >= 85 % idle over the sample
 IDLE_WAIT_S_DEFAULT = 30.0  # give up waiting (and say so) after this long
@@ -116,6 +117,15 @@ def sample_idle(sample_s: float = IDLE_SAMPLE_S) -> float:
     time.sleep(sample_s)
     idle = idle_fraction(before, read_cpu_times())
     return 1.0 if idle is None else idle
+
+
+def idle_noting_load(idle: Callable[[str], float], loads: dict[str, float]) -> Callable[[str], float]:
+    """`idle` (the idle guard), then the 1-minute load average as the measurement starts, kept in `loads` by name."""
+    def ready(name: str) -> float:
+        fraction = idle(name)
+        loads[name] = os.getloadavg()[0]
+        return fraction
+    return ready
 
 
 def wait_for_idle(idle_min: float = IDLE_MIN_DEFAULT, wait_s_max: float = IDLE_WAIT_S_DEFAULT,
