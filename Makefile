@@ -14,7 +14,7 @@ PIP_PKGS = $(PIP_RUNTIME) $(PIP_DEV)
 ZK_JAR := /usr/share/java/zookeeper.jar
 STAMP := $(VENV)/.bksim-installed
 
-.PHONY: deps venv zookeeper proto interop-deps ruby-grpc up down status init monitor prometheus browser-deps test test-perf test-unit test-integration test-abuse fuzz clean
+.PHONY: deps venv zookeeper proto interop-deps ruby-grpc up down status init monitor prometheus browser-deps test test-perf test-chaos test-unit test-integration test-abuse fuzz clean
 
 # The `bksim` command from the venv. The configuration is deploy/bksim.toml, or $BKSIM_CONFIG, with
 # BKSIM_<SECTION>_<OPTION> environment overrides (e.g. `BKSIM_CLUSTER_BOOKIES=0 make up`).
@@ -96,9 +96,13 @@ $(CHROMIUM_BIN):
 
 # ---- tests ---------------------------------------------------------------------------------------------
 # make test leaves out the smoke runs of the long benchmarks (marker benchmark_run: rereplication, soak, the
-# security and metrics cost pairs, perf audit, perf scale); make test-perf runs every smoke test of `bksim perf`.
+# security and metrics cost pairs, perf audit, perf scale), which make test-perf runs with every smoke test of
+# `bksim perf`, and six of the nine short chaos scenario runs (marker chaos_run), which make test-chaos runs.
 test: deps compose-tools interop-deps prometheus browser-deps
-	$(PYTEST) -m "not benchmark_run" tests
+	$(PYTEST) -m "not benchmark_run and not chaos_run" tests
+
+test-chaos: deps
+	$(PYTEST) tests/chaos
 
 test-perf: deps
 	$(PYTEST) tests/perf

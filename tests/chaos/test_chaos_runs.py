@@ -40,16 +40,21 @@ def run_chaos(tmp_path, repo_root, scenario: str, seed: int, *more: str) -> tupl
     return done.returncode, report, done.stderr
 
 
+# make test runs bookie-kill, bookie-lost and zookeeper-quorum-loss (and the secured run below); the rest are marked
+# chaos_run: `make test-chaos` runs every scenario (about 4 minutes), campaigns run them many times (docs/chaos.md)
+_MORE = pytest.mark.chaos_run
+
+
 @pytest.mark.parametrize("scenario, seed, fault_words", [
     ("bookie-kill", 7, ["kill -9 bookie"]),
-    ("broker-kill", 7, ["kill -9 broker"]),
-    ("broker-zk-partition", 7, ["cut broker"]),
+    pytest.param("broker-kill", 7, ["kill -9 broker"], marks=_MORE),
+    pytest.param("broker-zk-partition", 7, ["cut broker"], marks=_MORE),
     ("zookeeper-quorum-loss", 7, ["kill -9 zookeeper-"]),
-    ("bookie-link-blackhole", 7, ["blackhole"]),
-    ("entrylog-flip", 7, ["stop bookie", "flipped byte"]),
+    pytest.param("bookie-link-blackhole", 7, ["blackhole"], marks=_MORE),
+    pytest.param("entrylog-flip", 7, ["stop bookie", "flipped byte"], marks=_MORE),
     ("bookie-lost", 7, ["kill -9 bookie", "lost for good"]),
-    ("disk-damage-repair", 7, ["kill -9 bookie", "wiped"]),
-    ("gc-under-faults", 11, ["kill -9 bookie", "during compaction"]),
+    pytest.param("disk-damage-repair", 7, ["kill -9 bookie", "wiped"], marks=_MORE),
+    pytest.param("gc-under-faults", 11, ["kill -9 bookie", "during compaction"], marks=_MORE),
 ])
 def test_a_short_scenario_passes_every_check(tmp_path, repo_root, scenario, seed, fault_words):
     status, report, stderr = run_chaos(tmp_path, repo_root, scenario, seed)
