@@ -73,8 +73,11 @@ class Stream:
         return out
 
     def close(self) -> None:
+        """Half-close and read to the end: the broker ends the stream once it has removed the consumer, so the
+        subscription is free for the next consumer when this returns (bounded by the call's deadline)."""
         self.requests.put(None)
-        self.responses.cancel()
+        for _ in self.responses:
+            pass
 
 
 def produce(topics, topic):
