@@ -23,6 +23,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bksim.adapters import processes
 from bksim.model.config import FRAME_BYTES_MAX
 from helpers import wait_until
 from integration.broker_harness import BrokerCluster, BrokerConn, payload
@@ -47,14 +48,9 @@ BROKER_ENV = {"BKSIM_BROKER_REQUESTS_INFLIGHT_MAX": str(REQUESTS_INFLIGHT_MAX),
 
 
 def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM (peak resident set) of a process, in KiB, from /proc/<pid>/status."""
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(value.split()[0])
-    return out
+    """VmRSS and VmHWM (peak resident set) of a process, in KiB."""
+    memory = processes.memory_bytes(pid)
+    return {"VmRSS": memory["rss"] // 1024, "VmHWM": memory["peak"] // 1024}
 
 
 def socket_count(pid: int) -> int:

@@ -603,7 +603,7 @@ def cmd_audit(args) -> int:
     repeat, args.repeat = args.repeat, 1  # the runs repeat inside one measurement: two kinds of ratio per run
 
     def measure(workdir: str, idle: Callable[[str], float]):
-        log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
+        log = _human_log(args)
         results = []
         for _ in range(repeat):
             results += perf_audit.measure(workdir, size, args.record_bytes, args.master, idle, log=log,
@@ -637,7 +637,7 @@ def cmd_rereplication(args) -> int:
     data_shape = rereplication.Shape(args.ensemble, args.write_quorum, args.ack_quorum)
 
     def measure(workdir: str, idle: Callable[[str], float]):
-        log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
+        log = _human_log(args)
         results, targets = rereplication.measure(workdir, size, args.record_bytes, args.seconds, args.writer_rate,
                                                  data_shape, idle, config, config_path=args.config, keep=args.keep,
                                                  log=log, standalone_workers=args.standalone_workers,
@@ -665,7 +665,7 @@ def cmd_compaction(args) -> int:
     config = cfgload.load(args.config)
 
     def measure(workdir: str, idle: Callable[[str], float]):
-        log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
+        log = _human_log(args)
         return perf_compaction.measure(workdir, shape, idle, config, log=log)
 
     rate = config.bookie.compaction_rate_bytes_per_s
@@ -688,7 +688,7 @@ def cmd_replay(args) -> int:
     config = cfgload.load(args.config)
 
     def measure(workdir: str, idle: Callable[[str], float]):
-        log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
+        log = _human_log(args)
         return perf_replay.measure(workdir, shape, idle, config, log=log)
 
     return _run("replay", args, measure,
@@ -709,7 +709,7 @@ def cmd_soak(args) -> int:
     args.seconds = args.minutes * 60.0
 
     def measure(workdir: str, idle: Callable[[str], float]):
-        log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
+        log = _human_log(args)
         return soak.measure(workdir, config, minutes=args.minutes, rate=args.rate, message_bytes=args.record_bytes,
                             sample_s=args.sample_s, idle=idle, png=args.png, config_path=args.config, keep=args.keep,
                             log=log)
@@ -738,7 +738,7 @@ def cmd_scale(args) -> int:
         raise ConfigError(f"entry sizes must be within {HEADER_BYTES}..{largest} bytes (header included)")
 
     def measure(workdir: str, idle: Callable[[str], float]):
-        log = lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)  # noqa: E731
+        log = _human_log(args)
         return scale.measure(workdir, axes, points, args.seconds, args.png_dir, idle, config,
                              config_path=args.config, keep=args.keep, log=log)
 
@@ -762,6 +762,11 @@ def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple
             return measure(workdir, idle_shown)
 
         return harness.run(name, options, measure_shown, shape)
+
+
+def _human_log(args) -> Callable[[str], None]:
+    """Where a benchmark's progress lines go: stderr with --json (stdout is the JSON object), else stdout."""
+    return lambda line: print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
 
 
 def _check_shape(args) -> None:
