@@ -148,6 +148,19 @@ class ReadCache:
         self._young[(ledger_id, entry_id)] = entry
         self._young_bytes += len(entry)
 
+    def discard_runs(self, runs: Iterable[tuple[int, Iterable[tuple[int, bytes]]]]) -> None:
+        """Forget the cached copies of entries a write-cache half is about to index at new locations: a re-add
+        (a copy restored by recovery or re-replication) may carry other bytes than the copy read before."""
+        if not self._young and not self._old:
+            return
+        for ledger_id, entries in runs:
+            for entry_id, _entry in entries:
+                key = (ledger_id, entry_id)
+                entry = self._young.pop(key, None)
+                if entry is not None:
+                    self._young_bytes -= len(entry)
+                self._old.pop(key, None)
+
     def drop_ledgers(self, ledger_ids: set[int]) -> None:
         """Forget every cached entry of these ledgers (garbage collection deleted them)."""
         for gen in (self._young, self._old):

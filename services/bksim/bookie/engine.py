@@ -815,6 +815,7 @@ class BookieEngine:
         await self._entry_logger.flush()  # 4.
         step("entrylog_sync")
         await self._locations.put_batch(locations)  # 5.
+        self._read_cache.discard_runs(runs)  # reads of these entries now go to their new locations
         step("index_write")
 
     async def _persist_mark(self, mark: JournalMark) -> None:

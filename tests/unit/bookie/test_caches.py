@@ -127,3 +127,17 @@ def test_read_cache_holds_at_most_bytes_max():
     held = sum(37 for eid in range(500) if cache.get(7, eid) is not None)
     assert 500 <= held <= 1000
     assert cache.get(7, 499) is not None  # the newest is always held
+
+
+def test_read_cache_discard_runs_forgets_both_generations_and_frees_young_bytes():
+    cache = ReadCache(100)  # two generations of 50 bytes
+    for eid in range(5):
+        cache.put(1, eid, e(10))
+    cache.put(1, 5, e(10))  # 0..4 old, 5 young
+    cache.put(2, 0, e(10))  # young: 5, (2, 0)
+    cache.discard_runs([(1, [(3, b""), (5, b""), (9, b"")]), (2, iter([(0, b"")]))])
+    assert [eid for eid in range(6) if cache.get(1, eid) is not None] == [0, 1, 2, 4]
+    assert cache.get(2, 0) is None
+    for eid in range(10, 15):
+        cache.put(1, eid, e(10))  # the discarded entries' bytes are free: all five fit the young generation
+    assert [eid for eid in range(6) if cache.get(1, eid) is not None] == [0, 1, 2, 4]

@@ -111,6 +111,27 @@ def test_readd_is_idempotent(engines):
     run(scenario())
 
 
+
+def test_a_readd_replaces_the_copy_a_read_cached(engines):
+    """A copy read from an entry log is cached; a recovery add of other bytes for the same entry (an entry log
+    byte flipped under the bookie, then the copy restored by autorecovery) must be what reads return once it
+    is checkpointed, not the cached old copy."""
+    async def scenario():
+        e = await engines.started()
+        old, new = entry(1, 0, b"flipped payload"), entry(1, 0, b"restored payload")
+        assert (await e.add_entries([(old, KEY, 0)]))[0] == [S.OK]
+        await e.checkpoint()
+        assert (await e.read_entry(1, 0))[1] == old  # from the entry log: now in the read cache
+        assert (await e.add_entries([(new, KEY, FLAG_RECOVERY_ADD)]))[0] == [S.OK]
+        assert (await e.read_entry(1, 0))[1] == new  # from the write cache
+        await e.checkpoint()
+        assert (await e.read_entry(1, 0))[1] == new  # from the index: the cached old copy is gone
+        await e.close()
+        e = await engines.started()
+        assert (await e.read_entry(1, 0))[1] == new
+        await e.close()
+    run(scenario())
+
 def test_corrupt_entry_log_record_is_io_error_never_no_entry(engines):
     async def scenario():
         e = await engines.started()
