@@ -106,6 +106,9 @@ def test_the_bookie_counts_the_entries_it_stored(run):
     assert syncs >= 1
     assert one(m["bookie_journal_JOURNAL_SYNC"], "bookie_journal_JOURNAL_SYNC_bucket", le="+Inf") == syncs
     assert one(m["bookkeeper_server_READ_ENTRY_REQUEST"], "bookkeeper_server_READ_ENTRY_REQUEST_count") >= 0
+    checkpoints = one(m["bksim_bookie_checkpoints"], "bksim_bookie_checkpoints_total")
+    assert checkpoints >= 1  # the one at start-up at least
+    assert one(m["bookie_flush"], "bookie_flush_count") == checkpoints
     assert one(m["bookie_SERVER_STATUS"], "bookie_SERVER_STATUS") == 1
     assert one(m["bookie_ACTIVE_LEDGER_TOTAL"], "bookie_ACTIVE_LEDGER_TOTAL") >= 3
     assert one(m["bksim_bookie_add_entries"], "bksim_bookie_add_entries_total") >= entries

@@ -39,6 +39,13 @@ class LocalFile:
     async def write_chunks(self, chunks: list[bytes]) -> None:
         await asyncio.to_thread(self._write_chunks, chunks)
 
+    def _write_chunks_synced(self, chunks: list[bytes]) -> None:
+        self._write_chunks(chunks)
+        os.fdatasync(self._fd)
+
+    async def write_chunks_synced(self, chunks: list[bytes]) -> None:
+        await asyncio.to_thread(self._write_chunks_synced, chunks)
+
     def write_synced_now(self, data: bytes) -> None:
         self.write(data)
         os.fdatasync(self._fd)

@@ -100,6 +100,8 @@ def bookie_families(engine, server=None, gc=None) -> Iterator[Metric]:
                     [([], latency["journal_sync"])])
     yield histogram("bookie_journal_JOURNAL_ADD_ENTRY", "journal record queued -> covered by a sync, per record",
                     [([], latency["journal_add"])])
+    yield histogram("bookie_flush", "checkpoint: write cache half to entry log and index, then the mark",
+                    [([], latency["flush"])])
     yield gauge("bookie_journal_JOURNAL_QUEUE_SIZE", "journal records queued, not yet written",
                 journal["queued_records"])
     yield counter("bksim_bookie_journal_syncs", "journal groups written and synced", journal["groups"])

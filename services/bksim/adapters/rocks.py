@@ -14,12 +14,16 @@ from typing import Iterator
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
 
+WRITE_BUFFER_BYTES = 16 * 1024 * 1024  # memtable size (bookie.index_write_buffer_bytes); RocksDB's own default is 64 MB
+
+
 class RocksStore:
-    def __init__(self, path: str, read_only: bool = False) -> None:
+    def __init__(self, path: str, read_only: bool = False, write_buffer_bytes: int = WRITE_BUFFER_BYTES) -> None:
         if not read_only:
             os.makedirs(path, exist_ok=True)
         options = Options(raw_mode=True)
         options.create_if_missing(not read_only)
+        options.set_write_buffer_size(write_buffer_bytes)
         self._db = Rdict(path, options, access_type=AccessType.read_only() if read_only else AccessType.read_write())
         self._nosync = WriteOptions()
         self._wal_synced: set[str] = set()  # the log files present at the last synced write
@@ -80,8 +84,8 @@ class RocksStore:
         self._db.close()
 
 
-def open_rocks(path: str) -> RocksStore:
-    return RocksStore(path)
+def open_rocks(path: str, write_buffer_bytes: int = WRITE_BUFFER_BYTES) -> RocksStore:
+    return RocksStore(path, write_buffer_bytes=write_buffer_bytes)
 
 
 def open_rocks_read_only(path: str) -> RocksStore:

@@ -49,6 +49,7 @@ from bksim.formats import journal as jfmt
 from bksim.formats.crc import crc32c
 from bksim.model.config import BookieConfig
 from bksim.model.errors import BksimError, BookieError, FormatError
+from bksim.model.histogram import LatencyHistogram
 from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode
 from bksim.ports.clock import Clock
 from bksim.ports.disk import Disk
@@ -104,6 +105,8 @@ class BookieEngine:
         self._base_lac: dict[int, int] = {}  # LAC inside the last entry-log entry of a ledger, read once
         self._persisted_mark = JournalMark(0, 0)
         self._checkpoint_lock = asyncio.Lock()
+        self._checkpoint_queued = False  # a checkpoint asked for by a waiting add is waiting for the lock
+        self.flush_latency = LatencyHistogram()  # each checkpoint, lock held to journals collected
         self._cache_room = asyncio.Event()  # set when a checkpoint swaps or frees a write-cache half
         self._tasks: list[asyncio.Task] = []  # the periodic checkpoint loop, checkpoints requested by adds, replay's
         self._replay_flush: asyncio.Task | None = None  # replay's checkpoint of a full write-cache half, running
@@ -234,8 +237,9 @@ class BookieEngine:
                 "total_bytes": self._total_bytes, "instance_id": self.instance_id}
 
     def latencies(self) -> dict:
-        """The journal's LatencyHistograms by name ("journal_sync", "journal_add"): exported as metrics."""
-        return {"journal_sync": self._journal.sync_latency, "journal_add": self._journal.add_latency}
+        """The LatencyHistograms by name ("journal_sync", "journal_add", "flush": checkpoints): exported as metrics."""
+        return {"journal_sync": self._journal.sync_latency, "journal_add": self._journal.add_latency,
+                "flush": self.flush_latency}
 
     def statistics(self) -> dict:
         return dict(self.stats, journal=self._journal.statistics(), write_cache_bytes=self._write_cache.active_bytes,
@@ -727,6 +731,7 @@ class BookieEngine:
         """Checkpoint steps 3-7 for the half `_replay_swap` swapped, persisting `mark` (section comment above)."""
         step = self._fault_hook
         async with self._checkpoint_lock:
+            started_ms = self._clock.monotonic_ms()
             mark = max(mark, self._persisted_mark)
             step("mark")
             await self._flush_half(runs, step)  # 3.-5.
@@ -735,8 +740,9 @@ class BookieEngine:
             step("ledger_index_write")
             await self._persist_mark(mark)  # 7.
             step("lastmark_write")
-            self.stats["checkpoints"] += 1
             await self._collect_journals(mark)
+            self.stats["checkpoints"] += 1
+            self.flush_latency.observe(self._clock.monotonic_ms() - started_ms)
 
     async def _replay_flushed(self) -> None:
         """Wait for replay's running checkpoint, if any; raises what it raised."""
@@ -762,10 +768,27 @@ class BookieEngine:
 
     # -- checkpoint --------------------------------------------------------------------------------------
     def _request_checkpoint(self) -> None:
-        if not self._checkpoint_lock.locked() and not self._closing:
-            task = asyncio.get_running_loop().create_task(self._checkpoint_quietly(), name="checkpoint-now")
-            self._tasks.append(task)
-            task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
+        """An add found the write cache full: queue one checkpoint behind whatever holds the checkpoint lock now
+        (a checkpoint that already swapped its half and is finishing, garbage collection), so the request is
+        never lost to a lock about to be released. Requests while one is queued join it."""
+        if self._checkpoint_queued or self._closing:
+            return
+        self._checkpoint_queued = True
+        task = asyncio.get_running_loop().create_task(self._queued_checkpoint(), name="checkpoint-now")
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: t in self._tasks and self._tasks.remove(t))
+
+    async def _queued_checkpoint(self) -> None:
+        started = False
+        try:
+            async with self._checkpoint_lock:
+                started, self._checkpoint_queued = True, False  # a request from now on queues the next one
+                await self._checkpoint_locked()
+        except Exception as e:
+            self._log(f"checkpoint failed: {type(e).__name__}: {e}")
+        finally:
+            if not started:  # cancelled while waiting for the lock
+                self._checkpoint_queued = False
 
     async def _checkpoint_quietly(self) -> None:
         try:
@@ -787,6 +810,7 @@ class BookieEngine:
             await self._checkpoint_locked(mark)
 
     async def _checkpoint_locked(self, mark: JournalMark | None = None) -> None:
+        started_ms = self._clock.monotonic_ms()
         step = self._fault_hook
         m = self._journal.synced_mark if mark is None else mark  # 1. every record before M is synced
         if m < self._persisted_mark:
@@ -803,9 +827,10 @@ class BookieEngine:
         step("ledger_index_write")
         await self._persist_mark(m)  # 7.
         step("lastmark_write")
-        self.stats["checkpoints"] += 1
         self._cache_room.set()
         await self._collect_journals(m)
+        self.stats["checkpoints"] += 1
+        self.flush_latency.observe(self._clock.monotonic_ms() - started_ms)
 
     async def _flush_half(self, runs: list, step: Callable[[str], None]) -> None:
         """Checkpoint steps 3-5 for one swapped write-cache half (per-ledger runs, sorted)."""

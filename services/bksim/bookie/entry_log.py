@@ -16,6 +16,8 @@ delete a log only after the index no longer points into it.
 """
 from __future__ import annotations
 
+import asyncio
+
 import os
 from typing import Callable, Iterable, Iterator
 
@@ -186,8 +188,9 @@ class EntryLogger:
         """Append per-ledger runs of entries (ledgers ascending, entries ascending within a run); return the
         encoded (index key, location) pairs. Durable when flush() returns (checkpoint step 4).
 
-        Hot at checkpoints: per entry two packs and three appends; every _STEP_BYTES the buffer is written
-        and synced off the event loop.
+        Hot at checkpoints: per entry two packs and three appends. Every _STEP_BYTES the step's records are
+        written and synced off the event loop in one hand-off, while the loop encodes the next step (at most one
+        step in flight: the device never holds more than two steps of unsynced entry-log bytes).
         """
         out: list[tuple[bytes, bytes]] = []
         add = out.append
@@ -198,32 +201,47 @@ class EntryLogger:
         step_end = position + _STEP_BYTES
         bytes_max = self._bytes_max
         log_id = self._log_id
-        for ledger_id, entries in runs:
-            run_start = position
-            for entry_id, entry in entries:
-                size = len(entry)
-                if position + 4 + size > bytes_max and position > fmt.HEADER_BYTES:
-                    self._count_run(ledger_id, position - run_start)
-                    await self._file.write_chunks(chunk)
-                    chunk = []
-                    put = chunk.append
-                    await self._roll()
-                    position = run_start = self._file.size
-                    step_end = position + _STEP_BYTES
-                    log_id = self._log_id
-                put(_LENGTH(size))
-                put(entry)
-                add((_KEY(ledger_id, entry_id), _VALUE(log_id, position, size)))
-                position += 4 + size
-                if position >= step_end:
-                    await self._file.write_chunks(chunk)
-                    await self._file.sync()
-                    chunk = []
-                    put = chunk.append
-                    step_end = position + _STEP_BYTES
-            self._count_run(ledger_id, position - run_start)
-        if chunk:
-            await self._file.write_chunks(chunk)
+        writing: asyncio.Future | None = None  # the previous step's write + sync, off the loop
+        try:
+            for ledger_id, entries in runs:
+                run_start = position
+                for entry_id, entry in entries:
+                    size = len(entry)
+                    if position + 4 + size > bytes_max and position > fmt.HEADER_BYTES:
+                        self._count_run(ledger_id, position - run_start)
+                        if writing is not None:
+                            writing, done = None, writing
+                            await done
+                        await self._file.write_chunks(chunk)
+                        chunk = []
+                        put = chunk.append
+                        await self._roll()
+                        position = run_start = self._file.size
+                        step_end = position + _STEP_BYTES
+                        log_id = self._log_id
+                    put(_LENGTH(size))
+                    put(entry)
+                    add((_KEY(ledger_id, entry_id), _VALUE(log_id, position, size)))
+                    position += 4 + size
+                    if position >= step_end:
+                        if writing is not None:
+                            writing, done = None, writing
+                            await done
+                        writing = asyncio.ensure_future(self._file.write_chunks_synced(chunk))
+                        chunk = []
+                        put = chunk.append
+                        step_end = position + _STEP_BYTES
+                self._count_run(ledger_id, position - run_start)
+            if writing is not None:
+                writing, done = None, writing
+                await done
+            if chunk:
+                await self._file.write_chunks(chunk)
+        finally:
+            if writing is not None:  # failed or cancelled meanwhile: nothing writes this file until that step ends
+                await asyncio.wait([writing])
+                if not writing.cancelled():
+                    writing.exception()  # retrieved: the error that matters is the one propagating
         return out
 
     def _count_run(self, ledger_id: int, nbytes: int) -> None:

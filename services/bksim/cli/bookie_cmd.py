@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -188,7 +189,8 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
         cookie = await asyncio.to_thread(bookie_cookies.check_cookies, client, b, instance_id, log)
 
         disk, clock = LocalDisk(), SystemClock()
-        engine = BookieEngine(b, disk=disk, clock=clock, open_kv=open_rocks, instance_id=instance_id,
+        engine = BookieEngine(b, disk=disk, clock=clock, instance_id=instance_id,
+                              open_kv=functools.partial(open_rocks, write_buffer_bytes=b.index_write_buffer_bytes),
                               journal_dir=b.journal_dir, ledger_dir=b.ledger_dir, log=log,
                               limbo_ledger_id_max=cookie.limbo_ledger_id_max)
         if await _until_stopped(stop, engine.start()) is _STOPPED:

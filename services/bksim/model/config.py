@@ -106,6 +106,8 @@ class BookieConfig:
                                               "TOO_MANY_REQUESTS; must be < broker.bookie_timeout_ms (default: half)")
     read_cache_bytes_max: int = option(16 * MiB, "read cache (entries read from entry logs)")
     entry_log_bytes_max: int = option(256 * MiB, "roll the entry log after this many bytes")
+    index_write_buffer_bytes: int = option(16 * MiB, "RocksDB memtable size of the index stores (BookKeeper's "
+                                           "dbStorage_rocksDB_writeBufferSizeMB, 64 MB there)")
     # limits on requests
     entry_bytes_max: int = option(5 * MiB, "largest entry (header + payload) accepted; larger gets BAD_REQUEST")
     frame_bytes_max: int = option(FRAME_BYTES_MAX, "largest gRPC message; checked by gRPC before buffering")
@@ -316,7 +318,7 @@ class Config:
         for name in ("group_bytes_max", "journal_file_bytes_max", "journal_queue_records_max", "write_cache_bytes_max",
                      "entry_log_bytes_max", "add_inflight_per_stream_max", "add_inflight_total_max",
                      "read_batch_entries_max", "list_entries_ids_max", "flush_interval_ms", "disk_check_interval_ms",
-                     "requests_inflight_max"):
+                     "requests_inflight_max", "index_write_buffer_bytes"):
             _require(getattr(b, name) > 0, f"bookie.{name} must be > 0")
         _require(b.group_wait_ms_max >= 0, "bookie.group_wait_ms_max must be >= 0")
         _require(b.add_inflight_per_stream_max <= b.add_inflight_total_max,

@@ -22,6 +22,10 @@ class AppendFile(Protocol):
     async def write_chunks(self, chunks: list[bytes]) -> None:
         """Append chunks back to back, off the event loop (not durable until sync)."""
 
+    async def write_chunks_synced(self, chunks: list[bytes]) -> None:
+        """Append chunks back to back and fdatasync, as one step off the event loop (a checkpoint's entry-log
+        step): every byte written before the call and these chunks are durable when it returns."""
+
     async def sync(self) -> None:
         """fdatasync: every byte written before the call is durable when it returns."""
 

@@ -349,6 +349,14 @@ class SimFile:
         for chunk in chunks:
             inode.data += chunk
 
+    async def write_chunks_synced(self, chunks: list[bytes]) -> None:
+        inode = self._check()
+        for chunk in chunks:  # maybe: a crash during the sync below keeps only a prefix of them (torn tail)
+            inode.data += chunk
+        snapshot = bytes(inode.data)
+        await self._disk._latency()
+        self._check().durable = snapshot
+
     async def sync(self) -> None:
         snapshot = bytes(self._check().data)
         await self._disk._latency()

@@ -228,6 +228,29 @@ def test_full_write_cache_checkpoints_then_throttles_to_too_many_requests(engine
     run(scenario())
 
 
+def test_an_add_waiting_for_room_while_the_checkpoint_lock_is_held_gets_a_checkpoint_when_it_is_released(engines):
+    """The write cache is full while something else holds the checkpoint lock (a checkpoint finishing its journal
+    clean-up, a garbage-collection step): the add waiting for room must not wait for the periodic checkpoint,
+    nor time out with TOO_MANY_REQUESTS: the checkpoint it asked for runs as soon as the lock is free."""
+    async def scenario():
+        e = await engines.started(write_cache_bytes_max=64 * 1024, entry_bytes_max=16 * 1024,
+                                  write_cache_throttle_ms_max=2_000, flush_interval_ms=600_000)
+        statuses, _ = await e.add_entries([(entry(1, i, b"x" * 4000), KEY, 0) for i in range(8)])
+        assert statuses == [S.OK] * 8 and not e._write_cache.has_room(4000)  # the active half is full
+        async with e._checkpoint_lock:
+            waiting = asyncio.ensure_future(e.add_entries([(entry(1, 8, b"x" * 4000), KEY, 0)]))
+            for _ in range(100):  # a few loop steps: the add finds no room and asks for a checkpoint
+                if e.statistics()["throttled"]:
+                    break
+                await asyncio.sleep(0)
+            assert not waiting.done() and e.statistics()["throttled"] == 1
+        statuses, msg = await waiting
+        assert statuses == [S.OK], msg
+        assert (await e.read_entry(1, 8))[1] == entry(1, 8, b"x" * 4000)
+        await e.close()
+    run(scenario())
+
+
 def test_explicit_lac_is_journaled(engines):
     async def scenario():
         e = await engines.started()
