@@ -96,8 +96,9 @@ $(CHROMIUM_BIN):
 
 # ---- tests ---------------------------------------------------------------------------------------------
 # make test leaves out the smoke runs of the long benchmarks (marker benchmark_run: rereplication, soak, the
-# security and metrics cost pairs, perf audit, perf scale), which make test-perf runs with every smoke test of
-# `bksim perf`, and six of the nine short chaos scenario runs (marker chaos_run), which make test-chaos runs.
+# security and metrics cost pairs, perf audit, perf scale, every row of perf targets), which make test-perf runs with
+# every smoke test of `bksim perf`, and six of the nine short chaos scenario runs (marker chaos_run), which make
+# test-chaos runs.
 test: deps compose-tools interop-deps prometheus browser-deps
 	$(PYTEST) -m "not benchmark_run and not chaos_run" tests
 
@@ -135,16 +136,17 @@ clean:
 	rm -rf $(RUN_DIR)
 
 # ---- benchmarks (perf targets go here) -----------------------------------------------------------------
-# `make perf` runs every benchmark; see docs/benchmarks.md.
+# `make perf` runs every benchmark, then `bksim perf targets` (the table of every target); see docs/benchmarks.md.
 PERF_SECONDS ?= 5
 PERF_REPEAT ?= 3
+PERF_RSS_SECONDS ?= 60
 .PHONY: perf
-perf: deps  ## every benchmark with its same-run ratio (prints figures; not a pass/fail test)
+perf: deps  ## every benchmark with its same-run ratio, then the targets' table (prints figures; not a pass/fail test)
 	$(BKSIM) perf fsync-baseline --record-bytes 1024 --group 16 --seconds $(PERF_SECONDS)
 	$(BKSIM) perf journal-append --record-bytes 1024 --group 16 --seconds $(PERF_SECONDS) --repeat $(PERF_REPEAT)
 	$(BKSIM) perf grpc-baseline --batch 100 --record-bytes 1024 --seconds $(PERF_SECONDS)
 	$(BKSIM) perf bookie-add --batch 100 --record-bytes 1024 --seconds $(PERF_SECONDS) --repeat $(PERF_REPEAT)
-	$(BKSIM) perf bookie-add --batch 100 --record-bytes 1024 --seconds 60
+	$(BKSIM) perf bookie-add --batch 100 --record-bytes 1024 --seconds $(PERF_RSS_SECONDS)
 	$(BKSIM) perf ledger-write --both --entry-size 1024 --batch 100 --duration $(PERF_SECONDS) --repeat $(PERF_REPEAT)
 	$(BKSIM) perf recovery --entries 10000 --entry-size 1024
 	$(BKSIM) perf cursor-holes --entries 10000000
@@ -157,6 +159,18 @@ perf: deps  ## every benchmark with its same-run ratio (prints figures; not a pa
 	$(BKSIM) perf replay --size $(REPLAY_SIZE) --repeat $(PERF_REPEAT)
 	$(BKSIM) perf soak --minutes $(PERF_SOAK_MINUTES) --png $(SOAK_PNG)
 	$(BKSIM) perf scale --axis all --png-dir $(SCALE_PNG_DIR) --seconds $(PERF_SECONDS)
+	$(BKSIM) perf targets --seconds $(PERF_SECONDS) --rss-seconds $(PERF_RSS_SECONDS) --replay-size $(REPLAY_SIZE) \
+	  $(if $(TARGETS_ROWS),--rows $(TARGETS_ROWS))
+
+# `make perf-targets`: every performance target in one table (bksim perf targets): each row measured in the run, one
+# benchmark at a time, with its value, verdict and the command that measures it alone; `make perf` ends with it.
+# PERF_SECONDS for the short runs, PERF_RSS_SECONDS (60) for the bookie-rss row, REPLAY_SIZE for the replay row;
+# TARGETS_ROWS=replay,bookie-rss picks rows.
+TARGETS_ROWS ?=
+.PHONY: perf-targets
+perf-targets: deps
+	$(BKSIM) perf targets --seconds $(PERF_SECONDS) --rss-seconds $(PERF_RSS_SECONDS) --replay-size $(REPLAY_SIZE) \
+	  $(if $(TARGETS_ROWS),--rows $(TARGETS_ROWS))
 
 # `make perf-compaction` (COMPACTION_LOG_MB=64, COMPACTION_LIVE=0.25): compaction's live MB/s against a raw scan of
 # the same entry log, and a writer's add p99 without and during compaction, in one in-process engine.

@@ -1,13 +1,14 @@
 """`bksim perf ...`: the benchmarks (fsync-baseline, journal-append, grpc-baseline, bookie-add, ledger-write,
-recovery, cursor-holes, produce, consume, failover, audit, rereplication, compaction, replay, soak, scale): their
-arguments, wired to bksim.perf.
+recovery, cursor-holes, produce, consume, failover, audit, rereplication, compaction, replay, soak, scale) and
+`perf targets` (every performance target in one table, each row measured in the run by the benchmarks' own
+functions, one at a time): their arguments, wired to bksim.perf.
 
 Each runs through perf/harness.py and prints a header with the machine facts, the CPU idle fraction before every measurement, and a table of
 records/s, MB/s and per-record p50/p99/p99.9 latency; `--json` prints one JSON object instead (the human
 lines go to stderr). The bookie figures run their baseline first, in the same run and with the same record
-and group/batch size, and print the ratio; ledger-write, recovery and rereplication also print their targets'
-verdicts ("targets" in the JSON). ledger-write and produce with --tls and/or --auth measure a plain and then a
-secured cluster (perf/security_cost.py) and print the secured/plain ratio and p99 difference; bookie-add and
+and group/batch size, and print the ratio; bookie-add, ledger-write, consume, recovery and rereplication also
+print their targets' verdicts ("targets" in the JSON). ledger-write and produce with --tls and/or --auth measure a
+plain and then a secured cluster (perf/security_cost.py) and print the secured/plain ratio and p99 difference; bookie-add and
 produce with --metrics measure with metrics off and then on (perf/metrics_cost.py) and print the on/off ratio. Every run is bounded by --seconds and/or --records (audit, rereplication
 and replay by --size); all files go
 to a fresh temp dir under --dir that is removed at the end, and every child process is stopped by pid,
@@ -78,8 +79,8 @@ def register(subparsers) -> None:
     loop = p.add_mutually_exclusive_group()
     loop.add_argument("--rate", type=float, help="open loop: offer RATE entries/s (batches due on a schedule, "
                       "latency from the due time); default: closed loop, as fast as the window allows")
-    loop.add_argument("--both", action="store_true", help="closed loop, then open loop at half of min(the "
-                      f"measured entries/s, {ledger_write.TARGET_ENTRIES_PER_S:,.0f}): both targets in one run")
+    loop.add_argument("--both", action="store_true", help="closed loop, then open loop at half the measured "
+                      "entries/s: both targets in one run")
     _security(p)
     p.set_defaults(func=cmd_ledger_write)
 
@@ -257,6 +258,25 @@ def register(subparsers) -> None:
                                 f"{perf_consume.E2E_RATE_DEFAULT:,.0f})")
         p.set_defaults(func=cmd_produce if name == "produce" else cmd_consume)
 
+    from bksim.perf import targets as perf_targets
+
+    p = sub.add_parser("targets", help="every performance target in one table: each row measured in this run (one "
+                       "benchmark at a time), its value, target, verdict and the command that measures it alone")
+    p.add_argument("--seconds", type=float, default=SECONDS_DEFAULT,
+                   help=f"time bound of each short measurement (bookie-add, ledger-write, consume and their baselines; "
+                        f"default {SECONDS_DEFAULT:g})")
+    p.add_argument("--rss-seconds", type=float, default=perf_targets.RSS_SECONDS_DEFAULT,
+                   help=f"seconds of the bookie-rss row's sustained bookie-add (default "
+                        f"{perf_targets.RSS_SECONDS_DEFAULT:g})")
+    p.add_argument("--replay-size", default=perf_targets.REPLAY_SIZE_DEFAULT,
+                   help=f"journal bytes of the replay row (default {perf_targets.REPLAY_SIZE_DEFAULT}; units KB MB GB "
+                        f"KiB MiB GiB)")
+    p.add_argument("--rows", default=None, help=f"comma-separated rows to measure (default all: "
+                   f"{','.join(perf_targets.ROW_NAMES)})")
+    _run_options(p, repeat=False)  # the configuration file: bksim's --config, as for bookie-add and ledger-write
+    p.set_defaults(func=cmd_targets, records=0, record_bytes=perf_targets.RECORD_BYTES, group=perf_targets.BATCH,
+                   repeat=1)
+
 
 def _common(p: argparse.ArgumentParser, group_name: str, group_default: int, group_help: str,
             record_names: tuple[str, ...] = ("--record-bytes",), seconds_names: tuple[str, ...] = ("--seconds",),
@@ -276,15 +296,16 @@ def _shape(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ack-quorum", type=int, default=2, help="ack quorum Qa (default 2)")
 
 
-def _run_options(p: argparse.ArgumentParser) -> None:
+def _run_options(p: argparse.ArgumentParser, repeat: bool = True) -> None:
     p.add_argument("--dir", default=DIR_DEFAULT, help=f"a temp dir is made (and removed) under this "
                    f"(default {DIR_DEFAULT})")
     p.add_argument("--idle-min", type=float, default=machine.IDLE_MIN_DEFAULT,
                    help=f"wait for this CPU idle fraction before measuring (default {machine.IDLE_MIN_DEFAULT})")
     p.add_argument("--idle-wait-s", type=float, default=machine.IDLE_WAIT_S_DEFAULT,
                    help=f"longest wait for idle CPUs; then measure anyway (default {machine.IDLE_WAIT_S_DEFAULT:g})")
-    p.add_argument("--repeat", type=int, default=1, help="repeat the measurement(s) N times (default 1); "
-                   "with a baseline, the ratio of each pair and their median are printed")
+    if repeat:
+        p.add_argument("--repeat", type=int, default=1, help="repeat the measurement(s) N times (default 1); "
+                       "with a baseline, the ratio of each pair and their median are printed")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, data) for inspection")
     p.add_argument("--json", action="store_true", help="print one JSON object (human lines go to stderr)")
 
@@ -381,7 +402,7 @@ def cmd_grpc_baseline(args) -> int:
 
 def cmd_bookie_add(args) -> int:
     from bksim.cli import config as cfgload
-    from bksim.perf import bookie_add, grpc_baseline
+    from bksim.perf import bookie_add
 
     config = cfgload.load(args.config)  # the bookie process loads the same file (and environment) itself
 
@@ -392,13 +413,10 @@ def cmd_bookie_add(args) -> int:
                                        metrics=metrics)]
         return _metrics_pair(one)
 
-    def measure(workdir: str, idle: Callable[[str], float]) -> tuple[list[Result], list[Ratio]]:
-        base = grpc_baseline.measure(workdir, args.record_bytes, args.group, args.inflight, args.seconds,
-                                     args.records, idle)
-        subject = bookie_add.measure(workdir, args.record_bytes, args.group, args.inflight, args.seconds,
-                                     args.records, idle, config, config_path=args.config,
-                                     py_spy_out=args.py_spy, keep=args.keep)
-        return [base, subject], [ratio(subject, base, bookie_add.TARGET_RATIO)], bookie_add.targets([subject])
+    def measure(workdir: str, idle: Callable[[str], float]):
+        return bookie_add.measure_against_baseline(workdir, args.record_bytes, args.group, args.inflight,
+                                                   args.seconds, args.records, idle, config, config_path=args.config,
+                                                   py_spy_out=args.py_spy, keep=args.keep)
 
     if args.metrics:
         return _run("bookie-add", args, measure_metrics, shape="metrics off, then on (scraped every second)")
@@ -409,7 +427,7 @@ def cmd_ledger_write(args) -> int:
     from bksim.cli import config as cfgload
     from bksim.formats.entry import HEADER_BYTES
     from bksim.model.errors import ConfigError
-    from bksim.perf import grpc_baseline, ledger_write
+    from bksim.perf import ledger_write
 
     _check_shape(args)
     if args.rate is not None and args.rate <= 0:
@@ -438,18 +456,10 @@ def cmd_ledger_write(args) -> int:
         return results, ratios, targets + ledger_write.targets(results)
 
     def measure(workdir: str, idle: Callable[[str], float]):
-        results, ratios = [], []
-        if args.rate is None:  # the baseline is the denominator of the maximum rate only
-            results.append(grpc_baseline.measure(workdir, args.record_bytes, args.group, args.window, args.seconds,
-                                                 args.records, idle))
-        results += ledger_write.measure(workdir, shape, args.record_bytes, args.group, args.window, args.seconds,
-                                        args.records, rates, idle, config, config_path=args.config, keep=args.keep,
-                                        half_after_max=args.both)
-        if args.rate is None:
-            base, subject = results[0], results[1]
-            target = ledger_write.TARGET_ENTRIES_PER_S / base.records_per_s if base.records_per_s > 0 else 0.0
-            ratios.append(ratio(subject, base, target))
-        return results, ratios, ledger_write.targets(results)
+        return ledger_write.measure_against_baseline(workdir, shape, args.record_bytes, args.group, args.window,
+                                                     args.seconds, args.records, rates, idle, config,
+                                                     config_path=args.config, keep=args.keep,
+                                                     half_after_max=args.both)
 
     loop = (f"open loop at {args.rate:,.0f} entries/s, latency from each batch's due time" if args.rate
             else "closed loop, then open loop at half the maximum; " if args.both else "closed loop; ")
@@ -575,11 +585,12 @@ def _topic_perf(args, name: str) -> int:
             results = perf_consume.measure(workdir, shape, args.record_bytes, args.group, args.max_pending,
                                            args.partitions, args.seconds, args.records, args.receiver_queue,
                                            args.rate, idle, **common)
+            return results, perf_consume.ratios(results), perf_produce.targets(results) + perf_consume.targets(results)
         return results, [], perf_produce.targets(results)
 
     topic = f"{args.partitions} partitions" if args.partitions else "non-partitioned"
     what = ("closed loop, latency per message = send_async -> receipt" if name == "produce" else
-            "a backlog drained (latency = the receive() call), then end-to-end at "
+            "a backlog produced (as perf produce) and drained (latency = the receive() call), then end-to-end at "
             f"{args.rate:,.0f} msgs/s (latency = due time -> received)")
     secured = _secured_words(args)
     return _run(name, args, measure, shape=f"{shape}, {topic} topic, {args.record_bytes} B messages, batches of "
@@ -745,8 +756,32 @@ def cmd_scale(args) -> int:
     return _run("scale", args, measure, shape=scale.describe(axes, points, args.seconds))
 
 
+def cmd_targets(args) -> int:
+    from bksim.cli import config as cfgload
+    from bksim.model.errors import ConfigError
+    from bksim.perf import audit as perf_audit, replay as perf_replay, targets as perf_targets
+
+    try:
+        rows = perf_targets.select(args.rows)
+        replay_bytes = perf_audit.parse_size(args.replay_size)
+        if any(r.measurement == "replay" for r in rows):
+            perf_replay.Shape(replay_bytes, perf_targets.RECORD_BYTES)  # refuses a size too small to check
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if args.seconds <= 0 or args.rss_seconds <= 0:
+        raise ConfigError("--seconds and --rss-seconds must be > 0")
+    config = cfgload.load(args.config)
+    settings = perf_targets.Settings(seconds=args.seconds, rss_seconds=args.rss_seconds, replay_size=args.replay_size,
+                                     replay_bytes=replay_bytes, config=config, config_path=args.config,
+                                     keep=args.keep, log=_human_log(args))
+    run = perf_targets.Run(rows, settings)
+    status = _run("targets", args, run.measure, shape=perf_targets.describe(rows, settings), summary=run.summary)
+    return 1 if run.failed else status  # a target not met is a figure, not a failure
+
+
 # ---------------------------------------------------------------------------------------------- shared
-def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple], shape: str | None = None) -> int:
+def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple], shape: str | None = None,
+         summary: Callable[[], tuple[str, dict]] | None = None) -> int:
     _check_bounds(args)
     options = harness.RunOptions(out_dir=args.dir, seconds=args.seconds, records=args.records, repeat=args.repeat,
                                  idle_min=args.idle_min, idle_wait_s=args.idle_wait_s, json=args.json, keep=args.keep,
@@ -761,7 +796,7 @@ def _run(name: str, args, measure: Callable[[str, Callable[[str], float]], tuple
 
             return measure(workdir, idle_shown)
 
-        return harness.run(name, options, measure_shown, shape)
+        return harness.run(name, options, measure_shown, shape, summary)
 
 
 def _human_log(args) -> Callable[[str], None]:

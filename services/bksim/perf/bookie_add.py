@@ -10,7 +10,10 @@ The bookie's resident set is read from /proc as it becomes SERVING and again whe
 VmHWM: its peak over its whole life, start-up included): target peak <= its write cache + RSS_SLACK_MB, over a
 sustained run (`make perf` runs 60 s for it), since the write cache is the one memory a bookie holds by design.
 
-Target on this machine: >= 0.5x grpc-baseline's records/s at the same batch size.
+`measure_against_baseline` is the whole benchmark (`bksim perf bookie-add`, and the bookie-add row of `bksim perf
+targets`): grpc-baseline, then the bookie, with the same record size, batch and window; the ratio and the targets.
+
+Target on this machine: >= 0.6x grpc-baseline's records/s at the same batch size (1 KiB x 100).
 """
 from __future__ import annotations
 
@@ -28,18 +31,31 @@ from bksim.adapters.local_cluster import Node
 from bksim.gen import bookie_pb2
 from bksim.model.config import Config
 from bksim.model.errors import BookieUnreachable
+from bksim.perf import grpc_baseline
 from bksim.perf.grpc_baseline import RESPONSE_TIMEOUT_S, EntryFactory, drive, drive_result
 from bksim.perf.machine import process_cpu_s, process_memory_bytes
 from bksim.perf.ledger_write import LedgerCluster
 from bksim.perf.metrics_cost import Scraper
 from bksim.perf.procs import Child, ProcessGroup, run_interruptible
-from bksim.perf.stats import MB, Result
+from bksim.perf.stats import MB, Ratio, Result, ratio
 
-TARGET_RATIO = 0.5
+TARGET_RATIO = 0.6  # bookie-add records/s over grpc-baseline's, same run, record size, batch and window
 BOOKIE_READY_TIMEOUT_S = 60.0
 LEDGER_ID = 7
 RSS_SLACK_MB = 150.0  # the bookie's peak RSS may exceed its write cache by this much
 PY_SPY_WAIT_S = 90.0  # py-spy stops by itself after the measurement's duration; wait this long at most
+
+
+def measure_against_baseline(workdir: str, record_bytes: int, batch: int, inflight: int, seconds: float,
+                             records_max: int, idle_guard: Callable[[str], float], config: Config,
+                             config_path: str | None = None, py_spy_out: str | None = None,
+                             keep: bool = False) -> tuple[list[Result], list[Ratio], list[dict]]:
+    """grpc-baseline, then `measure`, one after the other with the same shape: [baseline, bookie-add], the ratio
+    bookie-add / grpc-baseline against TARGET_RATIO, and the memory target."""
+    base = grpc_baseline.measure(workdir, record_bytes, batch, inflight, seconds, records_max, idle_guard)
+    subject = measure(workdir, record_bytes, batch, inflight, seconds, records_max, idle_guard, config,
+                      config_path=config_path, py_spy_out=py_spy_out, keep=keep)
+    return [base, subject], [ratio(subject, base, TARGET_RATIO)], targets([subject])
 
 
 def measure(workdir: str, record_bytes: int, batch: int, inflight: int, seconds: float, records_max: int,

@@ -1,21 +1,26 @@
 """consume: messages received and acknowledged through bksim.client from a topic on a fresh cluster; msgs/s,
 MB/s, and end-to-end latency at a steady rate.
 
-Same cluster and topic set-up as perf/produce.py. Two measurements:
+Same cluster and topic set-up as perf/produce.py. Three measurements:
 
-1. `consume` (throughput): a subscription is created at the earliest position, `records` messages (or as
-   many as the producer sends in `seconds`) are published first (batching on), then one Consumer
-   (`receiver_queue_size` permits) receives and acknowledges every one of them as fast as it can. msgs/s =
-   messages over first receive .. last receive; each must be a message of this run, in order per partition,
-   none missing. Its latency columns are the time each receive() call took (the queue was full: this is the
-   client's per-message cost, not an end-to-end figure).
-2. `consume-e2e` (latency): a producer sends at `rate` msgs/s (open loop: message k is due at start + k/rate;
+1. `produce-backlog`: a subscription is created at the earliest position, then `records` messages (or as
+   many as the producer sends in `seconds`) are published (batching on) by produce's closed loop
+   (`produce.drive_produce`, the producer options of `bksim perf produce`); msgs/s and publish latency as there.
+   The subscription's consumer already holds `receiver_queue_size` permits meanwhile, so up to that many
+   messages are dispatched to it during this measurement.
+2. `consume` (throughput): one Consumer (`receiver_queue_size` permits) receives and acknowledges every message
+   of that backlog as fast as it can. msgs/s = messages over first receive .. last receive; each must be a
+   message of this run, in order per partition, none missing. Its latency columns are the time each receive()
+   call took (the queue was full: this is the client's per-message cost, not an end-to-end figure).
+3. `consume-e2e` (latency): a producer sends at `rate` msgs/s (open loop: message k is due at start + k/rate;
    the due time travels in the payload) while the consumer receives; a message's end-to-end latency is its
    receive time minus its due time, so queueing anywhere (producer batch delay, broker, bookies, dispatcher)
    shows. Both run in this process (one clock); at `rate` they fit in its share of the CPU. Messages not
    received within the bound count as missing (an error).
 
-Target: >= 100,000 msgs/s of 100 bytes (the throughput measurement).
+Targets (100-byte messages): the backlog consumed at >= 1.2x the msgs/s it was produced at in the same run
+(`ratios`), and end-to-end p99 <= 25 ms at 10,000 msgs/s (`targets`); perf/produce.py's >= 100,000 msgs/s
+applies to `consume` too.
 """
 from __future__ import annotations
 
@@ -27,9 +32,9 @@ from typing import Callable
 from bksim.client import Client, InitialPosition, SubscriptionType
 from bksim.model.config import Config
 from bksim.perf.ledger_write import CpuMeter, Shape
-from bksim.perf.produce import (OPERATION_TIMEOUT_MS, SEND_TIMEOUT_MS, drive_produce, fresh_topic, payload_of,
-                                topic_cluster)
-from bksim.perf.stats import LatencyRecorder, Result, make_result
+from bksim.perf.produce import (OPERATION_TIMEOUT_MS, SEND_TIMEOUT_MS, TARGET_MESSAGE_BYTES, drive_produce,
+                                fresh_topic, payload_of, topic_cluster)
+from bksim.perf.stats import LatencyRecorder, Ratio, Result, make_result, ratio
 
 RECEIVER_QUEUE_DEFAULT = 10_000
 E2E_RATE_DEFAULT = 10_000.0   # msgs/s offered in the end-to-end measurement
@@ -37,6 +42,9 @@ E2E_SECONDS_MAX = 10.0        # the end-to-end measurement lasts min(seconds, th
 RECEIVE_TIMEOUT_MS = 30_000   # a receive() waiting longer than this breaks the run
 PACE_MIN_S, PACE_MAX_S = 0.001, 0.005  # the e2e producer's sleeps (not one wake-up per message)
 _STAMP = struct.Struct(">q")  # the due time (perf_counter_ns) at the head of an e2e payload
+TARGET_RATIO_TO_PRODUCE = 1.2  # consume msgs/s over produce-backlog's, same run
+TARGET_E2E_P99_MS = 25.0      # consume-e2e p99 ...
+TARGET_E2E_RATE = 10_000.0    # ... offering this many msgs/s
 
 
 def measure(workdir: str, shape: Shape, message_bytes: int, batch: int, max_pending: int, partitions: int,
@@ -49,16 +57,24 @@ def measure(workdir: str, shape: Shape, message_bytes: int, batch: int, max_pend
         with Client(cluster.broker_address, operation_timeout_ms=OPERATION_TIMEOUT_MS) as client:
             common = {"ensemble": shape.ensemble, "write_quorum": shape.write_quorum, "ack_quorum": shape.ack_quorum,
                       "partitions": partitions, "receiver_queue": receiver_queue}
-            # 1. throughput over a backlog
+            # 1. a backlog produced, then 2. consumed as fast as it can be
             topic = fresh_topic(client, partitions)
             consumer = client.subscribe(topic, "perf", SubscriptionType.Exclusive,
                                         initial_position=InitialPosition.Earliest, receiver_queue_size=receiver_queue)
             producer = client.create_producer(topic, batching_max_messages=batch, max_pending_messages=max_pending,
                                               block_if_queue_full=True, send_timeout_ms=SEND_TIMEOUT_MS)
+            idle = idle_guard("produce-backlog")
+            meter = CpuMeter(cluster)
+            meter.start()
             filled = drive_produce(producer, message_bytes, seconds, records_max)
+            cpu = meter.stop(filled.elapsed_s)
             producer.close()
             if filled.failed or filled.receipted != filled.sent:
                 raise RuntimeError(f"filling the backlog: {filled.failed} of {filled.sent} failed ({filled.first_error})")
+            results.append(make_result("produce-backlog", message_bytes, batch, filled.elapsed_s, filled.latencies,
+                                       idle, {**common, "max_pending": max_pending,
+                                              "latency": "send_async -> receipt", **cpu,
+                                              "p95_ms": filled.latencies.percentile_s(95.0) * 1000.0}))
             idle = idle_guard("consume")
             meter = CpuMeter(cluster)
             meter.start()
@@ -68,7 +84,7 @@ def measure(workdir: str, shape: Shape, message_bytes: int, batch: int, max_pend
             results.append(make_result("consume", message_bytes, batch, elapsed, latencies, idle,
                                        {**common, "latency": "receive() call", **cpu,
                                         "p95_ms": latencies.percentile_s(95.0) * 1000.0}))
-            # 2. end-to-end latency at a steady rate
+            # 3. end-to-end latency at a steady rate
             topic = fresh_topic(client, partitions)
             consumer = client.subscribe(topic, "perf", SubscriptionType.Exclusive,
                                         initial_position=InitialPosition.Earliest, receiver_queue_size=receiver_queue)
@@ -165,3 +181,34 @@ def _end_to_end(producer, consumer, message_bytes: int, rate: float, seconds: fl
     for s in samples:
         recorder.add(max(0, s) / 1e9)
     return recorder, elapsed, state["lag_max_ns"] / 1e6
+
+
+# ---------------------------------------------------------------------------------------------- verdicts
+def ratios(results: list[Result]) -> list[Ratio]:
+    """consume / produce-backlog (msgs/s, the same run) against TARGET_RATIO_TO_PRODUCE."""
+    by_name = {r.name: r for r in results}
+    if "consume" not in by_name or "produce-backlog" not in by_name:
+        return []
+    return [ratio(by_name["consume"], by_name["produce-backlog"], TARGET_RATIO_TO_PRODUCE)]
+
+
+def targets(results: list[Result]) -> list[dict]:
+    """The end-to-end target of each consume-e2e result."""
+    return [e2e_target(r) for r in results if r.name == "consume-e2e"]
+
+
+def e2e_target(r: Result) -> dict:
+    """p99 <= TARGET_E2E_P99_MS offering TARGET_E2E_RATE msgs/s of 100 bytes. Offered less, the run can fail the
+    target but not establish it."""
+    rate = r.extra["rate_target_per_s"]
+    value = f"p99 {r.p99_ms:.1f} ms at {rate:,.0f} msgs/s offered, {r.record_bytes} B"
+    if r.record_bytes != TARGET_MESSAGE_BYTES:
+        met, why = None, " (target is for 100-byte messages)"
+    elif rate >= TARGET_E2E_RATE:
+        met, why = r.p99_ms <= TARGET_E2E_P99_MS, ""
+    elif r.p99_ms > TARGET_E2E_P99_MS:
+        met, why = False, f" (above the limit even below {TARGET_E2E_RATE:,.0f} msgs/s)"
+    else:
+        met, why = None, f" (offered below {TARGET_E2E_RATE:,.0f} msgs/s: not established)"
+    return {"target": f"{r.name} p99 <= {TARGET_E2E_P99_MS:g} ms at {TARGET_E2E_RATE:,.0f} msgs/s "
+                      f"(producer and consumer in one process)", "value": value + why, "met": met}

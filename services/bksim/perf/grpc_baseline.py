@@ -39,7 +39,6 @@ from bksim.perf.machine import process_cpu_s
 from bksim.perf.procs import Child, ProcessGroup, free_port, run_interruptible
 from bksim.perf.stats import LatencyRecorder, Result, make_result
 
-TARGET_RATIO = 0.5
 INFLIGHT_DEFAULT = 8  # batches unacknowledged per stream
 READY_TIMEOUT_S = 30.0
 RESPONSE_TIMEOUT_S = 30.0  # an ack slower than this breaks the run (BookieUnreachable)

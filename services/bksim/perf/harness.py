@@ -39,12 +39,13 @@ class RunOptions:
 
 
 def run(name: str, options: RunOptions, measure: Callable[[str, Callable[[str], float]], tuple],
-        shape: str | None = None) -> int:
+        shape: str | None = None, summary: Callable[[], tuple[str, dict]] | None = None) -> int:
     """Make the temp dir, print the header, measure, print the report; clean up whatever happens.
 
     `measure(workdir, idle)` returns (results, ratios) or (results, ratios, targets), targets being dicts
     {"target", "value", "met"} (met None: not established by the run); `idle(label)` waits for an idle CPU and
-    returns the idle fraction."""
+    returns the idle fraction. `summary()`, when given, is called after the measurements: (text printed after the
+    report, fields added to the JSON object)."""
     human = sys.stderr if options.json else sys.stdout
     os.makedirs(options.out_dir, exist_ok=True)
     if shape is None:
@@ -86,11 +87,15 @@ def run(name: str, options: RunOptions, measure: Callable[[str, Callable[[str], 
     for t in targets:
         verdict = {True: "MET", False: "NOT MET", None: "NOT ESTABLISHED"}[t["met"]]
         print(f"target {t['target']}: {t['value']}: {verdict}", file=human, flush=True)
+    text, fields = summary() if summary is not None else ("", {})
+    if text:
+        print(text, file=human, flush=True)
     if options.json:
         report = {"benchmark": name, "machine": facts, "results": [r.to_json() for r in results],
                   "ratios": [q.to_json() for q in ratios]}
         if targets:
             report["targets"] = targets
+        report.update(fields)
         print(json.dumps(report, indent=2))
     return 0
 

@@ -84,9 +84,15 @@ class Shape:
     def __post_init__(self) -> None:
         if self.entry_bytes < HEADER_BYTES + 1:
             raise ValueError(f"need entry bytes > {HEADER_BYTES}, got {self.entry_bytes}")
-        if self.entries < LEDGERS * 3:
+        if self.entries < self.entries_min:
             raise ValueError(f"size {self.size_bytes} B holds {self.entries} entries of {self.entry_bytes} B: "
-                             f"need at least {LEDGERS * 3} (first, middle and last of {LEDGERS} ledgers)")
+                             f"need at least {self.entries_min} (batches of {FILL_BATCH} round robin: an entry in "
+                             f"each of the {LEDGERS} ledgers)")
+
+    @property
+    def entries_min(self) -> int:
+        """The fewest entries that give every ledger one: the fill's batches go round robin over the ledgers."""
+        return (LEDGERS - 1) * FILL_BATCH + 1
 
     @property
     def entries(self) -> int:
