@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 PIP_RUNTIME = grpcio==1.85.1 grpcio-tools==1.85.1 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1 \
   protobuf==7.36.2 kazoo==2.11.0 rocksdict==0.3.29 crc32c==2.9.post0 google-crc32c==1.9.0 \
   cryptography==50.0.2 PyJWT==2.15.1 aiohttp==3.14.5 prometheus-client==0.26.0
-PIP_DEV = pyspark==4.3.0 pytest==9.2.0 pytest-timeout==2.4.0 docker==7.1.0 matplotlib==3.11.2 hypothesis==6.170.17 \
+PIP_DEV = pyspark==4.3.0 pytest==9.2.0 pytest-timeout==2.4.0 pytest-xdist==3.8.0 docker==7.1.0 matplotlib==3.11.2 hypothesis==6.170.17 \
   kubernetes-validate==1.37.0
 PIP_PKGS = $(PIP_RUNTIME) $(PIP_DEV)
 ZK_JAR := /usr/share/java/zookeeper.jar
@@ -99,8 +99,11 @@ $(CHROMIUM_BIN):
 # security and metrics cost pairs, perf audit, perf scale, every row of perf targets), which make test-perf runs with
 # every smoke test of `bksim perf`, and six of the nine short chaos scenario runs (marker chaos_run), which make
 # test-chaos runs.
+# The suite runs in TEST_WORKERS pytest-xdist workers (a test file stays on one worker; each worker hands out ports
+# from its own slice, tests/conftest.py): most tests wait on processes, so two workers use the two cores.
+TEST_WORKERS ?= 2
 test: deps compose-tools interop-deps prometheus browser-deps
-	$(PYTEST) -m "not benchmark_run and not chaos_run" tests
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not benchmark_run and not chaos_run" tests
 
 test-chaos: deps
 	$(PYTEST) tests/chaos

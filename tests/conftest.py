@@ -21,6 +21,23 @@ import pytest
 
 from helpers import free_port
 
+
+def _worker_port_range() -> None:
+    """Under pytest-xdist each worker hands out ports from its own slice of bksim's range (BKSIM_PORT_RANGE, which
+    the processes a test starts inherit), so two workers never pick the same port between a check and a bind."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not worker.startswith("gw") or not count.isdigit() or "BKSIM_PORT_RANGE" in os.environ:
+        return
+    from bksim.adapters.ports import PORT_RANGE_ENV, port_range
+
+    floor, ceiling = port_range()
+    width = (ceiling - floor) // int(count)
+    low = floor + int(worker[2:]) * width
+    os.environ[PORT_RANGE_ENV] = f"{low}-{low + width}"
+
+
+_worker_port_range()
+
 ZK_TICK_TIME_MS = 200
 ZK_HEAP_MB = 128
 ZK_READY_TIMEOUT_S = 30.0

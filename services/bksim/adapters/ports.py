@@ -10,11 +10,13 @@ process. Runs of consecutive ports are for configurations that take a base port 
 """
 from __future__ import annotations
 
+import os
 import random
 import socket
 import threading
 
 RANGE_FLOOR = 10_000  # lowest port handed out
+PORT_RANGE_ENV = "BKSIM_PORT_RANGE"
 EPHEMERAL_FALLBACK = (32_768, 60_999)  # Linux's default ip_local_port_range, if /proc does not say
 ATTEMPTS_MAX = 200  # random candidates tried before giving up (each a bind on loopback: cheap)
 
@@ -42,21 +44,37 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
+def port_range() -> tuple[int, int]:
+    """[floor, ceiling) ports are handed out from: $BKSIM_PORT_RANGE ("LOW-HIGH", HIGH exclusive: processes that
+    must never pick the same port, such as parallel test workers, each get a slice; their children inherit it),
+    else RANGE_FLOOR up to the ephemeral range."""
+    given = os.environ.get(PORT_RANGE_ENV, "").strip()
+    if given:
+        try:
+            floor, ceiling = (int(x) for x in given.split("-"))
+        except ValueError:
+            raise ValueError(f"{PORT_RANGE_ENV}={given!r}: expected LOW-HIGH, e.g. 10000-20000") from None
+        if not 1024 <= floor < ceiling <= 65_536:
+            raise ValueError(f"{PORT_RANGE_ENV}={given!r}: need 1024 <= LOW < HIGH <= 65536")
+        return floor, ceiling
+    low, _ = _ephemeral_range()
+    return RANGE_FLOOR, max(low, RANGE_FLOOR + 1_000)  # a machine whose ephemeral range starts very low: share it
+
+
 def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
     """The first of `count` consecutive TCP ports on `host` that are bindable now, lie below the ephemeral range
     and were never handed out by this process. RuntimeError when none is found in ATTEMPTS_MAX tries."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
-    low, _ = _ephemeral_range()
-    ceiling = max(low, RANGE_FLOOR + 1_000)  # a machine whose ephemeral range starts very low: share it
+    floor, ceiling = port_range()
     with _lock:
         for _ in range(ATTEMPTS_MAX):
-            first = _rng.randrange(RANGE_FLOOR, ceiling - count + 1)
+            first = _rng.randrange(floor, ceiling - count + 1)
             ports = range(first, first + count)
             if any(p in _handed_out for p in ports):
                 continue
             if all(_bindable(host, p) for p in ports):
                 _handed_out.update(ports)
                 return first
-    raise RuntimeError(f"no run of {count} free TCP port(s) on {host} in [{RANGE_FLOOR}, {ceiling}) after "
+    raise RuntimeError(f"no run of {count} free TCP port(s) on {host} in [{floor}, {ceiling}) after "
                        f"{ATTEMPTS_MAX} tries")

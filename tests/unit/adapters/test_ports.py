@@ -36,3 +36,17 @@ def test_a_port_in_use_is_not_handed_out():
 def test_a_bad_count_is_refused():
     with pytest.raises(ValueError):
         ports.free_port(count=0)
+
+
+def test_bksim_port_range_confines_the_ports_handed_out(monkeypatch):
+    monkeypatch.setenv(ports.PORT_RANGE_ENV, "41000-41050")
+    got = [ports.free_port() for _ in range(20)] + [ports.free_port(count=3)]
+    assert all(41000 <= p < 41050 for p in got), got
+    assert ports.port_range() == (41000, 41050)
+
+
+@pytest.mark.parametrize("value", ["41000", "41050-41000", "80-1000", "41000-70000", "a-b"])
+def test_a_bad_bksim_port_range_is_refused_with_its_value(monkeypatch, value):
+    monkeypatch.setenv(ports.PORT_RANGE_ENV, value)
+    with pytest.raises(ValueError, match=ports.PORT_RANGE_ENV):
+        ports.free_port()
