@@ -113,10 +113,19 @@ def processes_mentioning(text: str) -> dict[int, str]:
 
 
 def is_alive(pid: int | None, expect_in_cmdline: str | None = None) -> bool:
-    """True when `pid` runs (not a zombie) and, if given, its command line contains `expect_in_cmdline`."""
+    """True when `pid` runs (not a zombie) and, if given, its command line contains `expect_in_cmdline`.
+
+    A child this process spawned and has not reaped is judged by its exit status alone: its pid cannot name
+    another process yet, and its command line may still be its parent's for a moment after spawn returns (the
+    exec not yet visible in /proc), which would make a daemon just started look gone."""
     if not pid:
         return False
-    _reap(pid)
+    proc = _children.get(pid)
+    if proc is not None:
+        if proc.poll() is None:
+            return True
+        _children.pop(pid, None)
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
