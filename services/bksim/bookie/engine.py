@@ -734,15 +734,7 @@ class BookieEngine:
             started_ms = self._clock.monotonic_ms()
             mark = max(mark, self._persisted_mark)
             step("mark")
-            await self._flush_half(runs, step)  # 3.-5.
-            self._write_cache.flushed()
-            await self._ledgers.flush()  # 6.
-            step("ledger_index_write")
-            await self._persist_mark(mark)  # 7.
-            step("lastmark_write")
-            await self._collect_journals(mark)
-            self.stats["checkpoints"] += 1
-            self.flush_latency.observe(self._clock.monotonic_ms() - started_ms)
+            await self._write_half(runs, mark, step, started_ms)
 
     async def _replay_flushed(self) -> None:
         """Wait for replay's running checkpoint, if any; raises what it raised."""
@@ -821,14 +813,19 @@ class BookieEngine:
             self._write_cache.flushed()
         runs = self._write_cache.swap()  # 2.
         self._cache_room.set()  # adds waiting for room can go on while this half is flushed
+        await self._write_half(runs, m, step, started_ms)
+
+    async def _write_half(self, runs: list, mark: JournalMark, step: Callable[[str], None], started_ms: float) -> None:
+        """Checkpoint steps 3-7 for a swapped write-cache half (a checkpoint's or replay's), then the journals
+        entirely below `mark` are collected and the checkpoint counted."""
         await self._flush_half(runs, step)  # 3.-5.
         self._write_cache.flushed()
         await self._ledgers.flush()  # 6.
         step("ledger_index_write")
-        await self._persist_mark(m)  # 7.
+        await self._persist_mark(mark)  # 7.
         step("lastmark_write")
         self._cache_room.set()
-        await self._collect_journals(m)
+        await self._collect_journals(mark)
         self.stats["checkpoints"] += 1
         self.flush_latency.observe(self._clock.monotonic_ms() - started_ms)
 
