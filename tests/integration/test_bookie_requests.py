@@ -15,6 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from bksim.adapters.bookie_client import BookieClient, SyncBookieClient
 from bksim.formats.entry import encode_entry, master_key
+from bksim.gen import bookie_pb2
 from bksim.model.errors import BookieUnreachable
 from bksim.model.status import StatusCode
 from integration.bookie_harness import KEY, BookieProcess, kazoo_client
@@ -74,6 +75,36 @@ def test_wrong_master_key_is_unauthorized(bookie):
     assert fence.status == StatusCode.UNAUTHORIZED
     assert lac[0] == StatusCode.UNAUTHORIZED
     assert still_open.status == StatusCode.OK  # the bad fence did not fence the ledger
+
+
+def test_the_compact_form_adds_with_its_one_key_and_both_forms_at_once_are_refused_whole(bookie):
+    """`data` + one master key and flags: stored, the key still checked per ledger; `entries` and `data` in one
+    request: every entry of it BAD_REQUEST and none stored; the stream goes on."""
+    ledger, other = 110, 111
+    recovery = 1  # FLAG_RECOVERY_ADD
+
+    async def scenario():
+        async with BookieClient(bookie.address) as client:
+            stream = client.add_stream()
+            compact = await (await stream.send_request(bookie_pb2.AddRequest(
+                batch_id=0, data=[entry(ledger, i) for i in range(3)], master_key=KEY, flags=recovery)))
+            wrong_key = await (await stream.send_request(bookie_pb2.AddRequest(
+                batch_id=1, data=[entry(ledger, 3)], master_key=master_key(b"not the password"))))
+            both = await (await stream.send_request(bookie_pb2.AddRequest(
+                batch_id=2, entries=[bookie_pb2.AddEntry(entry=entry(other, 0), master_key=KEY)],
+                data=[entry(other, 1)], master_key=KEY)))
+            after = await stream.add(3, [(entry(ledger, 3), KEY, 0)])
+            await stream.close()
+            reads = [await client.read_entry(ledger, i) for i in range(4)]
+            return compact, wrong_key, both, after, reads, await client.read_entry(other, 0)
+
+    compact, wrong_key, both, after, reads, other_read = run(scenario())
+    assert compact.statuses == [StatusCode.OK] * 3, compact
+    assert wrong_key.statuses == [StatusCode.UNAUTHORIZED] and "master key" in wrong_key.message, wrong_key
+    assert both.statuses == [StatusCode.BAD_REQUEST] * 2 and "not both" in both.message, both
+    assert after.statuses == [StatusCode.OK], after
+    assert [(r.status, r.entry) for r in reads] == [(StatusCode.OK, entry(ledger, i)) for i in range(4)]
+    assert other_read.status == StatusCode.NO_LEDGER  # nothing of the refused request was stored
 
 
 def test_oversized_entry_is_bad_request_and_stream_keeps_working(bookie):

@@ -127,7 +127,13 @@ def _report_dict(message) -> dict:
 
 
 def make_request(batch_id: int, entries: Sequence[tuple[bytes, bytes, int]]) -> bookie_pb2.AddRequest:
-    """An AddRequest from (entry bytes, master key, flags) tuples."""
+    """An AddRequest from (entry bytes, master key, flags) tuples: the compact form (`data`, one key and flags)
+    when every entry has the same key and flags, as a writer's batch to one bookie has, else one AddEntry each."""
+    if not entries:
+        return _AddRequest(batch_id=batch_id)
+    _, key, flags = entries[0]
+    if all(k == key and f == flags for _, k, f in entries):
+        return _AddRequest(batch_id=batch_id, data=[e for e, _, _ in entries], master_key=key, flags=flags)
     return _AddRequest(batch_id=batch_id,
                        entries=[_AddEntry(entry=e, master_key=k, flags=f) for e, k, f in entries])
 

@@ -68,6 +68,7 @@ SERVICE_NAME = bookie_pb2.DESCRIPTOR.services_by_name["Bookie"].full_name
 ADMIN_SERVICE_NAME = bookie_pb2.DESCRIPTOR.services_by_name["BookieAdmin"].full_name
 
 _IO_ERROR = StatusCode.IO_ERROR
+_BAD_REQUEST = StatusCode.BAD_REQUEST
 _AddResponse = bookie_pb2.AddResponse
 _ReadEntryResult = bookie_pb2.ReadEntryResult
 _EntryRange = bookie_pb2.EntryRange
@@ -157,14 +158,23 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         try:
             async for req in request_iterator:
                 received = time.monotonic()
-                entries = req.entries
-                n = len(entries)
+                entries, data = req.entries, req.data
+                n = len(entries) + len(data)
+                if entries and data:
+                    await queue.put(_AddResponse(batch_id=req.batch_id, statuses=[_BAD_REQUEST] * n, message=(
+                        f"an AddRequest carries `entries` or the compact form `data`, not both ({len(entries)} and "
+                        f"{len(data)})")))
+                    continue
                 refused = admit(n)
                 if refused is not None:
                     await queue.put(_AddResponse(batch_id=req.batch_id, statuses=refused[0], message=refused[1]))
                     continue
                 try:
-                    batch = start_adds([(e.entry, e.master_key, e.flags) for e in entries])
+                    if data:
+                        key, flags = req.master_key, req.flags
+                        batch = start_adds([(entry, key, flags) for entry in data])
+                    else:
+                        batch = start_adds([(e.entry, e.master_key, e.flags) for e in entries])
                 except Exception as e:  # noqa: BLE001 - an engine bug must not kill the stream silently
                     self._log(f"add_entries failed: {type(e).__name__}: {e}")
                     batch = _FailedBatch(n, f"bookie internal error: {type(e).__name__}: {e}")

@@ -52,7 +52,7 @@ from typing import Awaitable, Callable, Mapping, Sequence
 
 import grpc
 
-from bksim.adapters.bookie_client import FRAME_BYTES_MAX, AddStream
+from bksim.adapters.bookie_client import FRAME_BYTES_MAX, AddStream, make_request
 from bksim.bookie.requests import answered_count, list_all_entries
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.metadata.paths import bookie_path
@@ -68,8 +68,6 @@ Resolve = Callable[[str], Awaitable[str]]
 RESOLVER_CACHE_MAX = 4096  # bookie addresses a RegistrationResolver remembers (oldest forgotten first)
 CHANNEL_CLOSE_TIMEOUT_S = 1.0  # closing a retired channel; the next connect to that bookie waits at most this
 
-_AddRequest = bookie_pb2.AddRequest
-_AddEntry = bookie_pb2.AddEntry
 _ReadEntryRequest = bookie_pb2.ReadEntryRequest
 _ReadLacRequest = bookie_pb2.ReadLacRequest
 _ReadEntriesRequest = bookie_pb2.ReadEntriesRequest
@@ -263,8 +261,7 @@ class GrpcBookieTransport:
                 for part in parts:
                     batch_id = s.next_batch
                     s.next_batch = batch_id + 1
-                    request = _AddRequest(batch_id=batch_id,
-                                          entries=[_AddEntry(entry=e, master_key=k, flags=f) for e, k, f in part])
+                    request = make_request(batch_id, part)
                     futures.append(await stream.send_request(request))
                 results = [await future for future in futures]
         except TimeoutError:

@@ -86,12 +86,9 @@ class DriveResult:
 
 
 def build_request(request_type, batch_id: int, entries: list[bytes]):
-    """An AddRequest-shaped message (bookie_pb2.AddRequest or perf_echo_pb2.EchoRequest) of `entries`."""
-    request = request_type(batch_id=batch_id)
-    add = request.entries.add if hasattr(request, "entries") else request.records.add
-    for entry in entries:
-        add(entry=entry, master_key=MASTER_KEY, flags=0)
-    return request
+    """An AddRequest-shaped message (bookie_pb2.AddRequest or perf_echo_pb2.EchoRequest) of `entries`, in the
+    compact form (`data`, one master key and flags), as the bookie's clients send one ledger's batch."""
+    return request_type(batch_id=batch_id, data=entries, master_key=MASTER_KEY, flags=0)
 
 
 async def drive(stream: AddStream, request_type, entries: EntryFactory, batch: int, seconds: float,
@@ -225,7 +222,8 @@ def drive_result(name: str, record_bytes: int, batch: int, inflight: int, result
 class EchoServicer(perf_echo_pb2_grpc.PerfEchoServicer):
     async def Echo(self, request_iterator, context):
         async for request in request_iterator:
-            yield perf_echo_pb2.EchoAck(batch_id=request.batch_id, statuses=[0] * len(request.records))
+            yield perf_echo_pb2.EchoAck(batch_id=request.batch_id,
+                                        statuses=[0] * (len(request.records) + len(request.data)))
 
 
 async def serve(port: int, host: str = "127.0.0.1") -> None:
