@@ -240,9 +240,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 await handle.wait_for_room()  # then the whole request: its ids stay consecutive (the
                 # overshoot is bounded by one request, itself bounded by the frame size)
                 first = handle.writer.last_add_pushed + 1
-                last = None
-                for payload in request.payloads:
-                    last = handle.append(payload)
+                last = handle.append_many(request.payloads) if request.payloads else None
                 await queue.put((request.request_id, first, len(request.payloads), last, handle))
             await queue.put(None)
         except LedgerError as e:

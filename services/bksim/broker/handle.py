@@ -1,8 +1,10 @@
 """A ledger this broker writes: the LedgerWriter state machine run by a LedgerDriver, with futures for callers.
 
-Owns: one future per unacknowledged append (resolved with the entry id, strictly in id order, or failed with a
-LedgerError carrying the writer's failure code), the in-flight bound (`append_inflight_max`: `wait_for_room`
-blocks an Append stream instead of queueing without limit), and the close.
+Owns: the futures of unacknowledged appends (resolved with the entry id, strictly in id order, or failed with a
+LedgerError carrying the writer's failure code): one per `append`, one per `append_many` batch (its last entry:
+acknowledgements come in id order, so it resolving means the whole batch is acknowledged); the in-flight bound
+(`append_inflight_max` entries: `wait_for_room` blocks an Append stream instead of queueing without limit), and the
+close.
 
 States as the application sees them: writing -> (close) -> closed; writing -> failed (FENCED, UNAUTHORIZED,
 NOT_ENOUGH_BOOKIES, METADATA_ERROR, ABORTED). A failed handle fails every later append with the same error: a
@@ -28,7 +30,8 @@ class LedgerHandle(LedgerDriver):
         self._payload_max = payload_bytes_max
         self._inflight_max = inflight_max
         self._on_done = on_done
-        self._futures: dict[int, asyncio.Future] = {}
+        self._futures: dict[int, asyncio.Future] = {}  # entry id -> its caller's future (not every entry has one)
+        self._inflight = 0  # entries appended and not yet acknowledged
         self._room = asyncio.Event()
         self._room.set()
         self._closed: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -41,25 +44,38 @@ class LedgerHandle(LedgerDriver):
 
     @property
     def inflight(self) -> int:
-        return len(self._futures)
+        return self._inflight
 
     # -- the application's calls --------------------------------------------------------------------------
     def append(self, payload: bytes) -> asyncio.Future:
         """Start an append; the future resolves with the entry id once it and every earlier entry reached Qa.
         Raises LedgerError right away when the ledger cannot take it."""
+        return self.append_many((payload,))
+
+    def append_many(self, payloads) -> asyncio.Future:
+        """Start appending `payloads` (at least one) as consecutive entries: all of them, or none when the ledger
+        cannot take them (LedgerError right away). One future, resolved with the last entry's id once every entry
+        of the batch and every earlier one reached Qa."""
         if self.error is not None:
             raise self.error
-        if len(payload) > self._payload_max:
-            raise LedgerError(LedgerStatus.BAD_REQUEST, f"payload of {len(payload)} bytes exceeds payload_bytes_max "
-                                                        f"{self._payload_max}")
+        for payload in payloads:
+            if len(payload) > self._payload_max:
+                raise LedgerError(LedgerStatus.BAD_REQUEST, f"payload of {len(payload)} bytes exceeds "
+                                                            f"payload_bytes_max {self._payload_max}")
         if self._closing or self.writer.state not in (WriterState.WRITING, WriterState.CHANGING_ENSEMBLE):
             raise LedgerError(LedgerStatus.LEDGER_CLOSED, f"ledger {self.ledger_id} is closed or closing")
-        commands = self.writer.append(payload)
+        if not payloads:
+            raise LedgerError(LedgerStatus.BAD_REQUEST, "nothing to append")
+        writer, execute = self.writer, self.execute
+        for payload in payloads:
+            self._inflight += 1
+            execute(writer.append(payload))
+            if self.error is not None:  # the handle failed meanwhile: so did what this call appended
+                raise self.error
         future = asyncio.get_running_loop().create_future()
-        self._futures[self.writer.last_add_pushed] = future
-        if len(self._futures) >= self._inflight_max:
+        self._futures[writer.last_add_pushed] = future
+        if self._inflight >= self._inflight_max:
             self._room.clear()
-        self.execute(commands)
         return future
 
     async def wait_for_room(self) -> None:
@@ -97,10 +113,11 @@ class LedgerHandle(LedgerDriver):
         return LedgerState.OPEN
 
     def _on_acknowledge(self, entry_id: int) -> None:
-        future = self._futures.pop(entry_id)
-        if not future.done():
+        self._inflight -= 1
+        future = self._futures.pop(entry_id, None)
+        if future is not None and not future.done():
             future.set_result(entry_id)
-        if not self._room.is_set() and len(self._futures) < self._inflight_max:
+        if not self._room.is_set() and self._inflight < self._inflight_max:
             self._room.set()
 
     def _on_adds_failed(self, command: AddsFailed) -> None:
@@ -125,6 +142,7 @@ class LedgerHandle(LedgerDriver):
                 future.set_exception(self.error)
                 future.exception()  # retrieved: callers that stopped waiting must not log "never retrieved"
         self._futures.clear()
+        self._inflight = 0
         self._room.set()
         if not self._closed.done():
             self._closed.set_exception(self.error)

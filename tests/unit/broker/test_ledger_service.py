@@ -182,6 +182,31 @@ def test_in_flight_bound_makes_appenders_wait():
     run(main())
 
 
+def test_append_many_is_all_or_nothing_counts_every_entry_in_flight_and_resolves_with_its_last_id():
+    async def main():
+        _, fake, [svc] = await world(config=BrokerConfig(append_inflight_max=8, payload_bytes_max=16))
+        h = await svc.create_ledger(3, 2, 2, password=PW)
+        with pytest.raises(LedgerError) as refused:
+            h.append_many([b"ok", b"x" * 17, b"ok"])  # one payload too big: none is appended
+        assert refused.value.status is LedgerStatus.BAD_REQUEST and h.writer.last_add_pushed == -1
+        gate = asyncio.Event()
+        for b in BOOKIES:
+            fake[b].gate = gate
+        first = h.append_many([b"a%d" % i for i in range(5)])
+        second = h.append_many([b"b%d" % i for i in range(3)])
+        waiter = asyncio.ensure_future(h.wait_for_room())
+        await wait_until_async(lambda: [fake[b].waiting for b in h.metadata.ensemble] == [1, 1, 1], 5,
+                               interval_s=0, message="one add batch at each bookie's gate")
+        assert h.inflight == 8 and not waiter.done()  # eight entries, two futures: the bound counts entries
+        gate.set()
+        assert await asyncio.wait_for(asyncio.gather(first, second), 5) == [4, 7]
+        await asyncio.wait_for(waiter, 5)
+        assert h.inflight == 0
+        got = [e.payload async for e in svc.read_entries(h.ledger_id, 0, -1, password=PW)]
+        assert got == [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(3)]
+    run(main())
+
+
 def test_read_fails_over_to_the_next_replica_and_reports_unreadable_entries():
     async def main():
         _, fake, [svc] = await world()
