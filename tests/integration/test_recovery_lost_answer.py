@@ -112,11 +112,12 @@ class FakeBookieService(bookie_pb2_grpc.BookieServicer):
 
     async def AddEntries(self, request_iterator, context):
         async for request in request_iterator:
-            for add in request.entries:
-                e = decode_entry(add.entry)
-                self.entries.setdefault(e.ledger_id, {})[e.entry_id] = bytes(add.entry)
+            data = list(request.data) or [add.entry for add in request.entries]  # the compact form or AddEntry's
+            for entry in data:
+                e = decode_entry(entry)
+                self.entries.setdefault(e.ledger_id, {})[e.entry_id] = bytes(entry)
                 self.added.append((e.ledger_id, e.entry_id))
-            yield bookie_pb2.AddResponse(batch_id=request.batch_id, statuses=[0] * len(request.entries))
+            yield bookie_pb2.AddResponse(batch_id=request.batch_id, statuses=[0] * len(data))
 
 
 @contextlib.asynccontextmanager
