@@ -253,20 +253,24 @@ def plant_garbage(corpus: Corpus, bookie: str) -> Planted:
     return Planted("journal_garbage", None, None, bookie, r.path)
 
 
-def _mid_file_copy(corpus: Corpus, ledger: int, entry: int) -> tuple[int, Record]:
-    """The first entry at or after `entry` with a copy outside its file's last group write, and that copy.
+def _mid_file_copy(corpus: Corpus, ledger: int, entry: int, holders: int | None = None) -> tuple[int, Record]:
+    """The first entry at or after `entry` with a copy outside its file's last group write (and, with `holders`,
+    exactly that many copies on as many bookies), and that copy.
 
     Rewriting a record changes its group's CRC: in a file's last group that reads as a group torn by a crash
     (replay and the audit drop it), so the planted damage would vanish with the group; where a copy lands
-    depends on the run's timing."""
+    depends on the run's timing, and so does which entries an ensemble change sent to a third bookie."""
     for e in range(entry, entry + 1000):
         copies = corpus.copies(ledger, e)
         if not copies:
             break
+        if holders is not None and (len(copies) != holders or len({c.bookie for c in copies}) != holders):
+            continue
         for r in copies:
             if not r.last_group:
                 return e, r
-    raise AssertionError(f"no copy of ledger {ledger} from entry {entry} on lies outside a file's last group")
+    raise AssertionError(f"no copy of ledger {ledger} from entry {entry} on lies outside a file's last group"
+                         + (f" with {holders} copies" if holders is not None else ""))
 
 
 def plant_removed_copy(corpus: Corpus, ledger: int, entry: int) -> Planted:
@@ -275,7 +279,7 @@ def plant_removed_copy(corpus: Corpus, ledger: int, entry: int) -> Planted:
     bookie had never written it: one holder left, the rest of the file reads as before. (Cut without the new
     frame, the group's old length would run into the next group and misframe it: a last group of the file
     lost with it.)"""
-    entry, r = _mid_file_copy(corpus, ledger, entry)
+    entry, r = _mid_file_copy(corpus, ledger, entry, holders=2)
     copies = corpus.copies(ledger, entry)
     assert len({c.bookie for c in copies}) == 2 and len(copies) == 2, copies
     cut_record(r.path, r)
