@@ -251,12 +251,6 @@ def memory_bytes(pid: int) -> dict[str, int]:
     return out
 
 
-def _reap(pid: int) -> None:
-    proc = _children.get(pid)
-    if proc is not None and proc.poll() is not None:
-        _children.pop(pid, None)
-
-
 def _state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -8,8 +8,9 @@ loop with it) for the fsync: 10-40 ms for an index batch; `os.fdatasync` release
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-from typing import Iterator
+from typing import Callable, Iterator
 
 from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
 
@@ -86,6 +87,12 @@ class RocksStore:
 
 def open_rocks(path: str, write_buffer_bytes: int = WRITE_BUFFER_BYTES) -> RocksStore:
     return RocksStore(path, write_buffer_bytes=write_buffer_bytes)
+
+
+def index_opener(write_buffer_bytes: int) -> Callable[[str], RocksStore]:
+    """A BookieEngine's `open_kv`: its index stores with memtables of `write_buffer_bytes`
+    (bookie.index_write_buffer_bytes)."""
+    return functools.partial(open_rocks, write_buffer_bytes=write_buffer_bytes)
 
 
 def open_rocks_read_only(path: str) -> RocksStore:

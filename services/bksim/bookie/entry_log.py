@@ -202,6 +202,13 @@ class EntryLogger:
         bytes_max = self._bytes_max
         log_id = self._log_id
         writing: asyncio.Future | None = None  # the previous step's write + sync, off the loop
+
+        async def previous_step_done() -> None:
+            nonlocal writing
+            if writing is not None:
+                step, writing = writing, None
+                await step
+
         try:
             for ledger_id, entries in runs:
                 run_start = position
@@ -209,9 +216,7 @@ class EntryLogger:
                     size = len(entry)
                     if position + 4 + size > bytes_max and position > fmt.HEADER_BYTES:
                         self._count_run(ledger_id, position - run_start)
-                        if writing is not None:
-                            writing, done = None, writing
-                            await done
+                        await previous_step_done()
                         await self._file.write_chunks(chunk)
                         chunk = []
                         put = chunk.append
@@ -224,17 +229,13 @@ class EntryLogger:
                     add((_KEY(ledger_id, entry_id), _VALUE(log_id, position, size)))
                     position += 4 + size
                     if position >= step_end:
-                        if writing is not None:
-                            writing, done = None, writing
-                            await done
+                        await previous_step_done()
                         writing = asyncio.ensure_future(self._file.write_chunks_synced(chunk))
                         chunk = []
                         put = chunk.append
                         step_end = position + _STEP_BYTES
                 self._count_run(ledger_id, position - run_start)
-            if writing is not None:
-                writing, done = None, writing
-                await done
+            await previous_step_done()
             if chunk:
                 await self._file.write_chunks(chunk)
         finally:

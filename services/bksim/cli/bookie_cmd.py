@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import functools
 import json
 import os
 import signal
@@ -167,7 +166,7 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
     from bksim.adapters.bookie_server import BookieServer
     from bksim.adapters.clock import SystemClock
     from bksim.adapters.localdisk import LocalDisk
-    from bksim.adapters.rocks import open_rocks
+    from bksim.adapters.rocks import index_opener
     from bksim.bookie.engine import BookieEngine
 
     b = config.bookie
@@ -190,7 +189,7 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
 
         disk, clock = LocalDisk(), SystemClock()
         engine = BookieEngine(b, disk=disk, clock=clock, instance_id=instance_id,
-                              open_kv=functools.partial(open_rocks, write_buffer_bytes=b.index_write_buffer_bytes),
+                              open_kv=index_opener(b.index_write_buffer_bytes),
                               journal_dir=b.journal_dir, ledger_dir=b.ledger_dir, log=log,
                               limbo_ledger_id_max=cookie.limbo_ledger_id_max)
         if await _until_stopped(stop, engine.start()) is _STOPPED:

@@ -40,7 +40,7 @@ from typing import Callable
 
 from bksim.adapters.clock import SystemClock
 from bksim.adapters.localdisk import LocalDisk
-from bksim.adapters.rocks import open_rocks
+from bksim.adapters.rocks import index_opener
 from bksim.bookie.engine import BookieEngine
 from bksim.formats.entry import HEADER_BYTES, encode_entry
 from bksim.model.config import Config
@@ -93,7 +93,8 @@ async def _measure(workdir: str, shape: Shape, idle: Callable[[str], float], con
     root = os.path.join(workdir, f"engine-{uuid.uuid4().hex[:8]}")
     logs: list[str] = []
     clock = SystemClock()
-    engine = BookieEngine(bookie_config, disk=LocalDisk(), clock=clock, open_kv=open_rocks,
+    engine = BookieEngine(bookie_config, disk=LocalDisk(), clock=clock,
+                          open_kv=index_opener(bookie_config.index_write_buffer_bytes),
                           instance_id=str(uuid.uuid4()), journal_dir=os.path.join(root, "journal"),
                           ledger_dir=os.path.join(root, "ledgers"), log=logs.append)
     await engine.start()

@@ -54,7 +54,7 @@ from typing import Callable
 
 from bksim.adapters.clock import SystemClock
 from bksim.adapters.localdisk import LocalDisk
-from bksim.adapters.rocks import open_rocks
+from bksim.adapters.rocks import index_opener
 from bksim.bookie import engine as engine_module
 from bksim.bookie.engine import BookieEngine
 from bksim.bookie.journal import JournalMark, list_journal_ids
@@ -137,7 +137,8 @@ class _Dirs:
     instance_id: str
 
     def engine(self, config: BookieConfig, log: Callable[[str], None], disk: LocalDisk) -> BookieEngine:
-        return BookieEngine(config, disk=disk, clock=SystemClock(), open_kv=open_rocks, instance_id=self.instance_id,
+        return BookieEngine(config, disk=disk, clock=SystemClock(), open_kv=index_opener(config.index_write_buffer_bytes),
+                            instance_id=self.instance_id,
                             journal_dir=self.journal, ledger_dir=self.ledgers, log=log)
 
 

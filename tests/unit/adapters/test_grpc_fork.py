@@ -9,7 +9,7 @@ import sys
 
 SCRIPT = r'''
 import bksim  # before grpc
-import subprocess, sys, threading, time
+import subprocess, sys, threading
 from concurrent import futures
 import grpc
 from bksim.gen import perf_echo_pb2, perf_echo_pb2_grpc
@@ -23,7 +23,7 @@ server = grpc.server(futures.ThreadPoolExecutor(4))
 perf_echo_pb2_grpc.add_PerfEchoServicer_to_server(Echo(), server)
 port = server.add_insecure_port("127.0.0.1:0")
 server.start()
-stop = threading.Event()
+stop, answered = threading.Event(), threading.Event()
 
 def stream():
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -33,12 +33,11 @@ def stream():
             i += 1
             yield perf_echo_pb2.EchoRequest(batch_id=i)
     for ack in perf_echo_pb2_grpc.PerfEchoStub(channel).Echo(requests()):
-        pass
+        answered.set()
 
 threading.Thread(target=stream, daemon=True).start()
-deadline = time.monotonic() + 10
-while time.monotonic() < deadline and not threading.active_count() > 2:
-    time.sleep(0.01)
+if not answered.wait(30):  # the stream runs: gRPC's threads are busy while the children are forked
+    sys.exit("the echo stream never answered")
 failed = sum(subprocess.Popen(["/bin/true"], preexec_fn=lambda: None).wait() != 0 for _ in range(int(sys.argv[1])))
 print(f"failed {failed}", flush=True)
 stop.set()

@@ -10,6 +10,7 @@ from bksim.formats import entry_log
 from bksim.formats.entry import decode_entry
 from bksim.model.errors import FormatError
 from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode as S
+from helpers import wait_until_async
 
 from .conftest import KEY, entry
 
@@ -239,10 +240,9 @@ def test_an_add_waiting_for_room_while_the_checkpoint_lock_is_held_gets_a_checkp
         assert statuses == [S.OK] * 8 and not e._write_cache.has_room(4000)  # the active half is full
         async with e._checkpoint_lock:
             waiting = asyncio.ensure_future(e.add_entries([(entry(1, 8, b"x" * 4000), KEY, 0)]))
-            for _ in range(100):  # a few loop steps: the add finds no room and asks for a checkpoint
-                if e.statistics()["throttled"]:
-                    break
-                await asyncio.sleep(0)
+            # the add finds no room and asks for a checkpoint
+            await wait_until_async(lambda: e.statistics()["throttled"], 5, interval_s=0,
+                                   message="the add to wait for room")
             assert not waiting.done() and e.statistics()["throttled"] == 1
         statuses, msg = await waiting
         assert statuses == [S.OK], msg
