@@ -80,7 +80,8 @@ class FakeCluster:
         # records
         self.sends: list[tuple[str, str, list[int]]] = []  # (broker address, topic, sequence ids) per Send received
         self.flows: list[int] = []
-        self.acks: list[tuple[str, list, bool]] = []       # (topic, [(entry, batch_index, batch_size)], cumulative)
+        # (topic, [(entry, batch index or a tuple of them (an ack set), batch size)], cumulative)
+        self.acks: list[tuple[str, list, bool]] = []
         self.redelivers: list[list[int]] = []
         self.seeks: list = []
         self.lookups = 0
@@ -398,7 +399,8 @@ class FakeBroker(topic_pb2_grpc.TopicsServicer):
                     c.flows.append(r.flow.permits)
                     consumer.permits += r.flow.permits
                 elif kind == "ack":
-                    ids = [(i.entry_id, i.batch_index, i.batch_size) for i in r.ack.ids]
+                    ids = [(i.entry_id, (i.batch_index, *i.more_batch_indexes) if i.more_batch_indexes
+                            else i.batch_index, i.batch_size) for i in r.ack.ids]
                     c.acks.append((t.name, ids, r.ack.cumulative))
                     error = self._ack(consumer, r.ack)
                     if r.ack.request_id:
@@ -447,6 +449,7 @@ class FakeBroker(topic_pb2_grpc.TopicsServicer):
             if i.batch_index >= 0:
                 done = sub.acked_indexes.setdefault(i.entry_id, set())
                 done.add(i.batch_index)
+                done.update(i.more_batch_indexes)
                 if len(done) < i.batch_size:
                     continue
             sub.acked.add(i.entry_id)

@@ -159,3 +159,44 @@ def test_bad_subscribe_requests_get_bad_request(brokers, topic, open_request, wo
         s.next()
     assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert dict(e.value.trailing_metadata()).get("bksim-status") == "BAD_REQUEST"
+
+
+def test_an_ack_set_acks_several_messages_of_a_batch_in_one_id_and_a_bad_one_applies_nothing(brokers, topic):
+    topics = owner(brokers, topic)
+    batch, single = produce(topics, topic)
+
+    def subscribed():
+        s = Stream(topics, pb.SubscribeOpen(topic=topic, subscription="sets", initial_position=pb.EARLIEST))
+        assert s.next().subscribed.subscription == "sets"
+        s.send(flow=pb.Flow(permits=100))
+        return s
+
+    def ack_set(first, *more):
+        return pb.AckId(ledger_id=batch.ledger_id, entry_id=batch.entry_id, batch_index=first, batch_size=4,
+                        more_batch_indexes=list(more))
+
+    s = subscribed()
+    s.send(ack=pb.Ack(request_id=1, ids=[ack_set(2, 0), pb.AckId(ledger_id=single.ledger_id,
+                                                                 entry_id=single.entry_id, batch_index=-1)]))
+    answer = s.next()
+    for _ in range(5):  # the deliveries (and an active_change) may come before the answer
+        if answer.WhichOneof("kind") == "ack_result":
+            break
+        answer = s.next()
+    result = answer.ack_result
+    assert result.request_id == 1 and not result.HasField("error")
+    s.send(ack=pb.Ack(request_id=2, ids=[ack_set(1, 9)]))  # index 9 is outside the batch of 4
+    refused = s.next().ack_result
+    assert refused.request_id == 2 and refused.error.status == pb.INVALID_ACK and "9" in refused.error.message
+    s.close()
+    again = subscribed()
+    first = again.next()
+    while first.WhichOneof("kind") != "deliveries":  # an active_change may come first
+        first = again.next()
+    redelivered = first.deliveries.deliveries
+    assert [(d.entry_id, sorted(d.acked_batch_indexes)) for d in redelivered] == [(batch.entry_id, [0, 2])]
+    again.send(ack=pb.Ack(request_id=3, ids=[ack_set(3, 1)]))
+    assert not again.next().ack_result.HasField("error")
+    again.close()
+    stats = json.loads(topics.TopicStats(pb.TopicRequest(topic=topic), timeout=WAIT_S).json)
+    assert stats["subscriptions"]["sets"]["msgBacklog"] == 0

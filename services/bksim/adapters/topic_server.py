@@ -117,6 +117,16 @@ def received_messages(d: Delivery, partition: int) -> list[topic_pb2.ReceivedMes
     return out
 
 
+def _ack_indexes(a: topic_pb2.AckId) -> "int | tuple[int, ...]":
+    """What an Ack's id acknowledges of its entry: -1 (the whole entry, also when batch_size is 0), one batch
+    index, or batch_index with more_batch_indexes as a tuple (Subscription.ack checks each)."""
+    if a.batch_size <= 0:
+        return -1
+    if a.more_batch_indexes:
+        return (a.batch_index, *a.more_batch_indexes)
+    return a.batch_index
+
+
 def _error_message(e: TopicError) -> topic_pb2.Error:
     return topic_pb2.Error(status=topic_pb2.TopicStatus.Value(e.status), message=e.message,
                            owner_address=e.owner_address)
@@ -568,8 +578,8 @@ class TopicsServicer(topic_pb2_grpc.TopicsServicer):
                 if kind == "flow":
                     sub.flow(consumer, request.flow.permits)
                 elif kind == "ack":
-                    ids = [(Position(a.ledger_id, a.entry_id), a.batch_index if a.batch_size > 0 else -1,
-                            a.batch_size) for a in request.ack.ids]
+                    ids = [(Position(a.ledger_id, a.entry_id), _ack_indexes(a), a.batch_size)
+                           for a in request.ack.ids]
                     error = None
                     try:
                         sub.ack(consumer, ids, request.ack.cumulative)

@@ -3,9 +3,11 @@ index, cumulative), negative acks, the ack timeout, seek, and reconnects.
 
 Shape. A `Consumer` (the sync facade) has one `_PartitionConsumer` per partition (one for a non-partitioned
 topic), each with its own Subscribe stream; their messages go into one receive queue (merged receive).
-A Delivery's entry is decoded (formats/message.py) into its messages; the batch indexes the broker says are
-already acknowledged are skipped. A message of a batch has MessageId(ledger, entry, partition, index) and is
-acknowledged with a batch-index ack (AckId batch_index / batch_size); a single message with index -1.
+A Delivery's entry is decoded (formats/message.py) into its records; the batch indexes the broker says are
+already acknowledged are skipped. The receive queue holds one item per delivered entry (_Queued), and receive()
+makes each Message as it takes it, so a full queue is not two Python objects per message for the garbage
+collector to walk. A message of a batch has MessageId(ledger, entry, partition, index) and is acknowledged with
+a batch-index ack (AckId batch_index / batch_size); a single message with index -1.
 
 Flow control (as Pulsar): at subscribe time each partition consumer grants `receiver_queue_size` permits
 (messages); a message counts against the permits when the broker sends it, and the consumer grants them again
@@ -16,7 +18,9 @@ empty queue prevents that. The receive queue therefore holds at most about `rece
 partition (plus the rest of one batch: the broker may finish an entry).
 
 Acknowledgements. `acknowledge()` of a message this consumer delivered is grouped: acks are sent at most
-`ack_group_time_ms` later or when ACK_GROUP_MAX are waiting (close() sends what is left). An id this consumer
+`ack_group_time_ms` later or when ACK_GROUP_MAX are waiting (close() sends what is left); the grouped indexes of
+one batch entry go as one ack set (AckId batch_index plus more_batch_indexes), so acking a batch of n messages
+costs the broker one id, not n. An id this consumer
 does not hold as unacknowledged goes to the broker at once and waits for its answer, so an unknown id gets
 the broker's INVALID_ACK. `acknowledge_cumulative()` waits for the broker's answer (on Shared and Key_Shared
 the broker refuses it with NOT_ALLOWED). `negative_acknowledge()` asks for redelivery after
@@ -43,12 +47,14 @@ import collections
 import logging
 import threading
 import time
+import types
+from typing import Iterable
 
 from bksim.client.dead_letter import DeadLetter, DeadLetterPolicy, resolve as resolve_dead_letter
 from bksim.client.errors import ClientError, from_error_pb
 from bksim.client.stream import CLOSE_WAIT_S, PartitionStream, StreamKind
 from bksim.client.types import InitialPosition, KeySharedPolicy, Message, MessageId, SubscriptionType
-from bksim.formats.message import decode_entry
+from bksim.formats.message import RECORD_FIELDS, decode_records, read_header
 from bksim.gen import topic_pb2
 from bksim.model.errors import FormatError
 from bksim.model.status import TopicStatus
@@ -63,6 +69,10 @@ ACK_GROUP_MAX = 1000          # grouped acks sent at once when this many wait
 ACK_IDS_PER_REQUEST_MAX = 10_000  # ids in one Ack / Redeliver request
 TICK_MIN_S, TICK_MAX_S = 0.01, 1.0   # the redelivery tracker's tick (a quarter of the shortest delay)
 MAX_RECONSUME_TIMES_DEFAULT = 16     # retry_enable without a dead_letter_policy (Pulsar's MAX_RECONSUME_TIMES)
+
+
+_new_id = tuple.__new__  # MessageId from a tuple of its fields, without the named tuple's Python-level __new__
+_NO_PROPERTIES = types.MappingProxyType({})  # the properties of every message that has none (read-only, shared)
 
 
 def _ack_id(mid: MessageId, batch_size: int) -> topic_pb2.AckId:
@@ -127,12 +137,14 @@ class Consumer:
         self._ack_group_s = ack_group_time_ms / 1000.0
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # the same lock; waits for messages
-        self._queue: collections.deque[Message] = collections.deque()
+        self._queue: collections.deque[_Queued] = collections.deque()  # entries with messages not yet received
+        self._queued = 0  # messages in _queue
         self._waiters = 0
         self._unacked: dict[MessageId, tuple[_PartitionConsumer, int]] = {}   # delivered, not acked: batch size
         self._ack_deadlines: collections.OrderedDict[MessageId, float] = collections.OrderedDict()
         self._nacks: dict[MessageId, float] = {}       # id -> when to ask for its redelivery
-        self._ack_group: list[tuple[_PartitionConsumer, MessageId, int]] = []
+        self._ack_group: list[MessageId] = []   # acked ids waiting to be sent ...
+        self._ack_group_tracked: list[tuple[_PartitionConsumer, int]] = []  # ... and their _unacked values
         self._ack_flush_armed = False  # a flush is scheduled ack_group_time_ms after the group's first ack
         self._ack_flush_now = False    # a flush is scheduled at once (the group reached ACK_GROUP_MAX)
         self._error: ClientError | None = None
@@ -193,7 +205,7 @@ class Consumer:
 
     def queued(self) -> int:
         """Messages received from the broker and not yet taken by receive()."""
-        return len(self._queue)
+        return self._queued
 
     # -- receive -----------------------------------------------------------------------------------------------
     def receive(self, timeout_ms: int | None = None) -> Message:
@@ -203,9 +215,11 @@ class Consumer:
             raise ClientError(TopicStatus.BAD_REQUEST,
                               "receive() was called from a client callback (it would block the "
                               "client's thread)")
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000.0
+        deadline = None  # set when the queue is first found empty
         with self._lock:
             while not self._queue:
+                if deadline is None and timeout_ms is not None:
+                    deadline = time.monotonic() + timeout_ms / 1000.0
                 if self._error is not None:
                     raise self._error
                 if self._closed:
@@ -222,45 +236,58 @@ class Consumer:
                     self._cond.wait(remaining)
                 finally:
                     self._waiters -= 1
-            msg = self._queue.popleft()
-            part = msg._owner
+            queued = self._queue[0]
+            msg = queued.take()
+            if queued.next == len(queued.keys):
+                self._queue.popleft()
+            self._queued -= 1
+            part = queued.part
             self._dequeued(part, msg)
             if (self._dead_letter_policy is not None
                     and msg._redelivery_count >= self._dead_letter_policy.max_redeliver_count):
                 self._dlq_candidates[msg._id] = msg
-            flows = []
-            if msg._epoch == part.epoch:
+            flows = None
+            if queued.epoch == part.stream.opened:
                 part.refill += 1
                 if part.refill >= self._refill_at:
-                    flows.append((part, part.refill, part.epoch))
+                    flows = [(part, part.refill, part.epoch)]
                     part.refill = 0
             if not self._queue:
                 # the queue is empty: grant back everything received, or a broker holding an entry bigger than the
                 # permits it has left would wait for permits that only come after more messages (a stall)
                 for other in self._parts:
                     if other.refill > 0:
+                        if flows is None:
+                            flows = []
                         flows.append((other, other.refill, other.epoch))
                         other.refill = 0
             if self._ack_timeout_s > 0:
                 self._ack_deadlines[msg._id] = time.monotonic() + self._ack_timeout_s
                 self._ack_deadlines.move_to_end(msg._id)
-        for flow in flows:
-            self._loop.call(flow[0].send_flow, flow[1], flow[2])
+        if flows is not None:
+            for flow in flows:
+                self._loop.call(flow[0].send_flow, flow[1], flow[2])
         return msg
 
-    def _deliver(self, part: "_PartitionConsumer", messages: list[Message], skipped: int) -> None:  # loop thread
+    def _deliver(self, part: "_PartitionConsumer", entries: list["_Queued"], skipped: int) -> None:  # loop thread
         flow = None
         with self._lock:
-            if self._tracks_acks:
-                for m in messages:
-                    self._unacked[m._id] = (part, m._batch_size)
-            self._queue.extend(messages)
+            count = 0
+            for queued in entries:
+                count += queued.left
+                if self._tracks_acks:
+                    unacked = self._unacked
+                    tracked = (part, queued.size)  # shared by the entry's messages
+                    for key in queued.keys:
+                        unacked[key] = tracked
+            self._queue.extend(entries)
+            self._queued += count
             if skipped:
                 part.refill += skipped
                 if part.refill >= self._refill_at:
                     flow = part.refill
                     part.refill = 0
-            if self._waiters and messages:
+            if self._waiters and count:
                 self._cond.notify_all()
         if flow is not None:
             part.send_flow(flow, part.epoch)
@@ -270,12 +297,16 @@ class Consumer:
         them again); their tracker entries go too. Returns the permits to grant again on the same stream: the
         dropped messages plus those received since the last Flow."""
         with self._lock:
-            keep = collections.deque(m for m in self._queue if m._owner is not part)
-            dropped = [m for m in self._queue if m._owner is part]
+            keep = collections.deque(q for q in self._queue if q.part is not part)
+            dropped = 0
+            for q in self._queue:
+                if q.part is part:
+                    for key in q.keys[q.next:]:
+                        self._unacked.pop(key, None)
+                    dropped += q.left
             self._queue = keep
-            for m in dropped:
-                self._unacked.pop(m._id, None)
-            permits = len(dropped) + part.refill
+            self._queued -= dropped
+            permits = dropped + part.refill
             part.refill = 0
         return permits
 
@@ -313,7 +344,8 @@ class Consumer:
                 if self._nacks:
                     self._nacks.pop(mid, None)
                 group = self._ack_group
-                group.append((tracked[0], mid, tracked[1]))
+                group.append(mid)
+                self._ack_group_tracked.append(tracked)
                 if len(group) >= ACK_GROUP_MAX or self._ack_group_s == 0:
                     if not self._ack_flush_now:
                         self._ack_flush_now = True
@@ -362,13 +394,15 @@ class Consumer:
     def _flush_acks(self) -> None:  # loop thread
         with self._lock:
             group, self._ack_group = self._ack_group, []
+            tracked, self._ack_group_tracked = self._ack_group_tracked, []
             self._ack_flush_armed = self._ack_flush_now = False
+        if not group:
+            return
         if len(self._parts) == 1:
-            if group:
-                self._parts[0].send_acks([(mid, batch_size) for _, mid, batch_size in group])
+            self._parts[0].send_acks(zip(group, [t[1] for t in tracked]))
             return
         by_part: dict[_PartitionConsumer, list[tuple[MessageId, int]]] = {}
-        for part, mid, batch_size in group:
+        for mid, (part, batch_size) in zip(group, tracked):
             by_part.setdefault(part, []).append((mid, batch_size))
         for part, ids in by_part.items():
             part.send_acks(ids)
@@ -549,23 +583,41 @@ class _PartitionConsumer:
         if epoch == self.epoch and permits > 0:
             self._put(topic_pb2.ConsumeRequest(flow=topic_pb2.Flow(permits=permits)))
 
-    def send_acks(self, ids: list[tuple[MessageId, int]]) -> None:
+    def send_acks(self, ids: Iterable[tuple[MessageId, int]]) -> None:
         """Grouped acks of (message id, batch size): not awaited; a refusal is logged and kept as
         consumer.last_ack_error. Kept for the next stream while none is up."""
         if not self.stream.up:
             self._ack_backlog.extend(ids)
             return
-        for start in range(0, len(ids), ACK_IDS_PER_REQUEST_MAX):
+        # one id per entry: the batch indexes of one entry travel together (first in batch_index, the rest in
+        # more_batch_indexes), so acking a whole batch costs the broker one id, not one per message
+        entries: dict[tuple[int, int], list] = {}
+        held, held_ledger, held_entry = None, -1, -1
+        for mid, batch_size in ids:
+            ledger, entry, _partition, index = mid
+            if held is None or entry != held_entry or ledger != held_ledger:
+                held_ledger, held_entry = ledger, entry
+                held = entries.get((ledger, entry))
+                if held is None:
+                    entries[(ledger, entry)] = held = [batch_size, [index]]
+                    continue
+            if index >= 0 and held[1][0] >= 0:
+                held[1].append(index)
+            else:  # the whole entry: it covers every index
+                held[1] = [-1]
+        items = list(entries.items())
+        for start in range(0, len(items), ACK_IDS_PER_REQUEST_MAX):
             self._request_id += 1
             self._waiting[self._request_id] = (None, "ack")
             request = topic_pb2.ConsumeRequest()
             request.ack.request_id = self._request_id
             add = request.ack.ids.add
-            for mid, batch_size in ids[start:start + ACK_IDS_PER_REQUEST_MAX]:
-                if mid.batch_index >= 0:
-                    add(ledger_id=mid.ledger, entry_id=mid.entry, batch_index=mid.batch_index, batch_size=batch_size)
+            for (ledger, entry), (batch_size, indexes) in items[start:start + ACK_IDS_PER_REQUEST_MAX]:
+                if indexes[0] >= 0:
+                    add(ledger_id=ledger, entry_id=entry, batch_index=indexes[0], batch_size=batch_size,
+                        more_batch_indexes=indexes[1:])
                 else:
-                    add(ledger_id=mid.ledger, entry_id=mid.entry, batch_index=-1)
+                    add(ledger_id=ledger, entry_id=entry, batch_index=-1)
             self._put(request)
 
     def send_redeliver(self, ids: list[topic_pb2.AckId]) -> None:
@@ -695,30 +747,61 @@ class _PartitionConsumer:
                 future.set_result(None)
 
     def _on_deliveries(self, deliveries) -> None:
-        consumer = self.consumer
         epoch = self.epoch
         topic = self.topic
-        out: list[Message] = []
+        out: list[_Queued] = []
         skipped = 0
         for d in deliveries:
-            header, messages = decode_entry(d.entry)
-            partition = d.partition
-            publish = header.publish_time_ms
-            producer = header.producer_name
+            entry = d.entry
+            header = read_header(entry)
+            fields = decode_records(entry, header)
+            partition, ledger, entry_id = d.partition, d.ledger_id, d.entry_id
             if header.is_batch:
-                size = len(messages)
+                size = header.num_messages
                 acked = set(d.acked_batch_indexes)
                 skipped += len(acked)
-                for i, m in enumerate(messages):
-                    if i in acked:
-                        continue
-                    out.append(Message(m.payload, m.key, m.properties, MessageId(d.ledger_id, d.entry_id, partition, i),
-                                       d.redelivery_count, publish, m.event_time_ms, topic, size, m.sequence_id,
-                                       producer, self, epoch))
+                keys = [(ledger, entry_id, partition, i) for i in range(size) if i not in acked]
             else:
-                for m in messages:
-                    out.append(Message(m.payload, m.key, m.properties, MessageId(d.ledger_id, d.entry_id, partition, -1),
-                                       d.redelivery_count, publish, m.event_time_ms, topic, 0, m.sequence_id,
-                                       producer, self, epoch))
+                size = 0
+                keys = [(ledger, entry_id, partition, -1)]
+            if keys:
+                out.append(_Queued(self, epoch, keys, fields, d.redelivery_count, header.publish_time_ms, topic, size,
+                                   header.producer_name))
         if out or skipped:
-            consumer._deliver(self, out, skipped)
+            self.consumer._deliver(self, out, skipped)
+
+
+class _Queued:
+    """The messages of one delivered entry that receive() has not taken yet. The receive queue holds these, not
+    a Message per message: a message's objects are made when it is received, so a long queue leaves the garbage
+    collector only plain tuples of ints (which it stops tracking) to look at, not two objects per message."""
+
+    __slots__ = ("part", "epoch", "keys", "fields", "next", "redelivered", "publish_ms", "topic", "size",
+                 "producer")
+
+    def __init__(self, part: _PartitionConsumer, epoch: int, keys: list[tuple[int, int, int, int]], fields: list,
+                 redelivered: int, publish_ms: int, topic: str, size: int, producer: str) -> None:
+        self.part = part
+        self.epoch = epoch
+        self.keys = keys          # (ledger, entry, partition, batch index) of each message to deliver, in order
+        self.fields = fields      # decode_records() of the entry (every message, delivered or not)
+        self.next = 0             # keys[next] is the next message to take
+        self.redelivered = redelivered
+        self.publish_ms = publish_ms
+        self.topic = topic
+        self.size = size          # messages in the entry when it is a batch; 0 when it is not
+        self.producer = producer
+
+    @property
+    def left(self) -> int:
+        return len(self.keys) - self.next
+
+    def take(self) -> Message:
+        """The next message (there is one: left > 0)."""
+        key = self.keys[self.next]
+        self.next += 1
+        j = RECORD_FIELDS * key[3] if self.size else 0
+        payload, msg_key, props, event_ms, seq = self.fields[j:j + RECORD_FIELDS]
+        return Message(payload, msg_key, props if props is not None else _NO_PROPERTIES, _new_id(MessageId, key),
+                       self.redelivered, self.publish_ms, event_ms, self.topic, self.size, seq, self.producer,
+                       self.part, self.epoch)

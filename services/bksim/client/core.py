@@ -100,7 +100,7 @@ class LoopThread:
 
     @property
     def in_loop(self) -> bool:
-        return threading.current_thread() is self.thread
+        return threading.get_ident() == self.thread.ident
 
     def run(self, coroutine, timeout_s: float | None):
         """Run `coroutine` on the loop and wait for its result (at most `timeout_s`; None = no bound)."""

@@ -35,6 +35,8 @@ _FIXED = struct.Struct(">4sHqqqI")  # magic, flags, publish time, first seq, hig
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _RECORD = struct.Struct(">IqqB")    # record length, sequence id, event time, has_key
+RECORD_FIELDS = 5  # values per message in decode_records
+_PLAIN = struct.Struct(">IqqBHHI")  # ... then key length, property count and payload length when both are 0
 
 
 @dataclass(slots=True)
@@ -138,37 +140,61 @@ def read_header(entry: bytes) -> EntryHeader:
 def decode_entry(entry: bytes) -> tuple[EntryHeader, list[Message]]:
     """Header and every message of an entry; FormatError names what is wrong."""
     header = read_header(entry)
-    view = memoryview(entry)
+    deliver_at = header.deliver_at_ms
+    fields = iter(decode_records(entry, header))
+    return header, [Message(payload, key, props if props is not None else {}, event_time, seq, deliver_at)
+                    for payload, key, props, event_time, seq in zip(fields, fields, fields, fields, fields)]
+
+
+def decode_records(entry: bytes, header: EntryHeader) -> list:
+    """Every message of an entry whose header is `header`, flat: payload, key, properties, event_time_ms,
+    sequence_id of the first message, then of the second, ... (RECORD_FIELDS values each; properties None when
+    there are none). What a consumer needs without an object per record (read it with
+    zip(it, it, it, it, it) over one iterator). FormatError names what is wrong. A record without key bytes and
+    properties (the common case) is read with one unpack."""
+    if not isinstance(entry, bytes):
+        entry = bytes(entry)
+    size = len(entry)
     offset = header.body_offset
-    out: list[Message] = []
+    out: list = []
+    extend = out.extend
+    plain_from = _PLAIN.unpack_from
+    plain_size = _PLAIN.size
+    done = 0
     try:
-        for _ in range(header.num_messages):
-            length, seq, event_time, has_key = _RECORD.unpack_from(view, offset)
+        for done in range(header.num_messages):
+            length, seq, event_time, has_key, n, count, payload_len = plain_from(entry, offset)
             end = offset + 4 + length
-            if end > len(entry):
-                raise FormatError(f"message {len(out)} runs past the end of the entry")
+            if end > size:
+                raise FormatError(f"message {done} runs past the end of the entry")
+            if n == 0 and count == 0:  # no key bytes, no properties: the payload follows at once
+                pos = offset + plain_size
+                if pos + payload_len != end:
+                    raise FormatError(f"message {done} has an inconsistent length")
+                extend((entry[pos:end], "" if has_key else None, None, event_time, seq))
+                offset = end
+                continue
             pos = offset + _RECORD.size
-            (n,) = _U16.unpack_from(view, pos)
-            key = bytes(view[pos + 2: pos + 2 + n]).decode() if has_key else None
+            key = entry[pos + 2: pos + 2 + n].decode() if has_key else None
             pos += 2 + n
-            (count,) = _U16.unpack_from(view, pos)
+            (count,) = _U16.unpack_from(entry, pos)
             pos += 2
-            props: dict[str, str] = {}
+            props: dict[str, str] | None = {} if count else None
             for _p in range(count):
-                (n,) = _U16.unpack_from(view, pos)
-                name = bytes(view[pos + 2: pos + 2 + n]).decode()
+                (n,) = _U16.unpack_from(entry, pos)
+                name = entry[pos + 2: pos + 2 + n].decode()
                 pos += 2 + n
-                (n,) = _U32.unpack_from(view, pos)
-                props[name] = bytes(view[pos + 4: pos + 4 + n]).decode()
+                (n,) = _U32.unpack_from(entry, pos)
+                props[name] = entry[pos + 4: pos + 4 + n].decode()
                 pos += 4 + n
-            (n,) = _U32.unpack_from(view, pos)
+            (n,) = _U32.unpack_from(entry, pos)
             pos += 4
             if pos + n != end:
-                raise FormatError(f"message {len(out)} has an inconsistent length")
-            out.append(Message(bytes(view[pos:end]), key, props, event_time, seq, header.deliver_at_ms))
+                raise FormatError(f"message {done} has an inconsistent length")
+            extend((entry[pos:end], key, props, event_time, seq))
             offset = end
     except (struct.error, UnicodeDecodeError) as e:
-        raise FormatError(f"message {len(out)} of the entry is damaged: {e}") from None
-    if offset != len(entry):
-        raise FormatError(f"{len(entry) - offset} stray bytes after the last message")
-    return header, out
+        raise FormatError(f"message {done} of the entry is damaged: {e}") from None
+    if offset != size:
+        raise FormatError(f"{size - offset} stray bytes after the last message")
+    return out

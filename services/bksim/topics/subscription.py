@@ -255,24 +255,31 @@ class Subscription:
         self.wake()
 
     # ---- acks and redelivery ----------------------------------------------------------------------------------
-    def ack(self, consumer: Consumer, ids: list[tuple[Position, int, int]], cumulative: bool) -> None:
-        """ids: (position, batch index or -1, batch size). Raises TopicError (NOT_ALLOWED, INVALID_ACK)."""
+    def ack(self, consumer: Consumer, ids: list[tuple[Position, "int | tuple[int, ...]", int]],
+            cumulative: bool) -> None:
+        """ids: (position, batch index or -1, batch size); the batch index may be a tuple of indexes of the same
+        batch entry (an ack set), applied at once. Raises TopicError (NOT_ALLOWED, INVALID_ACK)."""
         if not ids:
             return
         for pos, batch_index, _ in ids:
             if not self.ml.contains(pos):
                 raise TopicError(TopicStatus.INVALID_ACK, f"message {pos} does not exist in {self.topic} (last is "
                                                           f"{self.ml.last_confirmed})")
-            if batch_index < -1:  # not "the whole entry" (-1): nothing of the ack is applied
+            if type(batch_index) is not int and (not batch_index or min(batch_index) < 0):
+                raise TopicError(TopicStatus.INVALID_ACK, f"batch indexes {list(batch_index)} of {pos}: an ack set "
+                                                          f"names 0..batch size-1")
+            if type(batch_index) is int and batch_index < -1:  # not "the whole entry" (-1): nothing is applied
                 raise TopicError(TopicStatus.INVALID_ACK, f"batch index {batch_index} of {pos}: -1 (the whole "
                                                           f"entry) or 0..batch size-1")
         if cumulative:
             if self.type in ("Shared", "Key_Shared"):
                 raise TopicError(TopicStatus.NOT_ALLOWED, f"cumulative ack is not allowed on {self.type} subscription "
                                                           f"{self.name}: acknowledge messages individually")
-            if len(ids) != 1:
+            if len(ids) != 1 or (type(ids[0][1]) is not int and len(ids[0][1]) != 1):
                 raise TopicError(TopicStatus.BAD_REQUEST, "a cumulative ack names exactly one message")
             pos, batch_index, batch_size = ids[0]
+            if type(batch_index) is not int:
+                batch_index = batch_index[0]
             if batch_index >= 0:
                 if batch_index == batch_size - 1:
                     self.cursor.ack_cumulative(pos)
@@ -286,12 +293,13 @@ class Subscription:
                     self._settle(c, p)
         else:
             for pos, batch_index, batch_size in ids:
-                if batch_index >= 0:
-                    if batch_size <= 0 or batch_index >= batch_size:
+                indexes = (batch_index,) if type(batch_index) is int else batch_index
+                if indexes[0] >= 0:
+                    if batch_size <= 0 or max(indexes) >= batch_size:
                         raise TopicError(TopicStatus.INVALID_ACK,
-                                         f"batch index {batch_index} of {pos} is outside a batch "
+                                         f"batch index {max(indexes)} of {pos} is outside a batch "
                                          f"of {batch_size}")
-                    if not self.cursor.ack_batch_indexes(pos, [batch_index], batch_size):
+                    if not self.cursor.ack_batch_indexes(pos, indexes, batch_size):
                         continue
                 else:
                     self.cursor.ack([pos])

@@ -246,3 +246,24 @@ def test_seek_grants_again_the_dropped_and_the_received_permits(fake, client):
     wait_until(lambda: sum(fake.flows) >= 20, 5, message=f"permits granted again after the seek, flows {fake.flows}")
     got = [consumer.receive(2000).data() for _ in range(20)]
     assert got == [str(i).encode() for i in range(20)]
+
+
+def test_grouped_acks_of_one_batch_travel_as_one_id_per_entry(fake, client):
+    fake.add_topic(TOPIC)
+    fake.publish(TOPIC, [Stored(str(i).encode()) for i in range(5)])
+    fake.publish(TOPIC, [Stored(b"single")])
+    consumer = _sub(client, ack_group_time_ms=50)
+    got = [consumer.receive(2000) for _ in range(6)]
+    for m in [got[4], got[0], got[5], got[2]]:
+        consumer.acknowledge(m)
+    wait_until(lambda: fake.acks, 5, message="the grouped ack")
+    assert fake.acks == [(TOPIC, [(0, (4, 0, 2), 5), (1, -1, 0)], False)]
+    for m in [got[1], got[3]]:
+        consumer.acknowledge(m)
+    wait_until(lambda: len(fake.acks) == 2, 5, message="the second grouped ack")
+    assert fake.acks[1] == (TOPIC, [(0, (1, 3), 5)], False)
+    consumer.close()
+    again = _sub(client)
+    with pytest.raises(ClientError) as e:
+        again.receive(100)
+    assert e.value.status is TopicStatus.TIMEOUT  # every message of the batch was acked through the two ack sets

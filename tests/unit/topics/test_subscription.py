@@ -278,3 +278,29 @@ def test_a_consumer_joining_while_the_departed_ones_read_is_in_flight_gets_every
         assert sorted(d.position for d in b.got) == everything
         await sub.close()
     run(main())
+
+
+def test_an_ack_set_acks_several_indexes_of_a_batch_at_once_and_a_bad_one_applies_nothing():
+    async def main():
+        _, _, [ml] = await world()
+        await ml.open()
+        await ml.append(encode_entry([Message(b"x", sequence_id=i) for i in range(5)], producer_name="p",
+                                     publish_time_ms=0, batch=True))
+        sub = Subscription(topic="persistent://t/ns/orders", name="sub", sub_type="Shared",
+                           cursor=MemoryCursor(ml, "sub"), ml=ml, clock=ManualClock(sleeps_advance=True), config=CONFIG)
+        a = Sink()
+        ca = sub.add_consumer("a", 0, a, "Shared")
+        sub.flow(ca, 10)
+        await wait_until_async(lambda: len(a.got) == 1, 5)
+        pos = a.got[0].position
+        sub.ack(ca, [(pos, (4, 0, 2), 5)], cumulative=False)
+        assert sub.cursor.acked_batch_indexes(pos) == [0, 2, 4] and sub.cursor.backlog() == 1
+        for bad in [(1, 5), (1, -1), ()]:
+            with pytest.raises(TopicError) as info:
+                sub.ack(ca, [(pos, bad, 5)], cumulative=False)
+            assert info.value.status is TopicStatus.INVALID_ACK
+            assert sub.cursor.acked_batch_indexes(pos) == [0, 2, 4]
+        sub.ack(ca, [(pos, (1, 3), 5)], cumulative=False)
+        assert sub.cursor.backlog() == 0 and sub.cursor.is_acked(pos)
+        await sub.close()
+    run(main())
