@@ -78,8 +78,11 @@ class BookieEngine:
     def __init__(self, config: BookieConfig, *, disk: Disk, clock: Clock,
                  open_kv: Callable[[str], KeyValueStore], instance_id: str, journal_dir: str, ledger_dir: str,
                  log: Callable[[str], None] = print,
-                 fault_hook: Callable[[str], None] | None = None, limbo_ledger_id_max: int = -1) -> None:
+                 fault_hook: Callable[[str], None] | None = None, limbo_ledger_id_max: int = -1,
+                 first_checkpoint_ms: float | None = None) -> None:
         self.config = config
+        # the periodic checkpoint's first run after start (None: one flush interval); later ones every interval
+        self._first_checkpoint_ms = config.flush_interval_ms if first_checkpoint_ms is None else first_checkpoint_ms
         self.limbo_ledger_id_max = limbo_ledger_id_max  # ledgers that may predate a format: never denied
         self._disk, self._clock, self._open_kv, self._log = disk, clock, open_kv, log
         self.instance_id = instance_id
@@ -789,9 +792,11 @@ class BookieEngine:
             self._log(f"checkpoint failed: {type(e).__name__}: {e}")
 
     async def _checkpoint_loop(self) -> None:
+        wait_ms = self._first_checkpoint_ms
         while True:
-            await self._clock.sleep_ms(self.config.flush_interval_ms)
+            await self._clock.sleep_ms(wait_ms)
             await asyncio.shield(self._checkpoint_quietly())
+            wait_ms = self.config.flush_interval_ms
 
     async def checkpoint(self, mark: JournalMark | None = None) -> None:
         """Make everything in the write cache durable in entry logs + index, then persist the mark.

@@ -37,6 +37,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import random
 import signal
 import sys
 from datetime import datetime
@@ -191,7 +192,11 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
         engine = BookieEngine(b, disk=disk, clock=clock, instance_id=instance_id,
                               open_kv=index_opener(b.index_write_buffer_bytes),
                               journal_dir=b.journal_dir, ledger_dir=b.ledger_dir, log=log,
-                              limbo_ledger_id_max=cookie.limbo_ledger_id_max)
+                              limbo_ledger_id_max=cookie.limbo_ledger_id_max,
+                              # bookies started together (a cluster coming up) would checkpoint together, every
+                              # interval, and stall the same writes at once: each starts its period at a random
+                              # point of the first interval
+                              first_checkpoint_ms=random.uniform(0.0, b.flush_interval_ms))
         if await _until_stopped(stop, engine.start()) is _STOPPED:
             return 0
         reg = registration.Registration(client, b.bookie_id, b.host, b.port,

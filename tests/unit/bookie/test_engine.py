@@ -10,6 +10,7 @@ from bksim.formats import entry_log
 from bksim.formats.entry import decode_entry
 from bksim.model.errors import FormatError
 from bksim.model.status import FLAG_RECOVERY_ADD, StatusCode as S
+from fakes.clock import ManualClock
 from helpers import wait_until_async
 
 from .conftest import KEY, entry
@@ -317,5 +318,23 @@ def test_a_fence_is_journaled_once_and_concurrent_fences_share_its_sync(engines)
         assert (await e.read_entry(1, 3, fence=True, master_key=KEY))[0] == S.OK
         assert e.stats["fences"] == 0  # fenced by the replayed journal: nothing journaled again
         assert (await e.add_entries([(entry(1, 5), KEY, 0)]))[0] == [S.FENCED]
+        await e.close()
+    run(scenario())
+
+
+def test_the_first_periodic_checkpoint_comes_at_its_own_time_then_every_flush_interval(engines):
+    async def scenario():
+        clock = ManualClock()
+        e = engines.make(clock=clock, first_checkpoint_ms=3_000, flush_interval_ms=10_000)
+        await e.start()  # start-up checkpoints once
+        assert e.stats["checkpoints"] == 1
+
+        def wakes():
+            return sorted(at for at, _ in clock._sleepers)
+        await wait_until_async(lambda: 3_000 in wakes(), 5)
+        assert 10_000 not in wakes()  # the first period is its own, not a flush interval
+        clock.advance(3_000)
+        await wait_until_async(lambda: e.stats["checkpoints"] == 2, 5)
+        await wait_until_async(lambda: 13_000 in wakes(), 5)  # then every flush interval
         await e.close()
     run(scenario())
