@@ -49,6 +49,7 @@ class _Half:
 class WriteCache:
     def __init__(self, bytes_max: int) -> None:
         self.half_bytes_max = bytes_max // 2
+        self._limit = self.half_bytes_max  # what the active half may hold (less only after shorten_active)
         self._active = _Half()
         self._flushing = _Half()
 
@@ -61,7 +62,7 @@ class WriteCache:
         entries = ledger.entries
         old = entries.get(entry_id)
         size = len(entry) if old is None else len(entry) - len(old)
-        if half.nbytes + size > self.half_bytes_max:
+        if half.nbytes + size > self._limit:
             return False
         entries[entry_id] = entry
         half.nbytes += size
@@ -71,9 +72,14 @@ class WriteCache:
             ledger.in_order = False
         return True
 
+    def shorten_active(self, bytes_max: int) -> None:
+        """Until the next swap the active half holds at most `bytes_max` (clamped to 0..half_bytes_max): an add
+        that finds it full asks for a checkpoint that much sooner."""
+        self._limit = max(0, min(bytes_max, self.half_bytes_max))
+
     def has_room(self, size: int) -> bool:
         """Could an entry of `size` bytes go into the active half now?"""
-        return self._active.nbytes + size <= self.half_bytes_max
+        return self._active.nbytes + size <= self._limit
 
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
         entry = self._active.get(ledger_id, entry_id)
@@ -109,6 +115,7 @@ class WriteCache:
         [(ledger id, [(entry id, entry), ...sorted by entry id])]."""
         assert not self._flushing.ledgers, "swap while the previous flush is unfinished"
         self._active, self._flushing = self._flushing, self._active
+        self._limit = self.half_bytes_max
         return self._flushing.sorted_runs()
 
     def flushing_runs(self) -> list[tuple[int, Iterable[tuple[int, bytes]]]]:

@@ -79,9 +79,11 @@ class BookieEngine:
                  open_kv: Callable[[str], KeyValueStore], instance_id: str, journal_dir: str, ledger_dir: str,
                  log: Callable[[str], None] = print,
                  fault_hook: Callable[[str], None] | None = None, limbo_ledger_id_max: int = -1,
-                 first_checkpoint_ms: float | None = None) -> None:
+                 first_checkpoint_ms: float | None = None, first_half_fraction: float | None = None) -> None:
         self.config = config
-        # the periodic checkpoint's first run after start (None: one flush interval); later ones every interval
+        # when the first checkpoints come, so that bookies started together do not checkpoint together: the
+        # periodic one's first run after start (None: one flush interval; later ones every interval) and the
+        # share of a write-cache half the first half may fill before an add asks for one (None: all of it)
         self._first_checkpoint_ms = config.flush_interval_ms if first_checkpoint_ms is None else first_checkpoint_ms
         self.limbo_ledger_id_max = limbo_ledger_id_max  # ledgers that may predate a format: never denied
         self._disk, self._clock, self._open_kv, self._log = disk, clock, open_kv, log
@@ -89,6 +91,7 @@ class BookieEngine:
         self.journal_dir, self.ledger_dir = journal_dir, ledger_dir
         self._fault_hook = fault_hook or (lambda step: None)
         self._write_cache = WriteCache(config.write_cache_bytes_max)
+        self._first_half_fraction = first_half_fraction
         self._read_cache = ReadCache(config.read_cache_bytes_max)
         self._entry_bytes_max = min(config.entry_bytes_max, self._write_cache.half_bytes_max)
         self._entry_logger = EntryLogger(disk, os.path.join(ledger_dir, "entrylogs"), config.entry_log_bytes_max)
@@ -159,6 +162,8 @@ class BookieEngine:
         await self.checkpoint(mark=self.replay_report.end)
         await self._journal.open(after_id=self.replay_report.end.journal_id)
         self._journal.start()
+        if self._first_half_fraction is not None:
+            self._write_cache.shorten_active(int(self._write_cache.half_bytes_max * self._first_half_fraction))
         self._checkpoint_timer = asyncio.get_running_loop().create_task(self._checkpoint_loop(), name="checkpoint")
         self._tasks.append(self._checkpoint_timer)
         r = self.replay_report

@@ -193,10 +193,12 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
                               open_kv=index_opener(b.index_write_buffer_bytes),
                               journal_dir=b.journal_dir, ledger_dir=b.ledger_dir, log=log,
                               limbo_ledger_id_max=cookie.limbo_ledger_id_max,
-                              # bookies started together (a cluster coming up) would checkpoint together, every
-                              # interval, and stall the same writes at once: each starts its period at a random
-                              # point of the first interval
-                              first_checkpoint_ms=random.uniform(0.0, b.flush_interval_ms))
+                              # bookies started together (a cluster coming up) and written the same entries (an
+                              # ensemble) would checkpoint together, every interval and every time their write
+                              # caches fill, stalling the same writes at once: each starts both cycles at a random
+                              # point (its first periodic checkpoint, how full its first write-cache half gets)
+                              first_checkpoint_ms=random.uniform(0.0, b.flush_interval_ms),
+                              first_half_fraction=random.uniform(0.25, 1.0))
         if await _until_stopped(stop, engine.start()) is _STOPPED:
             return 0
         reg = registration.Registration(client, b.bookie_id, b.host, b.port,

@@ -25,11 +25,13 @@ class EngineFactory:
         self.instance_id = str(uuid.uuid4())
         self.logs: list[str] = []
 
-    def make(self, fault_hook=None, clock=None, first_checkpoint_ms=None, **overrides) -> BookieEngine:
+    def make(self, fault_hook=None, clock=None, first_checkpoint_ms=None, first_half_fraction=None,
+             **overrides) -> BookieEngine:
         config = dataclasses.replace(BookieConfig(), **overrides)
         return BookieEngine(config, disk=LocalDisk(), clock=clock or SystemClock(), open_kv=open_rocks,
                             instance_id=self.instance_id, journal_dir=self.journal_dir, ledger_dir=self.ledger_dir,
-                            log=self.logs.append, fault_hook=fault_hook, first_checkpoint_ms=first_checkpoint_ms)
+                            log=self.logs.append, fault_hook=fault_hook, first_checkpoint_ms=first_checkpoint_ms,
+                            first_half_fraction=first_half_fraction)
 
     async def started(self, **overrides) -> BookieEngine:
         engine = self.make(**overrides)

@@ -36,6 +36,18 @@ def test_each_half_is_bounded_by_half_of_bytes_max():
     assert (cache.active_bytes, cache.flushing_bytes) == (50, 50)
 
 
+def test_a_shortened_active_half_fills_sooner_and_the_next_half_is_whole_again():
+    cache = WriteCache(100)
+    cache.put(1, 0, e(10))
+    cache.shorten_active(25)
+    assert cache.has_room(15) and not cache.has_room(16)
+    assert cache.put(1, 1, e(15)) and not cache.put(1, 2, e(1))
+    cache.swap()
+    assert cache.has_room(50) and cache.put(1, 2, e(50))
+    cache.shorten_active(500)  # clamped to a half
+    assert cache.active_bytes == 50 and not cache.has_room(1)
+
+
 def test_re_add_replaces_and_accounts_the_difference():
     cache = WriteCache(100)
     assert cache.put(1, 0, e(40, b"a"))

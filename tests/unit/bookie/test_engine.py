@@ -338,3 +338,23 @@ def test_the_first_periodic_checkpoint_comes_at_its_own_time_then_every_flush_in
         await wait_until_async(lambda: 13_000 in wakes(), 5)  # then every flush interval
         await e.close()
     run(scenario())
+
+
+def test_a_shortened_first_half_asks_for_the_first_checkpoint_sooner(engines):
+    async def scenario():
+        e = await engines.started(first_half_fraction=0.5, write_cache_bytes_max=40_000, flush_interval_ms=3_600_000)
+        cache = e._write_cache
+        payload = b"x" * 1_000
+        swapped_at = None
+        for entry_id in range(30):
+            before = cache.active_bytes
+            statuses, _ = await e.add_entries([(entry(5, entry_id, payload), KEY, 0)])
+            assert statuses == [S.OK]
+            if cache.active_bytes < before:  # this add found the first half full and got it swapped
+                swapped_at = entry_id
+                break
+        # a half is 20,000 bytes; the first may hold 10,000: nine entries of ~1,040 bytes, not nineteen
+        assert swapped_at == 9
+        await wait_until_async(lambda: e.stats["checkpoints"] == 2, 5)
+        await e.close()
+    run(scenario())
