@@ -48,6 +48,7 @@ import logging
 import threading
 import time
 import types
+from threading import get_ident
 from typing import Iterable
 
 from bksim.client.dead_letter import DeadLetter, DeadLetterPolicy, resolve as resolve_dead_letter
@@ -86,8 +87,10 @@ class Consumer:
     """Receives from one subscription of one topic (all its partitions). Create with `Client.subscribe`."""
 
     _tracks_acks = True  # a Reader (reader.py) acknowledges nothing: the broker does as it sends
+    _tracks_position = False  # a Reader follows what receive() returns (_dequeued)
 
-    # -- hooks for reader.py (the loop thread calls them, except _dequeued: the caller's, under self._lock) ----
+    # -- hooks for reader.py (the loop thread calls them; _dequeued: the caller's, under self._lock, when
+    # _tracks_position) -------------------------------------------------------------------------------------------
     def _open_message(self, part: "_PartitionConsumer", name: str) -> topic_pb2.SubscribeOpen:
         return topic_pb2.SubscribeOpen(topic=part.topic, subscription=self._subscription, type=self._type.value,
                                        consumer_name=name, priority=self._priority,
@@ -122,6 +125,7 @@ class Consumer:
             raise ClientError(TopicStatus.BAD_REQUEST, "a subscription name is required")
         self._client = client
         self._loop = client._loop
+        self._loop_ident = client._loop.thread.ident  # receive() refuses to block the loop's own thread
         self._topic = topic
         self._partitioned = partitions > 0
         self._subscription = subscription
@@ -211,7 +215,7 @@ class Consumer:
     def receive(self, timeout_ms: int | None = None) -> Message:
         """The next message (waits at most `timeout_ms`; None = until one comes). ClientError TIMEOUT when none
         came in time; the consumer's error when it failed; BAD_REQUEST when it is closed."""
-        if self._loop.in_loop:
+        if get_ident() == self._loop_ident:
             raise ClientError(TopicStatus.BAD_REQUEST,
                               "receive() was called from a client callback (it would block the "
                               "client's thread)")
@@ -242,7 +246,8 @@ class Consumer:
                 self._queue.popleft()
             self._queued -= 1
             part = queued.part
-            self._dequeued(part, msg)
+            if self._tracks_position:
+                self._dequeued(part, msg)
             if (self._dead_letter_policy is not None
                     and msg._redelivery_count >= self._dead_letter_policy.max_redeliver_count):
                 self._dlq_candidates[msg._id] = msg
@@ -331,8 +336,9 @@ class Consumer:
 
     def acknowledge(self, message: Message | MessageId) -> None:
         """Acknowledge one message (see the module docstring: grouped when this consumer delivered it)."""
-        mid = self._id_of(message)
-        self._check_usable()
+        mid = message._id if type(message) is Message else self._id_of(message)
+        if self._error is not None or self._closed:
+            self._check_usable()
         arm = None
         with self._lock:
             tracked = self._unacked.pop(mid, None)
