@@ -18,9 +18,30 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the status of a command killed by the s
 FAMILIES = ("audit_cmd", "autorecovery_cmd", "bookie_cmd", "broker_cmd", "certs_cmd", "chaos_cmd", "cluster_cmd",
             "compose_cmd", "dump_cmd", "ledger_cmd", "metadata_cmd", "monitor_cmd", "perf_cmd", "security_cmd",
             "sim_cmd", "topic_cmd")
+# the top-level commands each family registers where the family's name does not say it
+COMMANDS = {"journal": "dump_cmd", "entrylog": "dump_cmd", "lastmark": "dump_cmd", "tokens": "security_cmd",
+            "tenant": "topic_cmd", "namespace": "topic_cmd", "produce": "topic_cmd", "consume": "topic_cmd",
+            "read": "topic_cmd"}
+_GLOBAL_WITH_VALUE = ("--config", "--token-file")  # global options that take the next word as their value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def family_of(argv: list[str]) -> str | None:
+    """The family module of the command `argv` names (its first word that is not a global option), or None
+    (no command, help, or a word no family registers: then every family is registered, for argparse's full
+    usage and its list of choices)."""
+    words = iter(argv)
+    for word in words:
+        if word in _GLOBAL_WITH_VALUE:
+            next(words, None)
+        elif not word.startswith("-"):
+            family = COMMANDS.get(word, f"{word}_cmd")
+            return family if family in FAMILIES else None
+    return None
+
+
+def build_parser(families: tuple[str, ...] = FAMILIES) -> argparse.ArgumentParser:
+    """The `bksim` parser with the commands of `families` (all by default). A process that runs one command
+    builds only its family: a bookie does not import the simulator and the benchmarks, nor fail on them."""
     import importlib
 
     parser = argparse.ArgumentParser(prog="bksim", description="A faithful, runnable Apache BookKeeper cluster")
@@ -32,13 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="no progress line on the terminal (as BKSIM_PROGRESS=0; off anyway when stderr is "
                              "not a terminal or with --json)")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in FAMILIES:
+    for name in families:
         importlib.import_module(f"bksim.cli.{name}").register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    family = family_of(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(FAMILIES if family is None else (family,))
     args = parser.parse_args(argv)
     if args.no_progress:
         from bksim.cli import progress
