@@ -47,8 +47,11 @@ class _Half:
 
 
 class WriteCache:
-    def __init__(self, bytes_max: int) -> None:
+    def __init__(self, bytes_max: int, entry_overhead: int = 0) -> None:
+        """Two halves of bytes_max // 2 each. An entry counts its length plus `entry_overhead` bytes (what its
+        objects cost beyond the bytes), so the bound holds for memory, not only for entry bytes."""
         self.half_bytes_max = bytes_max // 2
+        self.entry_overhead = entry_overhead
         self._limit = self.half_bytes_max  # what the active half may hold (less only after shorten_active)
         self._active = _Half()
         self._flushing = _Half()
@@ -61,7 +64,7 @@ class WriteCache:
             ledger = half.ledgers[ledger_id] = _Ledger()
         entries = ledger.entries
         old = entries.get(entry_id)
-        size = len(entry) if old is None else len(entry) - len(old)
+        size = len(entry) + self.entry_overhead if old is None else len(entry) - len(old)
         if half.nbytes + size > self._limit:
             return False
         entries[entry_id] = entry
@@ -79,7 +82,7 @@ class WriteCache:
 
     def has_room(self, size: int) -> bool:
         """Could an entry of `size` bytes go into the active half now?"""
-        return self._active.nbytes + size <= self._limit
+        return self._active.nbytes + size + self.entry_overhead <= self._limit
 
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
         entry = self._active.get(ledger_id, entry_id)

@@ -90,10 +90,11 @@ class BookieEngine:
         self.instance_id = instance_id
         self.journal_dir, self.ledger_dir = journal_dir, ledger_dir
         self._fault_hook = fault_hook or (lambda step: None)
-        self._write_cache = WriteCache(config.write_cache_bytes_max)
+        self._write_cache = WriteCache(config.write_cache_bytes_max, config.write_cache_entry_overhead_bytes)
         self._first_half_fraction = first_half_fraction
         self._read_cache = ReadCache(config.read_cache_bytes_max)
-        self._entry_bytes_max = min(config.entry_bytes_max, self._write_cache.half_bytes_max)
+        self._entry_bytes_max = min(config.entry_bytes_max,
+                                    self._write_cache.half_bytes_max - config.write_cache_entry_overhead_bytes)
         self._entry_logger = EntryLogger(disk, os.path.join(ledger_dir, "entrylogs"), config.entry_log_bytes_max)
         self._journal = Journal(disk, clock, journal_dir, instance_id, group_wait_ms_max=config.group_wait_ms_max,
                                 group_bytes_max=config.group_bytes_max, flush_when_idle=config.journal_flush_when_idle,

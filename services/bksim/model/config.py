@@ -102,6 +102,9 @@ class BookieConfig:
     # ledger storage
     flush_interval_ms: int = option(10_000, "checkpoint period (also runs when a write cache half fills)")
     write_cache_bytes_max: int = option(64 * MiB, "write cache, both halves together; an entry > half is BAD_REQUEST")
+    write_cache_entry_overhead_bytes: int = option(128, "bytes the write cache counts per entry on top of its length "
+                                                   "(a cached entry's Python objects), so small entries are bounded "
+                                                   "too; 0 counts entry bytes only, as BookKeeper")
     write_cache_throttle_ms_max: int = option(2_500, "an add waits this long for write-cache space, then "
                                               "TOO_MANY_REQUESTS; must be < broker.bookie_timeout_ms (default: half)")
     read_cache_bytes_max: int = option(16 * MiB, "read cache (entries read from entry logs)")
@@ -321,6 +324,8 @@ class Config:
                      "requests_inflight_max", "index_write_buffer_bytes"):
             _require(getattr(b, name) > 0, f"bookie.{name} must be > 0")
         _require(b.group_wait_ms_max >= 0, "bookie.group_wait_ms_max must be >= 0")
+        _require(0 <= b.write_cache_entry_overhead_bytes < b.write_cache_bytes_max // 2,
+                 "bookie.write_cache_entry_overhead_bytes must be >= 0 and below half of bookie.write_cache_bytes_max")
         _require(b.add_inflight_per_stream_max <= b.add_inflight_total_max,
                  "bookie.add_inflight_per_stream_max must be <= bookie.add_inflight_total_max")
         _require(b.journal_backups_max >= 0, "bookie.journal_backups_max must be >= 0")

@@ -102,7 +102,8 @@ class BookiePlan:
 
     def bookie_config(self, journal_archive_dir: str) -> BookieConfig:
         return dataclasses.replace(
-            BookieConfig(), write_cache_bytes_max=self.write_cache_bytes_max,
+            # the worlds' caches of a few KiB are sized in entry bytes: no per-entry overhead counted
+            BookieConfig(), write_cache_bytes_max=self.write_cache_bytes_max, write_cache_entry_overhead_bytes=0,
             write_cache_throttle_ms_max=self.write_cache_throttle_ms_max,
             read_cache_bytes_max=self.write_cache_bytes_max,
             journal_file_bytes_max=self.journal_file_bytes_max, entry_log_bytes_max=self.entry_log_bytes_max,
@@ -300,7 +301,8 @@ class LedgerPlan:
 
     def bookie_config(self) -> BookieConfig:
         return dataclasses.replace(
-            BookieConfig(), write_cache_bytes_max=self.write_cache_bytes_max,
+            # the worlds' caches of a few KiB are sized in entry bytes: no per-entry overhead counted
+            BookieConfig(), write_cache_bytes_max=self.write_cache_bytes_max, write_cache_entry_overhead_bytes=0,
             read_cache_bytes_max=self.write_cache_bytes_max, journal_file_bytes_max=self.journal_file_bytes_max,
             entry_log_bytes_max=self.entry_log_bytes_max, flush_interval_ms=self.flush_interval_ms,
             group_wait_ms_max=self.group_wait_ms_max,

@@ -27,6 +27,7 @@ class EngineFactory:
 
     def make(self, fault_hook=None, clock=None, first_checkpoint_ms=None, first_half_fraction=None,
              **overrides) -> BookieEngine:
+        overrides.setdefault("write_cache_entry_overhead_bytes", 0)  # these tests size caches in entry bytes
         config = dataclasses.replace(BookieConfig(), **overrides)
         return BookieEngine(config, disk=LocalDisk(), clock=clock or SystemClock(), open_kv=open_rocks,
                             instance_id=self.instance_id, journal_dir=self.journal_dir, ledger_dir=self.ledger_dir,

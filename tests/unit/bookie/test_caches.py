@@ -48,6 +48,14 @@ def test_a_shortened_active_half_fills_sooner_and_the_next_half_is_whole_again()
     assert cache.active_bytes == 50 and not cache.has_room(1)
 
 
+def test_each_entry_counts_its_overhead_and_a_re_add_only_its_length_difference():
+    cache = WriteCache(1000, entry_overhead=100)
+    assert cache.put(1, 0, e(50)) and cache.active_bytes == 150
+    assert cache.put(1, 0, e(80)) and cache.active_bytes == 180  # the same entry again: its objects are reused
+    assert cache.has_room(220) and not cache.has_room(221)  # 180 + 220 + 100 = 500, a half
+    assert cache.put(1, 1, e(220)) and not cache.put(1, 2, e(0))
+
+
 def test_re_add_replaces_and_accounts_the_difference():
     cache = WriteCache(100)
     assert cache.put(1, 0, e(40, b"a"))

@@ -358,3 +358,23 @@ def test_a_shortened_first_half_asks_for_the_first_checkpoint_sooner(engines):
         await wait_until_async(lambda: e.stats["checkpoints"] == 2, 5)
         await e.close()
     run(scenario())
+
+
+def test_the_write_cache_bounds_small_entries_by_their_count_too(engines):
+    async def scenario():
+        e = await engines.started(write_cache_bytes_max=40_000, write_cache_entry_overhead_bytes=1_000,
+                                  flush_interval_ms=3_600_000)
+        cache = e._write_cache
+        # a half is 20,000 bytes; each ~48-byte entry counts ~1,048, so 19 fit where 400 would by length alone
+        for entry_id in range(19):
+            statuses, _ = await e.add_entries([(entry(5, entry_id, b"s"), KEY, 0)])
+            assert statuses == [S.OK]
+        assert e.stats["checkpoints"] == 1 and not cache.has_room(48)
+        statuses, _ = await e.add_entries([(entry(5, 19, b"s"), KEY, 0)])  # the half is full: it is swapped
+        assert statuses == [S.OK] and cache.flushing_bytes + cache.active_bytes <= 40_000
+        await wait_until_async(lambda: e.stats["checkpoints"] == 2, 5)
+        too_big = entry(5, 20, b"x" * (20_000 - 1_000))  # longer than a half less one entry's overhead
+        statuses, why = await e.add_entries([(too_big, KEY, 0)])
+        assert statuses == [S.BAD_REQUEST] and "half the write cache" in why
+        await e.close()
+    run(scenario())

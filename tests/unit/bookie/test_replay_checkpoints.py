@@ -34,8 +34,8 @@ JOURNAL_DIR, LEDGER_DIR = "/bookie/journal", "/bookie/ledgers"
 NEVER_MS = 86_400_000
 # the fill: no checkpoint moves the mark, journals roll every 8 KiB (replay crosses files, collects old ones)
 FILL = dataclasses.replace(BookieConfig(), write_cache_bytes_max=4 << 20, flush_interval_ms=NEVER_MS,
-                           journal_file_bytes_max=8 * KiB, journal_backups_max=1)
-# the replaying engine: halves of 2 KiB (6 entries), so replay checkpoints every few groups
+                           journal_file_bytes_max=8 * KiB, journal_backups_max=1, write_cache_entry_overhead_bytes=0)
+# the replaying engine: halves of 2 KiB (6 entries: entry bytes only), so replay checkpoints every few groups
 SMALL = dataclasses.replace(FILL, write_cache_bytes_max=4 * KiB)
 LEDGERS = (1, 2, 3)
 ROUNDS = 12  # add batches per ledger

@@ -81,6 +81,9 @@ def test_file_overrides_defaults(tmp_path):
     ({"BKSIM_BOOKIE_ENTRY_BYTES_MAX": str(64 * 1024 * 1024)}, "bookie.entry_bytes_max"),
     ({"BKSIM_CLUSTER_BOOKIES": "-1"}, "cluster.bookies"),
     ({"BKSIM_BOOKIE_DISK_USAGE_LWM_THRESHOLD": "0.99"}, "bookie.disk_usage_lwm_threshold"),
+    ({"BKSIM_BOOKIE_WRITE_CACHE_ENTRY_OVERHEAD_BYTES": "-1"}, "bookie.write_cache_entry_overhead_bytes"),
+    ({"BKSIM_BOOKIE_WRITE_CACHE_BYTES_MAX": "1000", "BKSIM_BOOKIE_WRITE_CACHE_ENTRY_OVERHEAD_BYTES": "500"},
+     "bookie.write_cache_entry_overhead_bytes"),
 ])
 def test_bad_values_name_the_option(env, option):
     with pytest.raises(ConfigError) as e:
