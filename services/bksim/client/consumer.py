@@ -144,7 +144,9 @@ class Consumer:
         self._queue: collections.deque[_Queued] = collections.deque()  # entries with messages not yet received
         self._queued = 0  # messages in _queue
         self._waiters = 0
-        self._unacked: dict[MessageId, tuple[_PartitionConsumer, int]] = {}   # delivered, not acked: batch size
+        # delivered, not acked: (ledger, entry, partition, batch index) -> (its partition consumer, batch size); a
+        # plain tuple, equal to the MessageId, so the collector stops tracking it
+        self._unacked: dict[tuple[int, int, int, int], tuple[_PartitionConsumer, int]] = {}
         self._ack_deadlines: collections.OrderedDict[MessageId, float] = collections.OrderedDict()
         self._nacks: dict[MessageId, float] = {}       # id -> when to ask for its redelivery
         self._ack_group: list[MessageId] = []   # acked ids waiting to be sent ...

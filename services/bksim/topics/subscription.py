@@ -266,8 +266,8 @@ class Subscription:
                 raise TopicError(TopicStatus.INVALID_ACK, f"message {pos} does not exist in {self.topic} (last is "
                                                           f"{self.ml.last_confirmed})")
             if type(batch_index) is not int and (not batch_index or min(batch_index) < 0):
-                raise TopicError(TopicStatus.INVALID_ACK, f"batch indexes {list(batch_index)} of {pos}: an ack set "
-                                                          f"names 0..batch size-1")
+                raise TopicError(TopicStatus.INVALID_ACK, f"batch index {min(batch_index, default='(none)')} in "
+                                                          f"an ack set of {pos}: an ack set names 0..batch size-1")
             if type(batch_index) is int and batch_index < -1:  # not "the whole entry" (-1): nothing is applied
                 raise TopicError(TopicStatus.INVALID_ACK, f"batch index {batch_index} of {pos}: -1 (the whole "
                                                           f"entry) or 0..batch size-1")
