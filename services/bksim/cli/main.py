@@ -52,7 +52,9 @@ def build_parser(families: tuple[str, ...] = FAMILIES) -> argparse.ArgumentParse
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress line on the terminal (as BKSIM_PROGRESS=0; off anyway when stderr is "
                              "not a terminal or with --json)")
-    subparsers = parser.add_subparsers(dest="command", required=True)
+    # built for one family, the usage names no command list (it would be that family's alone)
+    subparsers = parser.add_subparsers(dest="command", required=True,
+                                       metavar=None if families == FAMILIES else "COMMAND")
     for name in families:
         importlib.import_module(f"bksim.cli.{name}").register(subparsers)
     return parser

@@ -41,3 +41,9 @@ def test_a_bookie_command_imports_neither_the_benchmarks_nor_the_simulator():
               "print(sorted(m for m in sys.modules if m.startswith(('bksim.perf', 'bksim.sim'))))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]
+
+
+def test_a_one_family_parser_names_no_partial_command_list_in_its_usage():
+    usage = build_parser(("bookie_cmd",)).format_usage()
+    assert "COMMAND" in usage and "{" not in usage
+    assert "{audit," in build_parser().format_usage()
