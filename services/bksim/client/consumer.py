@@ -48,7 +48,6 @@ import logging
 import threading
 import time
 import types
-from threading import get_ident
 from typing import Iterable
 
 from bksim.client.dead_letter import DeadLetter, DeadLetterPolicy, resolve as resolve_dead_letter
@@ -87,10 +86,8 @@ class Consumer:
     """Receives from one subscription of one topic (all its partitions). Create with `Client.subscribe`."""
 
     _tracks_acks = True  # a Reader (reader.py) acknowledges nothing: the broker does as it sends
-    _tracks_position = False  # a Reader follows what receive() returns (_dequeued)
 
-    # -- hooks for reader.py (the loop thread calls them; _dequeued: the caller's, under self._lock, when
-    # _tracks_position) -------------------------------------------------------------------------------------------
+    # -- hooks for reader.py (the loop thread calls them, except _dequeued: the caller's, under self._lock) ----
     def _open_message(self, part: "_PartitionConsumer", name: str) -> topic_pb2.SubscribeOpen:
         return topic_pb2.SubscribeOpen(topic=part.topic, subscription=self._subscription, type=self._type.value,
                                        consumer_name=name, priority=self._priority,
@@ -125,7 +122,6 @@ class Consumer:
             raise ClientError(TopicStatus.BAD_REQUEST, "a subscription name is required")
         self._client = client
         self._loop = client._loop
-        self._loop_ident = client._loop.thread.ident  # receive() refuses to block the loop's own thread
         self._topic = topic
         self._partitioned = partitions > 0
         self._subscription = subscription
@@ -217,7 +213,7 @@ class Consumer:
     def receive(self, timeout_ms: int | None = None) -> Message:
         """The next message (waits at most `timeout_ms`; None = until one comes). ClientError TIMEOUT when none
         came in time; the consumer's error when it failed; BAD_REQUEST when it is closed."""
-        if get_ident() == self._loop_ident:
+        if self._loop.in_loop:
             raise ClientError(TopicStatus.BAD_REQUEST,
                               "receive() was called from a client callback (it would block the "
                               "client's thread)")
@@ -244,12 +240,11 @@ class Consumer:
                     self._waiters -= 1
             queued = self._queue[0]
             msg = queued.take()
-            if queued.next == len(queued.keys):
+            if not queued.left:
                 self._queue.popleft()
             self._queued -= 1
             part = queued.part
-            if self._tracks_position:
-                self._dequeued(part, msg)
+            self._dequeued(part, msg)
             if (self._dead_letter_policy is not None
                     and msg._redelivery_count >= self._dead_letter_policy.max_redeliver_count):
                 self._dlq_candidates[msg._id] = msg

@@ -66,7 +66,6 @@ class _Resume:
 
 class _ReaderConsumer(Consumer):
     _tracks_acks = False
-    _tracks_position = True
 
     def __init__(self, client, topic: str, partitions: int, *, start: MessageId | None, initial: InitialPosition,
                  inclusive: bool, receiver_queue_size: int, reader_name: str) -> None:

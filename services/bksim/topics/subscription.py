@@ -261,25 +261,24 @@ class Subscription:
         batch entry (an ack set), applied at once. Raises TopicError (NOT_ALLOWED, INVALID_ACK)."""
         if not ids:
             return
-        for pos, batch_index, _ in ids:
+        acks: list[tuple[Position, tuple[int, ...], int]] = []  # every id as a tuple of its indexes ((-1,): whole)
+        for pos, batch_index, batch_size in ids:
+            indexes = (batch_index,) if type(batch_index) is int else tuple(batch_index)
             if not self.ml.contains(pos):
                 raise TopicError(TopicStatus.INVALID_ACK, f"message {pos} does not exist in {self.topic} (last is "
                                                           f"{self.ml.last_confirmed})")
-            if type(batch_index) is not int and (not batch_index or min(batch_index) < 0):
-                raise TopicError(TopicStatus.INVALID_ACK, f"batch index {min(batch_index, default='(none)')} in "
-                                                          f"an ack set of {pos}: an ack set names 0..batch size-1")
-            if type(batch_index) is int and batch_index < -1:  # not "the whole entry" (-1): nothing is applied
-                raise TopicError(TopicStatus.INVALID_ACK, f"batch index {batch_index} of {pos}: -1 (the whole "
-                                                          f"entry) or 0..batch size-1")
+            if not indexes or min(indexes) < (-1 if len(indexes) == 1 else 0):  # nothing of the ack is applied
+                what = f"batch index {min(indexes)}" if indexes else "an empty ack set"
+                raise TopicError(TopicStatus.INVALID_ACK, f"{what} of {pos}: -1 (the whole entry) or 0..batch "
+                                                          f"size-1")
+            acks.append((pos, indexes, batch_size))
         if cumulative:
             if self.type in ("Shared", "Key_Shared"):
                 raise TopicError(TopicStatus.NOT_ALLOWED, f"cumulative ack is not allowed on {self.type} subscription "
                                                           f"{self.name}: acknowledge messages individually")
-            if len(ids) != 1 or (type(ids[0][1]) is not int and len(ids[0][1]) != 1):
+            if len(acks) != 1 or len(acks[0][1]) != 1:
                 raise TopicError(TopicStatus.BAD_REQUEST, "a cumulative ack names exactly one message")
-            pos, batch_index, batch_size = ids[0]
-            if type(batch_index) is not int:
-                batch_index = batch_index[0]
+            pos, (batch_index,), batch_size = acks[0]
             if batch_index >= 0:
                 if batch_index == batch_size - 1:
                     self.cursor.ack_cumulative(pos)
@@ -292,8 +291,7 @@ class Subscription:
                 for p in [p for p in c.pending if p <= pos and self.cursor.is_acked(p)]:
                     self._settle(c, p)
         else:
-            for pos, batch_index, batch_size in ids:
-                indexes = (batch_index,) if type(batch_index) is int else batch_index
+            for pos, indexes, batch_size in acks:
                 if indexes[0] >= 0:
                     if batch_size <= 0 or max(indexes) >= batch_size:
                         raise TopicError(TopicStatus.INVALID_ACK,
