@@ -203,7 +203,7 @@ class Journal:
 
     async def _write_group(self, group: list[_Pending]) -> None:
         chunks = [c for pending in group for c in pending.chunks]
-        data = b"".join([fmt.group_record(chunks)] + chunks)  # framed: replay can tell a torn last group
+        data = fmt.framed_group(chunks)  # framed: replay can tell a torn last group
         assert self._file is not None
         started_ms = self._clock.monotonic_ms()
         if self._sync_on_loop:

@@ -154,13 +154,17 @@ def group_record(chunks: list[bytes]) -> bytes:
     return encode_record(RecordType.GROUP, 0, GROUP_BODY.pack(sum(map(len, chunks)), crc))
 
 
+def framed_group(chunks: list[bytes]) -> bytes:
+    """One group write as it goes to disk: the GROUP record, then `chunks`. The same bytes as
+    `group_record(chunks) + b"".join(chunks)`, with the records joined once and their CRC taken in one call (the
+    journal writer's path: a group holds two chunks per entry)."""
+    records = b"".join(chunks)
+    return encode_record(RecordType.GROUP, 0, GROUP_BODY.pack(len(records), crc32c(records))) + records
+
+
 def encode_file(instance_id: str, groups: list[list[bytes]]) -> bytes:
     """A whole journal file as the bookie writes it: the header, then each group of records framed."""
-    parts = [encode_file_header(instance_id)]
-    for records in groups:
-        parts.append(group_record(records))
-        parts.extend(records)
-    return b"".join(parts)
+    return b"".join([encode_file_header(instance_id)] + [framed_group(records) for records in groups])
 
 
 def entry_record(entry: bytes, flags: int) -> bytes:

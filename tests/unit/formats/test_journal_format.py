@@ -224,6 +224,12 @@ def test_random_bytes_only_raise_format_error():
 
 
 # -- version 2: group frames --------------------------------------------------------------------------------
+def test_a_framed_group_is_its_group_record_then_its_records():
+    recs = records()
+    assert fmt.framed_group(recs) == fmt.group_record(recs) + b"".join(recs)
+    assert fmt.framed_group([recs[0]]) == fmt.group_record([recs[0]]) + recs[0]
+
+
 def test_group_frame_layout_and_round_trip():
     recs = records()
     frame = fmt.group_record(recs)
