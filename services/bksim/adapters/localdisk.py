@@ -53,6 +53,12 @@ class LocalFile:
     async def sync(self) -> None:
         await asyncio.to_thread(os.fdatasync, self._fd)
 
+    def drop_cached(self, start: int, end: int) -> None:
+        try:
+            os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass  # advisory (a file system without page cache hints): nothing was changed
+
     async def write_synced(self, data: bytes) -> None:
         await asyncio.to_thread(self.write_synced_now, data)
 

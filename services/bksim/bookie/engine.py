@@ -95,13 +95,15 @@ class BookieEngine:
         self._read_cache = ReadCache(config.read_cache_bytes_max)
         self._entry_bytes_max = min(config.entry_bytes_max,
                                     self._write_cache.half_bytes_max - config.write_cache_entry_overhead_bytes)
-        self._entry_logger = EntryLogger(disk, os.path.join(ledger_dir, "entrylogs"), config.entry_log_bytes_max)
+        self._entry_logger = EntryLogger(disk, os.path.join(ledger_dir, "entrylogs"), config.entry_log_bytes_max,
+                                         page_cache_bytes=config.entry_log_page_cache_bytes)
         self._journal = Journal(disk, clock, journal_dir, instance_id, group_wait_ms_max=config.group_wait_ms_max,
                                 group_bytes_max=config.group_bytes_max, flush_when_idle=config.journal_flush_when_idle,
                                 file_bytes_max=config.journal_file_bytes_max,
                                 queue_records_max=config.journal_queue_records_max,
                                 sync_on_loop=config.journal_sync_on_loop, log=log,
-                                on_failure=self._journal_failed)
+                                on_failure=self._journal_failed,
+                                remove_from_page_cache=config.journal_remove_from_page_cache)
         self._locations: LocationIndex | None = None
         self._ledgers: LedgerIndex | None = None
         self._log_meta: LogMetaIndex | None = None

@@ -21,6 +21,7 @@ import asyncio
 import os
 from typing import Callable, Iterable, Iterator
 
+from bksim.bookie.page_cache import SyncedPages
 from bksim.formats import entry_log as fmt
 from bksim.formats import index as index_fmt
 from bksim.formats.index import Location
@@ -40,8 +41,13 @@ _RECORD_BYTES_MAX = 1 << 30  # a length above this is damage, not an entry (entr
 
 
 class EntryLogger:
-    def __init__(self, disk: Disk, directory: str, bytes_max: int) -> None:
+    def __init__(self, disk: Disk, directory: str, bytes_max: int, page_cache_bytes: int = -1) -> None:
+        """`page_cache_bytes` >= 0: each flush drops from the OS page cache the synced bytes of the current log
+        older than its newest `page_cache_bytes`, and every log it closes whole (bookie/page_cache.py); reads of
+        them then come from the device, through the engine's read cache. -1: the page cache keeps them all."""
         self._disk, self._dir, self._bytes_max = disk, directory, bytes_max
+        self._page_cache_bytes = page_cache_bytes
+        self._pages: SyncedPages | None = None  # the current log's, when its pages leave the page cache
         self._file: AppendFile | None = None
         self._log_id = 0
         self._ledger_bytes: dict[int, int] = {}
@@ -91,6 +97,7 @@ class EntryLogger:
         await new_file.sync()
         await self._disk.sync_dir(self._dir)
         self._file, self._log_id, self._ledger_bytes = new_file, log_id, {}
+        self._pages = SyncedPages(new_file, self._page_cache_bytes) if self._page_cache_bytes >= 0 else None
 
     @property
     def current_log_id(self) -> int:
@@ -274,10 +281,14 @@ class EntryLogger:
         """fsync every log appended to since the last flush (checkpoint step 4)."""
         for rolled in self._unsynced:
             await rolled.sync()
+            if self._page_cache_bytes >= 0:
+                rolled.drop_cached(0, rolled.size)
             rolled.close()
         self._unsynced.clear()
         if self._file is not None:
             await self._file.sync()
+            if self._pages is not None:
+                self._pages.synced(self._file.size)
 
     def read(self, location: Location, ledger_id: int, entry_id: int) -> bytes:
         """The entry at `location`, checked against the expected ids. Raises FormatError if missing/damaged."""

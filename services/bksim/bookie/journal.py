@@ -14,6 +14,10 @@ as soon as it finds the queue non-empty. While a sync is in flight, new records 
 group, so the group size adapts to the device's sync latency. Each group write starts with a GROUP record
 (the length and CRC of its records, formats/journal.py), so replay can tell a torn last group from damage.
 
+Page cache (`remove_from_page_cache`, BookKeeper's journalRemoveFromPageCache, on by default): after a sync the
+writer advises the OS to drop the file's synced pages, all but the last CACHE_DROP_LAG_BYTES, and a rolled file's
+whole (bookie/page_cache.py). Only replay reads a journal, at start-up.
+
 I/O errors: a failed write or sync kills the journal for good. The group being written and everything queued
 behind it fail with IO_ERROR (their bytes may or may not be on the device; none was acknowledged), later
 appends are refused, and `on_failure(reason)` tells the owner (the engine turns read-only).
@@ -26,12 +30,16 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from bksim.bookie.page_cache import SyncedPages
 from bksim.formats import journal as fmt
 from bksim.model.errors import BookieError
 from bksim.model.histogram import LatencyHistogram
 from bksim.model.status import StatusCode
 from bksim.ports.clock import Clock
 from bksim.ports.disk import AppendFile, Disk
+
+
+CACHE_DROP_LAG_BYTES = 1 << 20  # the newest synced bytes of the file stay cached (its last page is still written)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -59,7 +67,7 @@ class Journal:
     def __init__(self, disk: Disk, clock: Clock, journal_dir: str, instance_id: str, *, group_wait_ms_max: float,
                  group_bytes_max: int, flush_when_idle: bool, file_bytes_max: int, queue_records_max: int,
                  sync_on_loop: bool, log: Callable[[str], None] = print,
-                 on_failure: Callable[[str], None] | None = None) -> None:
+                 on_failure: Callable[[str], None] | None = None, remove_from_page_cache: bool = False) -> None:
         self._disk, self._clock, self._dir, self._instance_id = disk, clock, journal_dir, instance_id
         self._group_wait_ms_max = group_wait_ms_max
         self._group_bytes_max = group_bytes_max
@@ -67,6 +75,8 @@ class Journal:
         self._file_bytes_max = file_bytes_max
         self._queue_records_max = queue_records_max
         self._sync_on_loop = sync_on_loop
+        self._remove_from_page_cache = remove_from_page_cache
+        self._pages: SyncedPages | None = None  # the current file's, when its pages leave the page cache
         self._log = log
         self._on_failure = on_failure  # called once, with the reason, when a write or sync fails
         self._queue: collections.deque[_Pending] = collections.deque()
@@ -211,6 +221,8 @@ class Journal:
         else:
             await self._file.write_synced(data)
         self._synced = JournalMark(self._file_id, self._file.size)
+        if self._pages is not None:
+            self._pages.synced(self._synced.offset)
         self.stats["groups"] += 1
         self.stats["records"] += sum(p.nrecords for p in group)
         self.stats["bytes"] += len(data)
@@ -233,9 +245,12 @@ class Journal:
         await new_file.write_synced(fmt.encode_file_header(self._instance_id))
         await self._disk.sync_dir(self._dir)
         if self._file is not None:
+            if self._pages is not None:
+                self._pages.complete()  # every byte of it is synced
             self._file.close()
             self.stats["rolls"] += 1
         self._file, self._file_id = new_file, new_id
+        self._pages = SyncedPages(new_file, CACHE_DROP_LAG_BYTES) if self._remove_from_page_cache else None
         self._synced = JournalMark(new_id, new_file.size)
 
     def _fail(self, why: str, in_flight: list[_Pending]) -> None:

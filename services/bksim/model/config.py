@@ -95,6 +95,8 @@ class BookieConfig:
     journal_sync_on_loop: bool = option(True, "fdatasync journal groups on the event loop, not a worker thread: "
                                         "saves two thread hand-offs per group (this machine: 5.4k vs 3.2k "
                                         "syncs/s of 16 KiB); set false where one sync takes milliseconds")
+    journal_remove_from_page_cache: bool = option(True, "drop synced journal pages from the OS page cache (only "
+                                                  "replay reads a journal; BookKeeper's journalRemoveFromPageCache)")
     journal_file_bytes_max: int = option(256 * MiB, "roll the journal file after this many bytes")
     journal_backups_max: int = option(5, "journal files below the checkpoint mark kept (when not archiving)")
     journal_queue_records_max: int = option(100_000, "records waiting for the journal writer before adds get TOO_MANY_REQUESTS")
@@ -109,6 +111,10 @@ class BookieConfig:
                                               "TOO_MANY_REQUESTS; must be < broker.bookie_timeout_ms (default: half)")
     read_cache_bytes_max: int = option(16 * MiB, "read cache (entries read from entry logs)")
     entry_log_bytes_max: int = option(256 * MiB, "roll the entry log after this many bytes")
+    entry_log_page_cache_bytes: int = option(64 * MiB, "after each checkpoint, synced bytes of the entry log older "
+                                             "than its newest this-many leave the OS page cache, and a rolled log's "
+                                             "all (reads of them go to the device, through the read cache); -1 = "
+                                             "all stay, as with BookKeeper's entry logger")
     index_write_buffer_bytes: int = option(16 * MiB, "RocksDB memtable size of the index stores (BookKeeper's "
                                            "dbStorage_rocksDB_writeBufferSizeMB, 64 MB there)")
     # limits on requests
@@ -329,6 +335,7 @@ class Config:
         _require(b.add_inflight_per_stream_max <= b.add_inflight_total_max,
                  "bookie.add_inflight_per_stream_max must be <= bookie.add_inflight_total_max")
         _require(b.journal_backups_max >= 0, "bookie.journal_backups_max must be >= 0")
+        _require(b.entry_log_page_cache_bytes >= -1, "bookie.entry_log_page_cache_bytes must be >= -1 (-1: all stay)")
         _require(b.gc_wait_time_ms > 0, "bookie.gc_wait_time_ms must be > 0")
         _require(0 <= b.minor_compaction_threshold <= 1.0 and 0 <= b.major_compaction_threshold <= 1.0 and (
             b.major_compaction_threshold == 0 or b.minor_compaction_threshold <= b.major_compaction_threshold),

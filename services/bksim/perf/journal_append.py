@@ -59,7 +59,8 @@ async def _run(directory: str, record_bytes: int, group: int, seconds: float, re
                       group_bytes_max=defaults.group_bytes_max if flush_when_idle else group * framed_bytes,
                       flush_when_idle=flush_when_idle, file_bytes_max=defaults.journal_file_bytes_max,
                       queue_records_max=defaults.journal_queue_records_max,
-                      sync_on_loop=defaults.journal_sync_on_loop, log=lambda line: None)
+                      sync_on_loop=defaults.journal_sync_on_loop, log=lambda line: None,
+                      remove_from_page_cache=defaults.journal_remove_from_page_cache)
     try:
         return await _drive(journal, record_bytes, group, seconds, records_max, per_append, flush_when_idle, depth,
                             cpu_idle_before, framed_bytes)

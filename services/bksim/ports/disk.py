@@ -38,6 +38,10 @@ class AppendFile(Protocol):
     def pwrite(self, offset: int, data: bytes) -> None:
         """Overwrite bytes in place (entry-log header patch); not durable until sync."""
 
+    def drop_cached(self, start: int, end: int) -> None:
+        """Advise that bytes [start, end), already synced, will not be read soon: the OS may drop them from its
+        page cache. Advisory only: contents and durability are unchanged, and a refusal is not an error."""
+
     def close(self) -> None: ...
 
 

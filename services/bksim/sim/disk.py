@@ -375,6 +375,9 @@ class SimFile:
         self._disk._block()
         inode.durable = bytes(inode.data)
 
+    def drop_cached(self, start: int, end: int) -> None:
+        self._check()  # a simulated file has no page cache: nothing to drop, nothing changes
+
     def pwrite(self, offset: int, data: bytes) -> None:
         inode = self._check()
         if len(inode.data) < offset:
