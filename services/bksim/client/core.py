@@ -74,6 +74,7 @@ class LoopThread:
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(self._on_exception)
         self._started = threading.Event()
+        self._stopping = False  # stop() was called: calls still pending are cancelled with the loop's tasks
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
         self.thread.start()
         self._started.wait()
@@ -107,19 +108,28 @@ class LoopThread:
         if self.in_loop:
             coroutine.close()
             raise RuntimeError("a blocking bksim client call was made from a client callback (the loop thread)")
-        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        except RuntimeError:  # the loop is closed: the client was closed before the call
+            coroutine.close()
+            raise ClientError(TopicStatus.BAD_REQUEST, "the client is closed") from None
         try:
             return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise ClientError(TopicStatus.TIMEOUT,
                               f"the client did not finish the call within {timeout_s:.1f}s") from None
+        except concurrent.futures.CancelledError:
+            if self._stopping:  # the loop stopped under the call: the client was closed
+                raise ClientError(TopicStatus.BAD_REQUEST, "the client was closed during the call") from None
+            raise
 
     def call(self, fn, *args) -> None:
         """Run `fn(*args)` on the loop soon (from any thread)."""
         self.loop.call_soon_threadsafe(fn, *args)
 
     def stop(self) -> None:
+        self._stopping = True
         if self.loop.is_closed():
             return
         try:
