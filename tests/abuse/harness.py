@@ -41,8 +41,13 @@ UNHANDLED_MARKS = ("Traceback (most recent call last)", "exception was never ret
                    "Unexpected error in")
 
 BOOKIE_REQUESTS_INFLIGHT_MAX = 512  # the test bookie's bound on concurrent RPCs (open AddEntries streams count)
-BOOKIE_ENV = {"BKSIM_BOOKIE_REQUESTS_INFLIGHT_MAX": str(BOOKIE_REQUESTS_INFLIGHT_MAX)}
-BROKER_ENV = {"BKSIM_BROKER_REQUESTS_INFLIGHT_MAX": str(REQUESTS_INFLIGHT_MAX),
+# The cases saturate both cores on purpose. The integration harness's 2 s session (for tests that wait for a killed
+# process's session to expire) drops a ZooKeeper connection whose ping goes unanswered for ~1.3 s, and a well-behaved
+# call then fails with "no answer from the metadata store". Nothing here waits for an expiry: the longest session
+# the fixture's ZooKeeper grants (20 ticks of 200 ms).
+SESSION_ENV = {"BKSIM_ZOOKEEPER_SESSION_TIMEOUT_MS": "4000"}
+BOOKIE_ENV = {**SESSION_ENV, "BKSIM_BOOKIE_REQUESTS_INFLIGHT_MAX": str(BOOKIE_REQUESTS_INFLIGHT_MAX)}
+BROKER_ENV = {**SESSION_ENV, "BKSIM_BROKER_REQUESTS_INFLIGHT_MAX": str(REQUESTS_INFLIGHT_MAX),
               "BKSIM_TOPIC_ENSEMBLE_SIZE": "1", "BKSIM_TOPIC_WRITE_QUORUM_SIZE": "1",
               "BKSIM_TOPIC_ACK_QUORUM_SIZE": "1", "BKSIM_TOPIC_MESSAGE_BYTES_MAX": "60000"}
 

@@ -196,13 +196,16 @@ class Corpus:
         return out
 
     def newest_journal(self, bookie: str) -> str:
-        """The path of the bookie's newest journal (it may hold no record yet)."""
+        """The path of the bookie's newest journal with a whole header (it may hold no record yet). A shorter file
+        is what a bookie killed -9 while creating a journal leaves (replay removes it, `records` skips it): a
+        record planted there would make a journal without a header, not the planted fault."""
         found = []
         for sub in ("journal", "journal-archive"):
             directory = os.path.join(self.bookie_roots[bookie], sub)
             for name in os.listdir(directory) if os.path.isdir(directory) else []:
-                if jfmt.parse_journal_file_name(name) is not None:
-                    found.append((jfmt.parse_journal_file_name(name), os.path.join(directory, name)))
+                path = os.path.join(directory, name)
+                if jfmt.parse_journal_file_name(name) is not None and os.path.getsize(path) >= jfmt.FILE_HEADER_BYTES:
+                    found.append((jfmt.parse_journal_file_name(name), path))
         return max(found)[1]
 
     def entries(self, bookie: str, ledger: int) -> list[Record]:

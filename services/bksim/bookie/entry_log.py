@@ -42,16 +42,18 @@ _RECORD_BYTES_MAX = 1 << 30  # a length above this is damage, not an entry (entr
 
 class EntryLogger:
     def __init__(self, disk: Disk, directory: str, bytes_max: int, page_cache_bytes: int = -1) -> None:
-        """`page_cache_bytes` >= 0: each flush drops from the OS page cache the synced bytes of the current log
-        older than its newest `page_cache_bytes`, and every log it closes whole (bookie/page_cache.py); reads of
-        them then come from the device, through the engine's read cache. -1: the page cache keeps them all."""
+        """`page_cache_bytes` >= 0: as a checkpoint's steps and flush sync the current log, its synced bytes older
+        than its newest `page_cache_bytes` leave the OS page cache, and a rolled log's all once the flush synced it
+        (bookie/page_cache.py); reads of them then come from the device, through the engine's read cache. -1: the
+        page cache keeps them all."""
         self._disk, self._dir, self._bytes_max = disk, directory, bytes_max
         self._page_cache_bytes = page_cache_bytes
         self._pages: SyncedPages | None = None  # the current log's, when its pages leave the page cache
         self._file: AppendFile | None = None
         self._log_id = 0
         self._ledger_bytes: dict[int, int] = {}
-        self._unsynced: list[AppendFile] = []  # rolled logs awaiting the next flush's fsync
+        # rolled logs awaiting the next flush's fsync, each with its SyncedPages (None: its pages stay cached)
+        self._unsynced: list[tuple[AppendFile, SyncedPages | None]] = []
         self._sealed: list[tuple[int, dict[int, int]]] = []  # rolled logs whose map the engine has not taken
         self._aliases: dict[int, str] = {}  # log id -> path of a compacted log not yet renamed to <id>.log
 
@@ -209,12 +211,15 @@ class EntryLogger:
         bytes_max = self._bytes_max
         log_id = self._log_id
         writing: asyncio.Future | None = None  # the previous step's write + sync, off the loop
+        writing_end = 0  # the file's size once that step is written
 
         async def previous_step_done() -> None:
             nonlocal writing
             if writing is not None:
                 step, writing = writing, None
                 await step
+                if self._pages is not None:
+                    self._pages.synced(writing_end)  # a step at a time: no one long call on the loop
 
         try:
             for ledger_id, entries in runs:
@@ -238,6 +243,7 @@ class EntryLogger:
                     if position >= step_end:
                         await previous_step_done()
                         writing = asyncio.ensure_future(self._file.write_chunks_synced(chunk))
+                        writing_end = position
                         chunk = []
                         put = chunk.append
                         step_end = position + _STEP_BYTES
@@ -262,7 +268,7 @@ class EntryLogger:
         map_offset = self._file.size
         self._file.write(fmt.encode_ledger_map(self._ledger_bytes))
         self._file.pwrite(0, fmt.encode_header(map_offset, len(self._ledger_bytes)))
-        self._unsynced.append(self._file)
+        self._unsynced.append((self._file, self._pages))
         self._sealed.append((self._log_id, dict(self._ledger_bytes)))
         # maybe: an earlier roll failed after creating its file; never reuse an id that exists on disk
         await self._start_log(self.next_log_id())
@@ -279,10 +285,10 @@ class EntryLogger:
 
     async def flush(self) -> None:
         """fsync every log appended to since the last flush (checkpoint step 4)."""
-        for rolled in self._unsynced:
+        for rolled, pages in self._unsynced:
             await rolled.sync()
-            if self._page_cache_bytes >= 0:
-                rolled.drop_cached(0, rolled.size)
+            if pages is not None:
+                pages.complete()
             rolled.close()
         self._unsynced.clear()
         if self._file is not None:
@@ -300,7 +306,7 @@ class EntryLogger:
         return fmt.check_record(record, ledger_id, entry_id, location.length)
 
     def close(self) -> None:
-        for f in self._unsynced:
+        for f, _pages in self._unsynced:
             f.close()
         self._unsynced.clear()
         if self._file is not None:

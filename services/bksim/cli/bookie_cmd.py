@@ -266,8 +266,8 @@ def settle_collector() -> None:
     Freezes what start-up made (modules, descriptors, the gRPC server: tens of thousands of objects that live as
     long as the process), so a full collection no longer walks them: a bookie's took 20-40 ms, twice in ten
     seconds of adds, each one a stall of every add in flight. Then collects the young generation every
-    GC_GEN0_THRESHOLD allocations, not every 700: the add paths allocate a few small objects per entry, and
-    collecting them that often costs more than the work itself at tens of thousands of entries a second.
+    GC_GEN0_THRESHOLD allocations, not every 700: the add paths allocate a few small objects per entry, which at
+    tens of thousands of entries a second would be hundreds of collections a second.
     """
     collector.freeze()
     collector.set_threshold(GC_GEN0_THRESHOLD, 20, 20)

@@ -111,7 +111,7 @@ class BookieConfig:
                                               "TOO_MANY_REQUESTS; must be < broker.bookie_timeout_ms (default: half)")
     read_cache_bytes_max: int = option(16 * MiB, "read cache (entries read from entry logs)")
     entry_log_bytes_max: int = option(256 * MiB, "roll the entry log after this many bytes")
-    entry_log_page_cache_bytes: int = option(64 * MiB, "after each checkpoint, synced bytes of the entry log older "
+    entry_log_page_cache_bytes: int = option(64 * MiB, "as a checkpoint syncs the entry log, its synced bytes older "
                                              "than its newest this-many leave the OS page cache, and a rolled log's "
                                              "all (reads of them go to the device, through the read cache); -1 = "
                                              "all stay, as with BookKeeper's entry logger")

@@ -66,14 +66,16 @@ def test_a_rolled_journal_leaves_the_page_cache_whole(tmp_path):
         assert resident_bytes(os.path.join(str(tmp_path), name)) == 0, name
 
 
-def write_entry_logs(directory: str, mib: int, *, page_cache_bytes: int, bytes_max: int = 1 << 30) -> None:
+def write_entry_logs(directory: str, mib: int, *, page_cache_bytes: int, bytes_max: int = 1 << 30,
+                     flush: bool = True) -> None:
     """`mib` MiB of 4 KiB entries appended as one checkpoint's sorted runs, then flushed (checkpoint step 4)."""
     async def run() -> None:
         logger = EntryLogger(LocalDisk(), directory, bytes_max, page_cache_bytes=page_cache_bytes)
         await logger.open()
         runs = [(7, [(i, entry(7, i, b"y" * 4096)) for i in range(mib * 250)])]
         await logger.append_sorted(runs)
-        await logger.flush()
+        if flush:
+            await logger.flush()
         logger.close()
     asyncio.run(run())
 
@@ -98,3 +100,13 @@ def test_rolled_entry_logs_leave_the_page_cache_whole_at_the_flush(tmp_path):
     assert len(names) >= 3
     for name in names[:-1]:
         assert resident_bytes(os.path.join(str(tmp_path), name)) == 0, name
+
+
+def test_each_synced_step_of_a_checkpoint_leaves_the_page_cache_before_the_flush(tmp_path):
+    """The checkpoint's 1 MiB steps are synced as they are written: their pages go then, a step at a time, not
+    in one call at the flush."""
+    write_entry_logs(str(tmp_path), 8, page_cache_bytes=0, flush=False)
+    [name] = os.listdir(str(tmp_path))
+    path = os.path.join(str(tmp_path), name)
+    assert os.path.getsize(path) > 7 * MiB
+    assert resident_bytes(path) <= 2 * STEP_BYTES  # the last step, and the tail the flush has yet to sync

@@ -41,5 +41,9 @@ def test_a_call_pending_when_the_loop_stops_fails_with_a_client_error():
 def test_a_call_after_the_loop_stopped_fails_with_a_client_error_too():
     loop = LoopThread("test-loop")
     loop.stop()
+
+    async def nothing() -> None:
+        return None
+
     with pytest.raises(ClientError, match="closed"):
-        loop.run(asyncio.sleep(0), 5.0)
+        loop.run(nothing(), 5.0)
