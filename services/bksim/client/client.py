@@ -118,6 +118,7 @@ class Client:
             except ClientError:
                 pass
         self._closed = True
+        self._loop.begin_close()  # closing the channels cancels the calls other threads still wait on
         try:
             self._loop.run(self._conns.close(), 5.0)
         except ClientError:

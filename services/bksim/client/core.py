@@ -74,7 +74,7 @@ class LoopThread:
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(self._on_exception)
         self._started = threading.Event()
-        self._stopping = False  # stop() was called: calls still pending are cancelled with the loop's tasks
+        self._closing = False  # the owner is closing (begin_close, stop): the calls it cancels say so
         self.thread = threading.Thread(target=self._main, name=name, daemon=True)
         self.thread.start()
         self._started.wait()
@@ -120,7 +120,7 @@ class LoopThread:
             raise ClientError(TopicStatus.TIMEOUT,
                               f"the client did not finish the call within {timeout_s:.1f}s") from None
         except concurrent.futures.CancelledError:
-            if self._stopping:  # the loop stopped under the call: the client was closed
+            if self._closing:  # cancelled by the owner's close (its channels closing, or the loop stopping)
                 raise ClientError(TopicStatus.BAD_REQUEST, "the client was closed during the call") from None
             raise
 
@@ -128,8 +128,12 @@ class LoopThread:
         """Run `fn(*args)` on the loop soon (from any thread)."""
         self.loop.call_soon_threadsafe(fn, *args)
 
+    def begin_close(self) -> None:
+        """The owner is closing: a blocking call cancelled from now on fails as "closed during the call"."""
+        self._closing = True
+
     def stop(self) -> None:
-        self._stopping = True
+        self._closing = True
         if self.loop.is_closed():
             return
         try:
