@@ -31,6 +31,7 @@ class FakeBookie:
         self.gate: asyncio.Event | None = None  # when set: calls wait for it
         self.waiting = 0  # calls waiting at the gate now (tests wait for this instead of sleeping)
         self.adds = 0
+        self.add_calls: list[int] = []  # entries per add call, in call order (counted before the gate)
         self.read_calls: list[tuple[int, tuple[int, ...], bool]] = []  # (ledger, entry ids, fence) per read call
 
 
@@ -61,6 +62,8 @@ class FakeBookies:
         return b
 
     async def add(self, bookie, entries):
+        if bookie in self.bookies:
+            self.bookies[bookie].add_calls.append(len(entries))
         b = await self._reach(bookie)
         if len(entries) > self.config.add_inflight_per_stream_max:
             return [StatusCode.TOO_MANY_REQUESTS] * len(entries)

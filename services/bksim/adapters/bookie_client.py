@@ -171,13 +171,15 @@ class AddStream:
         error = None
         pending = self._pending
         try:
-            async for response in self._call:
-                batch_id, future = pending.popleft()
-                assert batch_id == response.batch_id, f"bookie answered batch {response.batch_id}, expected {batch_id}"
-                self._window.release()
-                self.answered += 1
-                if not future.done():
-                    future.set_result(AddResult(batch_id, list(response.statuses), response.message))
+            async for message in self._call:
+                for response in (message, *message.next) if message.next else (message,):
+                    batch_id, future = pending.popleft()
+                    assert batch_id == response.batch_id, \
+                        f"bookie answered batch {response.batch_id}, expected {batch_id}"
+                    self._window.release()
+                    self.answered += 1
+                    if not future.done():
+                        future.set_result(AddResult(batch_id, list(response.statuses), response.message))
             if pending:
                 error = _no_answer(self._bookie, "UNAVAILABLE", f"the bookie ended the stream with "
                                    f"{len(pending)} request(s) unanswered (outcome unknown)")

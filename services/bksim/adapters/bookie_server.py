@@ -6,8 +6,10 @@ that feeds disk usage to the engine and reports read-only flips; draining on shu
 
 AddEntries pipelining: a reader task takes AddRequests in arrival order and starts each batch in the
 engine (`start_adds`: validation, cache, journal queueing, no task per batch); the batches wait in a
-bounded in-order queue; the RPC's writer answers each request, in request order, once its batch is durable. OK in a response means the entry is durable
-(the engine returns only after the journal sync covering it).
+bounded in-order queue; the RPC's writer answers each request, in request order, once its batch is durable. OK in
+a response means the entry is durable (the engine returns only after the journal sync covering it). Answers
+that are ready when the writer sends one (a journal sync makes several requests durable at once) go in the same
+AddResponse, in its `next` (at most _ANSWERS_PER_MESSAGE_MAX): a gRPC message costs far more than its bytes.
 
 Bounds: the add bounds (`add_inflight_per_stream_max`, `add_inflight_total_max`) are bookie/requests.py
 AddAdmission, one per server and one share per stream; a refused request is answered TOO_MANY_REQUESTS for
@@ -70,6 +72,8 @@ ADMIN_SERVICE_NAME = bookie_pb2.DESCRIPTOR.services_by_name["BookieAdmin"].full_
 _IO_ERROR = StatusCode.IO_ERROR
 _BAD_REQUEST = StatusCode.BAD_REQUEST
 _AddResponse = bookie_pb2.AddResponse
+_ANSWERS_PER_MESSAGE_MAX = 64  # answers gathered into one AddResponse (the first and its `next`)
+_NOTHING = object()
 _ReadEntryResult = bookie_pb2.ReadEntryResult
 _EntryRange = bookie_pb2.EntryRange
 
@@ -109,6 +113,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         self.draining = False
         # statistics
         self.streams_opened = 0
+        self.add_answer_messages = 0  # AddResponse messages sent: each answers one request and its `next`
         self.read_batches = 0
         self.read_batch_entries = 0
         self.list_calls = 0  # ListEntries pages answered
@@ -129,28 +134,42 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         self._no_streams.clear()
         self.streams_opened += 1
         try:
+            held = _NOTHING  # an item taken off the queue while gathering answers, not ready yet
             while True:
-                item = await queue.get()
+                item, held = (await queue.get() if held is _NOTHING else held), _NOTHING
                 if item is None:
                     return  # client half-closed (or the bookie drains): every accepted request was answered
-                if item.__class__ is _AddResponse:
-                    yield item  # rejected up front
-                    continue
-                batch_id, n, batch, received = item
-                try:
-                    statuses, message = await batch.result()
-                except Exception as e:  # noqa: BLE001 - an engine bug must not kill the stream silently
-                    self._log(f"add_entries failed: {type(e).__name__}: {e}")
-                    statuses, message = [_IO_ERROR] * n, f"bookie internal error: {type(e).__name__}: {e}"
-                stream.admission.answered(n)
-                self.add_request_latency.observe((time.monotonic() - received) * 1000.0, n)
-                yield _AddResponse(batch_id=batch_id, statuses=statuses, message=message)
+                response = await self._answer(item, stream)
+                # answers that are ready now go in the same message (one journal sync answers several requests)
+                following = response.next
+                while len(following) < _ANSWERS_PER_MESSAGE_MAX and not queue.empty():
+                    item = queue.get_nowait()
+                    if item is None or not (item.__class__ is _AddResponse or item[2].ready()):
+                        held = item
+                        break
+                    following.append(await self._answer(item, stream))
+                self.add_answer_messages += 1
+                yield response
         finally:
             stream.admission.close()  # unanswered adds of a stream that ended stop counting
             self._streams.discard(stream)
             if not self._streams:
                 self._no_streams.set()
             stream.reader.cancel()
+
+    async def _answer(self, item, stream: _Stream) -> bookie_pb2.AddResponse:
+        """The answer to one queued request: rejected up front, or its batch's outcome once durable."""
+        if item.__class__ is _AddResponse:
+            return item
+        batch_id, n, batch, received = item
+        try:
+            statuses, message = await batch.result()
+        except Exception as e:  # noqa: BLE001 - an engine bug must not kill the stream silently
+            self._log(f"add_entries failed: {type(e).__name__}: {e}")
+            statuses, message = [_IO_ERROR] * n, f"bookie internal error: {type(e).__name__}: {e}"
+        stream.admission.answered(n)
+        self.add_request_latency.observe((time.monotonic() - received) * 1000.0, n)
+        return _AddResponse(batch_id=batch_id, statuses=statuses, message=message)
 
     async def _read_adds(self, request_iterator, queue: asyncio.Queue, stream: _Stream) -> None:
         start_adds = self._engine.start_adds
@@ -281,6 +300,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
         a = self._admission
         return {"add_requests": a.requests, "add_entries": a.entries,
                 "add_rejected_entries": a.rejected_entries, "streams_opened": self.streams_opened,
+                "add_answer_messages": self.add_answer_messages,
                 "read_batches": self.read_batches, "read_batch_entries": self.read_batch_entries,
                 "list_calls": self.list_calls, "list_ranges": self.list_ranges,
                 "streams_open": len(self._streams), "add_inflight_total": a.inflight_total}
@@ -291,6 +311,9 @@ class _FailedBatch:
 
     def __init__(self, n: int, message: str) -> None:
         self._outcome = ([_IO_ERROR] * n, message)
+
+    def ready(self) -> bool:
+        return True
 
     async def result(self):
         return self._outcome

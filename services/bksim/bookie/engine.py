@@ -1087,6 +1087,10 @@ class AddBatch:
         self.statuses = [status if s is OK else s for s in self.statuses]
         self.message = self.message or why
 
+    def ready(self) -> bool:
+        """Would `result()` return without waiting?"""
+        return self.durable is None or self.durable.done()
+
     async def result(self) -> tuple[list[StatusCode], str]:
         """(statuses, first error message) once every OK entry is durable."""
         if self.durable is not None:

@@ -1,7 +1,9 @@
 """The shell that runs a sans-I/O ledger writer (or a recovery's write-back writer) against the world.
 
 Owns, for one ledger: the per-bookie outboxes of SendAdd commands (flushed once per event-loop turn, in
-batches of at most `add_batch_entries_max` entries, so a stream of appends becomes few AddEntries requests),
+batches of at most `add_batch_entries_max` entries, so a stream of appends becomes few AddEntries requests; while
+`add_requests_per_bookie_max` requests to a bookie are unanswered its outbox waits and fills, and goes out at the
+next answer: batches grow with the load, and a bookie that keeps up sees no wait),
 the tasks that wait for the bookies' answers, and the compare-and-set writes of the ledger metadata that
 UpdateEnsemble and CloseLedger ask for. Everything it learns goes back into the state machine as an event; the
 commands that come out are executed here. The machine decides; this class only carries messages.
@@ -55,6 +57,7 @@ class LedgerDriver:
 
     def __init__(self, *, ledger_id: int, metadata: LedgerMetadata, version: int, store: MetadataStore,
                  transport: BookieTransport, master_key: bytes, batch_entries_max: int, cas_attempts_max: int,
+                 requests_per_bookie_max: int = 0,
                  writable_bookies: Callable[[Sequence[str]], Awaitable[list[str]]], log: Log,
                  bookie_failed: Callable[[str], None] = lambda bookie: None,
                  ensemble_changed: Callable[[], None] = lambda: None) -> None:
@@ -65,6 +68,8 @@ class LedgerDriver:
         self._transport = transport
         self._master_key = master_key
         self._batch_max = batch_entries_max
+        self._requests_max = requests_per_bookie_max or None  # add requests unanswered per bookie (None: no bound)
+        self._requests: dict[str, int] = {}  # bookie -> add requests sent and not yet answered
         self._cas_attempts_max = cas_attempts_max
         self._writable_bookies = writable_bookies
         self._log = log
@@ -159,11 +164,31 @@ class LedgerDriver:
         if self._stopped:
             return
         outboxes, self._outboxes = self._outboxes, {}
+        requests, requests_max, batch_max = self._requests, self._requests_max, self._batch_max
         for bookie, items in outboxes.items():
-            for start in range(0, len(items), self._batch_max):
-                self.spawn(self._send(bookie, items[start:start + self._batch_max]))
+            sent = requests.get(bookie, 0)
+            start = 0
+            while start < len(items) and (requests_max is None or sent < requests_max):
+                self.spawn(self._send(bookie, items[start:start + batch_max]))
+                start += batch_max
+                sent += 1
+            requests[bookie] = sent
+            if start < len(items):  # held until an answer: they go out together, in bigger requests
+                self._outboxes[bookie] = items[start:]
+
+    def _answered(self, bookie: str) -> None:
+        self._requests[bookie] -= 1
+        if bookie in self._outboxes and not self._flush_scheduled and not self._stopped:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     async def _send(self, bookie: str, items: list[tuple[int, bytes, int]]) -> None:
+        try:
+            await self._send_once(bookie, items)
+        finally:
+            self._answered(bookie)
+
+    async def _send_once(self, bookie: str, items: list[tuple[int, bytes, int]]) -> None:
         key = self._master_key
         try:
             statuses: list = await self._transport.add(bookie, [(entry, key, flags) for _, entry, flags in items])

@@ -236,6 +236,7 @@ class LedgerService:
         return dict(ledger_id=ledger_id, metadata=metadata, version=version, store=self.store,
                     transport=self.transport, master_key=master_key(metadata.password),
                     batch_entries_max=self.config.add_batch_entries_max,
+                    requests_per_bookie_max=self.config.add_requests_per_bookie_max,
                     cas_attempts_max=self.config.metadata_cas_attempts_max,
                     writable_bookies=self.replacement_candidates, log=self._log,
                     bookie_failed=self.note_bookie_failure, ensemble_changed=self._note_ensemble_change)

@@ -167,6 +167,10 @@ class BrokerConfig:
     metadata_cas_attempts_max: int = option(10, "read-modify-CAS rounds of one metadata update before giving up")
     add_batch_entries_max: int = option(512, "entries sent to one bookie in one AddEntries request")
     add_window_max: int = option(ADD_WINDOW_MAX, "unanswered AddEntries requests per bookie stream")
+    add_requests_per_bookie_max: int = option(2, "AddEntries requests of one ledger unanswered at one bookie; the "
+                                                 "ledger's next entries for it wait meanwhile and leave together, "
+                                                 "in requests of up to add_batch_entries_max (a bookie that keeps "
+                                                 "up sees no wait); 0 = no bound, each loop turn's entries at once")
     append_inflight_max: int = option(20_000, "unacknowledged appends per ledger; an Append stream waits for room")
     payload_bytes_max: int = option(5 * MiB - 64 * KiB, "largest entry payload a client may append "
                                                           "(keep it + 36 header bytes within the bookies' entry_bytes_max)")
@@ -351,6 +355,7 @@ class Config:
                      "add_window_max", "append_inflight_max", "payload_bytes_max", "ledgers_open_max",
                      "read_window_max", "read_entries_max", "requests_inflight_max"):
             _require(getattr(r, name) > 0, f"broker.{name} must be > 0")
+        _require(r.add_requests_per_bookie_max >= 0, "broker.add_requests_per_bookie_max must be >= 0")
         parse_address_overrides(r.bookie_address_overrides)  # raises ConfigError naming the bad pair
         # A throttled add is answered (OK, or TOO_MANY_REQUESTS) after its wait plus a journal sync: a broker that
         # gives up on the bookie before that replaces a healthy, busy bookie. BookKeeper's defaults get this wrong

@@ -145,7 +145,8 @@ class LedgerWorld:
         self.trace = Trace(self.clock.monotonic_ms)
         self.checks = LedgerChecks(self.trace.add, lambda v: self._violated.set())
         self.broker_config = BrokerConfig(bookie_timeout_ms=int(plan.bookie_timeout_ms),
-                                          speculative_read_ms=max(1, int(plan.speculative_read_ms)))
+                                          speculative_read_ms=max(1, int(plan.speculative_read_ms)),
+                                          add_requests_per_bookie_max=plan.add_requests_per_bookie_max)
         self.brokers: dict[str, _Broker] = {}
         self._incarnations: dict[str, int] = {}
         self._writer_of: dict[int, str] = {}  # ledger id -> broker (name) whose writer created it

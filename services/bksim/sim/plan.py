@@ -217,6 +217,8 @@ class LedgerPlan:
     group_wait_ms_max: float
     # faults
     events: tuple[FaultEvent, ...]
+    # the broker's add batching (drawn from a stream of its own, so the knobs above keep their values per seed)
+    add_requests_per_bookie_max: int  # broker.add_requests_per_bookie_max (0: each loop turn's adds at once)
 
     @classmethod
     def from_seed(cls, seed: int) -> "LedgerPlan":
@@ -254,6 +256,7 @@ class LedgerPlan:
             flush_interval_ms=r.choice([20, 60, 200]),
             group_wait_ms_max=r.choice([0.0, 0.2, 1.0]),
             events=tuple(events),
+            add_requests_per_bookie_max=rng_for(seed, "ledger-plan-add-batching").choice([0, 1, 2]),
         )
 
     @staticmethod

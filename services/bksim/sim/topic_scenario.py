@@ -153,6 +153,7 @@ class TopicPlan:
     delay_ms_max: float         # ... now - 50 ms .. now + this (a time already past is delivered at once)
     key_shared_sticky: int      # 0: Key_Shared auto-split; else sticky ranges [0, this - 1] and [this, 65535]
     reader: bool                # a reader (non-durable cursor from the earliest message) follows the topic
+    add_requests_per_bookie_max: int  # broker.add_requests_per_bookie_max (0: each loop turn's adds at once)
 
     @classmethod
     def from_seed(cls, seed: int) -> "TopicPlan":
@@ -225,7 +226,8 @@ def _delivery_features(seed: int) -> dict:
     r = rng_for(seed, "topic-plan-features")
     return {"delayed_probability": r.choice([0.0, 0.0, 0.25]), "delay_ms_max": r.choice([20.0, 300.0]),
             "key_shared_sticky": r.choice([0, 0, r.randint(1, HASH_RANGE_SIZE - 1)]),
-            "reader": r.random() < 0.4}
+            "reader": r.random() < 0.4,
+            "add_requests_per_bookie_max": rng_for(seed, "topic-plan-add-batching").choice([0, 1, 2])}
 
 
 @dataclass(slots=True)
@@ -890,7 +892,8 @@ class TopicWorld:
         self.checks.on_trim = self._trimmed
         self.topic_config = plan.topic_config()
         self.broker_config = BrokerConfig(bookie_timeout_ms=int(plan.bookie_timeout_ms),
-                                          speculative_read_ms=max(1, int(plan.bookie_timeout_ms // 3)))
+                                          speculative_read_ms=max(1, int(plan.bookie_timeout_ms // 3)),
+                                          add_requests_per_bookie_max=plan.add_requests_per_bookie_max)
         self.brokers: dict[str, _Broker] = {}
         self._incarnations: dict[str, int] = {}
         self.producers: list[_Producer] = []

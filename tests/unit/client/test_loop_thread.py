@@ -11,29 +11,40 @@ from bksim.client.core import LoopThread
 from bksim.client.errors import ClientError
 
 
-def test_a_call_pending_when_the_loop_stops_fails_with_a_client_error():
-    loop = LoopThread("test-loop")
-    started = threading.Event()
+class BlockedCaller:
+    """A thread blocked in `loop.run` on a call that never ends by itself; `error()` is what the call raised."""
 
-    async def forever() -> None:
-        started.set()
+    def __init__(self, loop: LoopThread) -> None:
+        self.started = threading.Event()
+        self.tasks: list[asyncio.Task] = []
+        self.outcome: list[BaseException] = []
+        self.thread = threading.Thread(target=self._call, args=(loop,))
+        self.thread.start()
+        assert self.started.wait(10)
+
+    async def _forever(self) -> None:
+        self.tasks.append(asyncio.current_task())
+        self.started.set()
         await asyncio.Event().wait()
 
-    outcome: list[BaseException] = []
-
-    def caller() -> None:
+    def _call(self, loop: LoopThread) -> None:
         try:
-            loop.run(forever(), 30.0)
+            loop.run(self._forever(), 30.0)
         except BaseException as e:  # noqa: BLE001 - what it raised is the thing under test
-            outcome.append(e)
+            self.outcome.append(e)
 
-    thread = threading.Thread(target=caller)
-    thread.start()
-    assert started.wait(10)
+    def error(self) -> BaseException:
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+        [error] = self.outcome
+        return error
+
+
+def test_a_call_pending_when_the_loop_stops_fails_with_a_client_error():
+    loop = LoopThread("test-loop")
+    caller = BlockedCaller(loop)
     loop.stop()
-    thread.join(10)
-    assert not thread.is_alive()
-    [error] = outcome
+    error = caller.error()
     assert isinstance(error, ClientError), repr(error)
     assert "closed" in str(error)
 
@@ -52,30 +63,10 @@ def test_a_call_after_the_loop_stopped_fails_with_a_client_error_too():
 def test_a_call_its_owner_cancels_while_closing_fails_with_a_client_error():
     """The client closes its channels before it stops its loop: the calls that cancels fail as closed too."""
     loop = LoopThread("test-loop")
-    started = threading.Event()
-    tasks: list[asyncio.Task] = []
-
-    async def forever() -> None:
-        tasks.append(asyncio.current_task())
-        started.set()
-        await asyncio.Event().wait()
-
-    outcome: list[BaseException] = []
-
-    def caller() -> None:
-        try:
-            loop.run(forever(), 30.0)
-        except BaseException as e:  # noqa: BLE001 - what it raised is the thing under test
-            outcome.append(e)
-
-    thread = threading.Thread(target=caller)
-    thread.start()
-    assert started.wait(10)
+    caller = BlockedCaller(loop)
     loop.begin_close()
-    loop.call(tasks[0].cancel)  # what closing a channel does to a call on it
-    thread.join(10)
+    loop.call(caller.tasks[0].cancel)  # what closing a channel does to a call on it
+    error = caller.error()
     loop.stop()
-    assert not thread.is_alive()
-    [error] = outcome
     assert isinstance(error, ClientError), repr(error)
     assert "closed" in str(error)

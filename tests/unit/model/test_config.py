@@ -83,6 +83,7 @@ def test_file_overrides_defaults(tmp_path):
     ({"BKSIM_BOOKIE_DISK_USAGE_LWM_THRESHOLD": "0.99"}, "bookie.disk_usage_lwm_threshold"),
     ({"BKSIM_BOOKIE_WRITE_CACHE_ENTRY_OVERHEAD_BYTES": "-1"}, "bookie.write_cache_entry_overhead_bytes"),
     ({"BKSIM_BOOKIE_ENTRY_LOG_PAGE_CACHE_BYTES": "-2"}, "bookie.entry_log_page_cache_bytes"),
+    ({"BKSIM_BROKER_ADD_REQUESTS_PER_BOOKIE_MAX": "-1"}, "broker.add_requests_per_bookie_max"),
     ({"BKSIM_BOOKIE_WRITE_CACHE_BYTES_MAX": "1000", "BKSIM_BOOKIE_WRITE_CACHE_ENTRY_OVERHEAD_BYTES": "500"},
      "bookie.write_cache_entry_overhead_bytes"),
 ])
