@@ -14,11 +14,13 @@ import time
 import uuid
 
 import pytest
+from kazoo.exceptions import NoNodeError
 
 from bksim.adapters.broker_client import BrokerCallError, SyncBrokerClient
 from bksim.adapters.local_cluster import LocalCluster
 from bksim.client import Client, ClientError, InitialPosition
-from bksim.metadata.paths import AVAILABLE, broker_path
+from bksim.metadata import ledger_metadata
+from bksim.metadata.paths import AVAILABLE, broker_path, ledger_path
 from bksim.model.status import TopicStatus
 from helpers import wait_until
 
@@ -32,6 +34,7 @@ READ_TRIES = 3  # zookeeper.read_tries_max: placement reads the bookie list, tri
 READY_TIMEOUT_S = 60.0
 ELECTION_BOUND_S = 20.0  # a new leader is elected within this (initLimit 10 ticks, on a loaded machine)
 CALL_DEADLINE_S = 20.0
+REFUSED_MARK = {"made-by": "the create refused without a quorum"}  # custom metadata: tells its ledger apart
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +74,23 @@ def sessions(cluster: LocalCluster) -> dict[str, int]:
             out[node.name] = with_zk.get(f"{AVAILABLE}/{node.node_id}")[1].ephemeralOwner
         for node in cluster.brokers:
             out[node.name] = with_zk.get(broker_path(node.node_id))[1].ephemeralOwner
+        return out
+    finally:
+        with_zk.stop()
+        with_zk.close()
+
+
+def ledger_customs(cluster: LocalCluster, ledger_ids) -> dict[int, dict[str, str]]:
+    """The custom metadata of each of these ledgers that still exists (read from ZooKeeper)."""
+    with_zk = cluster.kazoo()
+    try:
+        out = {}
+        for ledger_id in ledger_ids:
+            try:
+                data, _ = with_zk.get(ledger_path(ledger_id))
+            except NoNodeError:
+                continue  # deleted meanwhile (a cursor's or a topic's old ledger)
+            out[ledger_id] = dict(ledger_metadata.decode(data).custom)
         return out
     finally:
         with_zk.stop()
@@ -174,7 +194,7 @@ def test_losing_quorum_stops_metadata_changes_and_loses_nothing(ensemble):
             # a metadata change fails, precisely and within its operations' timeouts, and leaves nothing behind
             started = time.monotonic()
             with pytest.raises(BrokerCallError) as refused:
-                broker.create_ledger(3, 3, 2)
+                broker.create_ledger(3, 3, 2, custom=REFUSED_MARK)
             assert time.monotonic() - started < READ_TRIES * OPERATION_TIMEOUT_MS / 1000 + 5
             assert refused.value.status == "METADATA_ERROR" and "no answer from ZooKeeper" in refused.value.message
             # nobody can even find out who would own a topic without an owner (so none takes it)
@@ -185,7 +205,10 @@ def test_losing_quorum_stops_metadata_changes_and_loses_nothing(ensemble):
             restore(ensemble)
         wait_leader(ensemble)
         created = wait_writable(broker)
-        assert set(broker.list_ledgers()) - ledgers_before == {created.ledger_id}  # the refused create left none
+        new = set(broker.list_ledgers()) - ledgers_before  # cursors and topics may have made ledgers meanwhile too
+        assert created.ledger_id in new
+        assert not [i for i, custom in ledger_customs(ensemble, new).items() if custom == REFUSED_MARK], \
+            "the refused create left a ledger"
         assert sessions(ensemble) == before
         assert client.lookup(topic) == owner_before  # the owner kept its topic: never handed out twice
         client.create_producer(orphan).send(b"owned now")

@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Callable
 
 from bksim.cli import config as cfgload
-from bksim.cli.bookie_cmd import ZK_CONNECT_TIMEOUT_S, _close_zk, _until_stopped, _STOPPED, settle_collector
+from bksim.cli.bookie_cmd import ZK_CONNECT_TIMEOUT_S, _close_zk, _until_stopped, _STOPPED, settle_process
 from bksim.model.config import Config, parse_address_overrides
 from bksim.model.errors import ConfigError, MetadataError, NodeExistsError
 
@@ -157,7 +157,7 @@ async def _serve(config: Config, log: Callable[[str], None]) -> int:
         if await _until_stopped(stop, _register(store, config, log)) is _STOPPED:
             return 0
         log("serving")
-        settle_collector()
+        settle_process()
         await stop.wait()
         log("shutdown requested: unloading topics, closing the ledgers this broker writes")
         return 0

@@ -108,6 +108,7 @@ class ManagedCursor:
                                  redelivery_counts_max=config.redelivery_counts_max,
                                  batch_size_max=config.batch_messages_max, log=log, name=name)
         self._znode_version = -1
+        self._unsettled: bytes | None = None  # a znode write whose outcome is still unknown (it may land later)
         self._ledger_id = -1            # the cursor ledger the znode names (-1: none)
         self._handle = None             # our writable handle of _ledger_id (None: none yet, or recovered read-only)
         self._ledger_entries = 0        # entries in our handle's ledger
@@ -479,8 +480,11 @@ class ManagedCursor:
         self._check_not_aborted()
         try:
             self._znode_version = await self._store.set(self.path, raw, self._znode_version)
+            self._unsettled = None
             return
         except BadVersionError:
+            if self._unsettled is not None and await self._own_write_landed():
+                return await self._cas(raw)  # the version moved by our own earlier write: write on top of it
             raise self._fence(f"{self.path} was changed by another broker (version {self._znode_version} "
                               f"expected)") from None
         except NoNodeError:
@@ -492,8 +496,10 @@ class ManagedCursor:
         try:  # the outcome is unknown: read back and decide
             data, version = await self._store.get(self.path)
         except MetadataError as e:
+            self._unsettled = raw  # still unknown: the write may land later (a client queues it over a reconnect)
             raise TopicError(TopicStatus.METADATA_ERROR,
                              f"cursor {self.name}: writing {self.path}: {loss}; then {e}") from None
+        self._unsettled = None  # the read came after the write on the same session: its outcome is final now
         if data == raw and version == self._znode_version + 1:
             self._znode_version = version
             return
@@ -501,6 +507,25 @@ class ManagedCursor:
             raise self._fence(f"{self.path} was changed by another broker (version {version}, "
                               f"{self._znode_version} expected)")
         raise TopicError(TopicStatus.METADATA_ERROR, f"cursor {self.name}: writing {self.path}: {loss} (not applied)")
+
+    async def _own_write_landed(self) -> bool:
+        """After a version conflict, with an earlier write of ours whose outcome was unknown: did that write make
+        the change (the znode holds exactly its bytes, one version on)? Then adopt its version."""
+        unsettled = self._unsettled
+        try:
+            data, version = await self._store.get(self.path)
+        except NoNodeError:
+            return False
+        except MetadataError as e:  # still unknown: kept for the next conflict
+            raise TopicError(TopicStatus.METADATA_ERROR, f"cursor {self.name}: reading {self.path} back after a "
+                                                         f"version conflict: {e}") from None
+        self._unsettled = None  # read after it on the same session: its outcome is final now
+        if data == unsettled and version == self._znode_version + 1:
+            self._log(f"cursor {self.name}: an earlier write of {self.path} whose answer was lost landed after all "
+                      f"(version {version}); writing on top of it")
+            self._znode_version = version
+            return True
+        return False
 
     def _fence(self, why: str) -> TopicError:
         error = TopicError(TopicStatus.TOPIC_FENCED, f"cursor {self.name}: {why}")

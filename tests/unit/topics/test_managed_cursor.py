@@ -485,11 +485,15 @@ def test_abort_while_a_persist_waits_for_the_bookies_writes_nothing_more():
 
 
 class LossyStore:
-    """Wraps a metadata session: the next `set` raises ConnectionLossError, after applying it or not."""
+    """Wraps a metadata session: the next `set` raises ConnectionLossError, after applying it, not applying it, or
+    holding it back to apply later (`deliver_held`: a client that queued it over a reconnect); `fail_next_get`
+    makes the next read-back raise ConnectionLossError too."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
-        self.lose_next_set: str | None = None  # "applied" | "not applied"
+        self.lose_next_set: str | None = None  # "applied" | "not applied" | "applied later"
+        self.fail_next_get = False
+        self.held: tuple | None = None
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -498,9 +502,21 @@ class LossyStore:
         mode, self.lose_next_set = self.lose_next_set, None
         if mode == "applied":
             await self.inner.set(path, data, version)
+        elif mode == "applied later":
+            self.held = (path, data, version)
         if mode is not None:
             raise ConnectionLossError(path)
         return await self.inner.set(path, data, version)
+
+    async def get(self, path):
+        if self.fail_next_get:
+            self.fail_next_get = False
+            raise ConnectionLossError(path)
+        return await self.inner.get(path)
+
+    async def deliver_held(self) -> None:
+        held, self.held = self.held, None
+        await self.inner.set(*held)
 
 
 def test_a_lost_answer_to_a_znode_write_is_settled_by_reading_it_back():
@@ -524,6 +540,48 @@ def test_a_lost_answer_to_a_znode_write_is_settled_by_reading_it_back():
         assert (await w.znode())["mark_delete"] == [100, 4]
         await a.seek(P(100, 7))  # and the cursor goes on
         assert (await w.znode())["mark_delete"] == [100, 6]
+    run(main())
+
+
+async def a_write_whose_answer_and_read_back_are_lost():
+    """A cursor at mark-delete (100, 2) whose write of (100, 4) lost its answer and its read-back: the write is held
+    back (it may land later). Returns (world, store, cursor)."""
+    w = await world()
+    svc = w.broker()
+    lossy = LossyStore(svc.store)
+    cursor = await ManagedCursor.open(name="sub", path=PATH, layout=w.layout, ledgers=svc, store=lossy,
+                                      clock=w.clock, config=CONFIG, initial_position="earliest",
+                                      background_flush=False)
+    await cursor.seek(P(100, 3))
+    lossy.lose_next_set, lossy.fail_next_get = "applied later", True
+    with pytest.raises(TopicError) as info:
+        await cursor.seek(P(100, 5))
+    assert info.value.status is TopicStatus.METADATA_ERROR
+    return w, lossy, cursor
+
+
+def test_a_znode_write_that_lands_after_its_answer_was_lost_is_not_taken_for_another_broker():
+    """The write lands later (queued over a reconnect). The next write meets a version conflict made by the
+    cursor's own write: it writes on top of it, no fencing."""
+    async def main():
+        w, lossy, a = await a_write_whose_answer_and_read_back_are_lost()
+        await lossy.deliver_held()
+        assert (await w.znode())["mark_delete"] == [100, 4]
+        await a.seek(P(100, 7))
+        assert (await w.znode())["mark_delete"] == [100, 6]
+        assert a.stats_internal()["state"] != "Fenced"
+    run(main())
+
+
+def test_a_version_conflict_not_made_by_the_cursors_own_lost_write_still_fences():
+    async def main():
+        w, lossy, a = await a_write_whose_answer_and_read_back_are_lost()
+        path, _, version = lossy.held
+        lossy.held = None  # it never lands: another broker writes the znode instead
+        await w.store.set(path, b"another broker's cursor state", version)
+        with pytest.raises(TopicError) as info:
+            await a.seek(P(100, 7))
+        assert info.value.status is TopicStatus.TOPIC_FENCED
     run(main())
 
 
