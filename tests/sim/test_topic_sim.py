@@ -33,6 +33,7 @@ BROKEN_SEEDS_MAX = 40  # a deliberately broken variant must be caught within thi
 # found by the sweep: a restarted broker adopted its predecessor's ownership znode (two owners once the old
 # session expired); a clean close during a rollover recorded the new ledger closed with the old one's entries
 OWNERSHIP_SEED, CLOSE_DURING_ROLL_SEED = 20, 13
+SEEK_ZNODE_REFUSED_SEED = 500358  # a seek's snapshot reaches the cursor ledger, its znode write is refused
 
 
 def _without_delivery_features(plan: TopicPlan) -> TopicPlan:
@@ -243,6 +244,13 @@ def test_a_reader_resuming_at_the_latest_message_is_caught(monkeypatch):
 # -- defects the sweep found ---------------------------------------------------------------------------------------
 def _ownership_plan() -> TopicPlan:
     return _without_delivery_features(TopicPlan.from_seed(OWNERSHIP_SEED))
+
+
+def test_a_seek_whose_znode_write_is_refused_reports_what_the_next_owner_recovers():
+    """The owner's session has expired unnoticed: a seek back appends its snapshot to the cursor ledger, then its
+    znode write fails. The next owner recovers that snapshot; the old owner's persisted mark-delete (sampled before
+    it notices) must not claim the higher position it had before the seek (CursorNeverRegresses)."""
+    assert run_topic_sim(SEEK_ZNODE_REFUSED_SEED).passed
 
 
 def test_a_restarted_broker_does_not_adopt_its_predecessors_ownership():

@@ -70,10 +70,10 @@ from bksim.topics import cursor_codec as codec
 from bksim.topics.cursor_state import CursorState
 from bksim.topics.errors import TopicError
 from bksim.topics.layout import LedgerLayout
+from bksim.topics.owned_znode import OwnedZnode, ZnodeTaken
 from bksim.topics.positions import Position
 from bksim.model.config import TopicConfig
-from bksim.model.errors import (BadVersionError, ConnectionLossError, LedgerError, MetadataError, NodeExistsError,
-                                NoNodeError)
+from bksim.model.errors import BadVersionError, LedgerError, MetadataError, NodeExistsError, NoNodeError
 from bksim.model.status import LedgerStatus, TopicStatus
 from bksim.ports.clock import Clock
 from bksim.ports.metadata import MetadataStore
@@ -107,8 +107,7 @@ class ManagedCursor:
         self.state = CursorState(layout, layout.previous_position(layout.first_position()),
                                  redelivery_counts_max=config.redelivery_counts_max,
                                  batch_size_max=config.batch_messages_max, log=log, name=name)
-        self._znode_version = -1
-        self._unsettled: bytes | None = None  # a znode write whose outcome is still unknown (it may land later)
+        self._znode = OwnedZnode(store, path, lambda line: self._log(f"cursor {self.name}: {line}"))
         self._ledger_id = -1            # the cursor ledger the znode names (-1: none)
         self._handle = None             # our writable handle of _ledger_id (None: none yet, or recovered read-only)
         self._ledger_entries = 0        # entries in our handle's ledger
@@ -150,7 +149,7 @@ class ManagedCursor:
     async def _open(self, initial_position: str) -> None:
         started = self._clock.monotonic_ms()
         try:
-            data, self._znode_version = await self._store.get(self.path)
+            data, self._znode.version = await self._store.get(self.path)
         except NoNodeError:
             data = None
         except MetadataError as e:
@@ -164,7 +163,7 @@ class ManagedCursor:
             raw, _ = codec.encode_znode(codec.CursorSnapshot.of(self.state), -1, self.config.ranges_in_metadata_max)
             try:
                 await self._store.create(self.path, raw)
-                self._znode_version = 0
+                self._znode.version = 0
                 self._persisted_changes = self.state.changes
                 self._persisted_md = md
                 self.recovery = {"source": "new", "initialPosition": initial_position}
@@ -172,7 +171,7 @@ class ManagedCursor:
                 return
             except NodeExistsError:  # created meanwhile by another broker: read it like any other
                 try:
-                    data, self._znode_version = await self._store.get(self.path)
+                    data, self._znode.version = await self._store.get(self.path)
                 except MetadataError as e:
                     raise TopicError(TopicStatus.METADATA_ERROR,
                                      f"cursor {self.name}: reading {self.path}: {e}") from None
@@ -388,6 +387,7 @@ class ManagedCursor:
             else:
                 written = await self._append(self._handle, packed, entries)
                 if update_znode:
+                    self._persisted_md = snap.mark_delete  # in the ledger: what a recovery reads, znode or not
                     await self._write_znode(snap, self._ledger_id)
         except LedgerError as e:
             if e.status is LedgerStatus.FENCED:
@@ -479,53 +479,11 @@ class ManagedCursor:
     async def _cas(self, raw: bytes) -> None:
         self._check_not_aborted()
         try:
-            self._znode_version = await self._store.set(self.path, raw, self._znode_version)
-            self._unsettled = None
-            return
-        except BadVersionError:
-            if self._unsettled is not None and await self._own_write_landed():
-                return await self._cas(raw)  # the version moved by our own earlier write: write on top of it
-            raise self._fence(f"{self.path} was changed by another broker (version {self._znode_version} "
-                              f"expected)") from None
-        except NoNodeError:
-            raise self._fence(f"{self.path} was deleted by someone else") from None
-        except ConnectionLossError as e:
-            loss = e
+            await self._znode.write(raw)
+        except ZnodeTaken as e:
+            raise self._fence(str(e)) from None
         except MetadataError as e:
             raise TopicError(TopicStatus.METADATA_ERROR, f"cursor {self.name}: writing {self.path}: {e}") from None
-        try:  # the outcome is unknown: read back and decide
-            data, version = await self._store.get(self.path)
-        except MetadataError as e:
-            self._unsettled = raw  # still unknown: the write may land later (a client queues it over a reconnect)
-            raise TopicError(TopicStatus.METADATA_ERROR,
-                             f"cursor {self.name}: writing {self.path}: {loss}; then {e}") from None
-        self._unsettled = None  # the read came after the write on the same session: its outcome is final now
-        if data == raw and version == self._znode_version + 1:
-            self._znode_version = version
-            return
-        if version != self._znode_version:
-            raise self._fence(f"{self.path} was changed by another broker (version {version}, "
-                              f"{self._znode_version} expected)")
-        raise TopicError(TopicStatus.METADATA_ERROR, f"cursor {self.name}: writing {self.path}: {loss} (not applied)")
-
-    async def _own_write_landed(self) -> bool:
-        """After a version conflict, with an earlier write of ours whose outcome was unknown: did that write make
-        the change (the znode holds exactly its bytes, one version on)? Then adopt its version."""
-        unsettled = self._unsettled
-        try:
-            data, version = await self._store.get(self.path)
-        except NoNodeError:
-            return False
-        except MetadataError as e:  # still unknown: kept for the next conflict
-            raise TopicError(TopicStatus.METADATA_ERROR, f"cursor {self.name}: reading {self.path} back after a "
-                                                         f"version conflict: {e}") from None
-        self._unsettled = None  # read after it on the same session: its outcome is final now
-        if data == unsettled and version == self._znode_version + 1:
-            self._log(f"cursor {self.name}: an earlier write of {self.path} whose answer was lost landed after all "
-                      f"(version {version}); writing on top of it")
-            self._znode_version = version
-            return True
-        return False
 
     def _fence(self, why: str) -> TopicError:
         error = TopicError(TopicStatus.TOPIC_FENCED, f"cursor {self.name}: {why}")
@@ -601,7 +559,7 @@ class ManagedCursor:
         async with self._lock:
             self._writable()
             try:
-                await self._store.delete(self.path, self._znode_version)
+                await self._store.delete(self.path, self._znode.version)
             except BadVersionError:
                 raise self._fence(f"{self.path} was changed by another broker") from None
             except NoNodeError:

@@ -58,11 +58,12 @@ from bksim.broker.ledgers import LedgerService
 from bksim.broker.reader import read_entries
 from bksim.topics.errors import TopicError
 from bksim.topics.names import TopicName
+from bksim.topics.owned_znode import OwnedZnode, ZnodeTaken
 from bksim.topics.positions import Position
 from bksim.metadata.ledger_metadata import LedgerMetadata
 from bksim.model.histogram import LatencyHistogram
 from bksim.model.config import BrokerConfig, TopicConfig
-from bksim.model.errors import BadVersionError, BksimError, FormatError, LedgerError, MetadataError, NoNodeError
+from bksim.model.errors import BksimError, FormatError, LedgerError, MetadataError, NoNodeError
 from bksim.model.invariants import InvariantError
 from bksim.model.status import LedgerStatus, TopicStatus
 from bksim.ports.clock import Clock
@@ -167,7 +168,7 @@ class ManagedLedger:
         self._broker_config = broker_config
         self._log = log
         self.info = ManagedLedgerInfo()
-        self.version = -1
+        self._znode = OwnedZnode(store, self.path, lambda line: self._log(f"topic {self.name}: {line}"))
         self._state = ManagedLedgerState.NONE
         self._handle = None
         self._current: LedgerInfo | None = None
@@ -267,7 +268,7 @@ class ManagedLedger:
     async def open(self) -> None:
         """Take the topic: recover (fence) the last ledger, drop empty ones, start a fresh ledger, CAS the list."""
         try:
-            data, self.version = await self._store.get(self.path)
+            data, self._znode.version = await self._store.get(self.path)
         except NoNodeError:
             raise TopicError(TopicStatus.TOPIC_NOT_FOUND, f"topic {self.name} does not exist") from None
         except MetadataError as e:
@@ -576,15 +577,14 @@ class ManagedLedger:
         self._log(f"topic {self.name}: writing ledger {handle.ledger_id} ({reason})")
 
     async def _write_info(self) -> None:
-        """CAS the znode; BadVersion = another broker owns the topic now: fence."""
+        """CAS the znode (a lost answer settled by reading it back: topics/owned_znode.py); changed or deleted by
+        someone else = another broker owns the topic now: fence."""
         try:
-            self.version = await self._store.set(self.path, self.info.to_bytes(), self.version)
-        except BadVersionError:
+            await self._znode.write(self.info.to_bytes())
+        except ZnodeTaken as e:
             raise TopicError(TopicStatus.TOPIC_FENCED,
-                             f"topic {self.name}: the managed ledger changed under us (another "
-                             f"broker took it over)") from None
-        except NoNodeError:
-            raise TopicError(TopicStatus.TOPIC_FENCED, f"topic {self.name} was deleted") from None
+                             f"topic {self.name}: the managed ledger changed under us (another broker took it over, "
+                             f"or it was deleted): {e}") from None
         except MetadataError as e:
             raise TopicError(TopicStatus.METADATA_ERROR, f"topic {self.name}: {e}") from None
 

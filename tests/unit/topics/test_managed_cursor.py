@@ -18,12 +18,13 @@ from bksim.topics.positions import Position as P
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import bookie_path
 from bksim.model.config import BrokerConfig, TopicConfig
-from bksim.model.errors import ConnectionLossError, LedgerError
+from bksim.model.errors import LedgerError
 from bksim.model.status import LedgerStatus, StatusCode, TopicStatus
 from helpers import wait_until_async
 from fakes.bookies import FakeBookies
 from fakes.layout import FakeLayout
 from fakes.clock import ManualClock
+from fakes.lossy_store import LossyStore
 
 ML = "/managed-ledgers/t/ns/persistent/topic"
 PATH = f"{ML}/sub"
@@ -484,48 +485,20 @@ def test_abort_while_a_persist_waits_for_the_bookies_writes_nothing_more():
     run(main())
 
 
-class LossyStore:
-    """Wraps a metadata session: the next `set` raises ConnectionLossError, after applying it, not applying it, or
-    holding it back to apply later (`deliver_held`: a client that queued it over a reconnect); `fail_next_get`
-    makes the next read-back raise ConnectionLossError too."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.lose_next_set: str | None = None  # "applied" | "not applied" | "applied later"
-        self.fail_next_get = False
-        self.held: tuple | None = None
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    async def set(self, path, data, version):
-        mode, self.lose_next_set = self.lose_next_set, None
-        if mode == "applied":
-            await self.inner.set(path, data, version)
-        elif mode == "applied later":
-            self.held = (path, data, version)
-        if mode is not None:
-            raise ConnectionLossError(path)
-        return await self.inner.set(path, data, version)
-
-    async def get(self, path):
-        if self.fail_next_get:
-            self.fail_next_get = False
-            raise ConnectionLossError(path)
-        return await self.inner.get(path)
-
-    async def deliver_held(self) -> None:
-        held, self.held = self.held, None
-        await self.inner.set(*held)
+async def lossy_cursor(w) -> tuple[LossyStore, ManagedCursor]:
+    """A cursor ("earliest", no background flush) whose metadata session can lose answers."""
+    svc = w.broker()
+    lossy = LossyStore(svc.store)
+    cursor = await ManagedCursor.open(name="sub", path=PATH, layout=w.layout, ledgers=svc, store=lossy,
+                                      clock=w.clock, config=CONFIG, initial_position="earliest",
+                                      background_flush=False)
+    return lossy, cursor
 
 
 def test_a_lost_answer_to_a_znode_write_is_settled_by_reading_it_back():
     async def main():
         w = await world()
-        svc = w.broker()
-        lossy = LossyStore(svc.store)
-        a = await ManagedCursor.open(name="sub", path=PATH, layout=w.layout, ledgers=svc, store=lossy, clock=w.clock,
-                                     config=CONFIG, initial_position="earliest", background_flush=False)
+        lossy, a = await lossy_cursor(w)
         a.ack([P(100, 0)])
         lossy.lose_next_set = "applied"
         await a.persist(force=True)  # creates the cursor ledger, CASes the znode: the answer is lost, the write is in
@@ -543,15 +516,29 @@ def test_a_lost_answer_to_a_znode_write_is_settled_by_reading_it_back():
     run(main())
 
 
+def test_a_seek_whose_znode_write_fails_still_reports_the_snapshot_a_recovery_reads():
+    """The seek's snapshot is in the cursor ledger, its znode write is refused: a new owner recovers the snapshot
+    (the ledger is read first), so the persisted mark-delete (retention trims below it) is the snapshot's."""
+    async def main():
+        w = await world()
+        lossy, a = await lossy_cursor(w)
+        await a.seek(P(100, 5))
+        assert a.persisted_mark_delete == P(100, 4)
+        lossy.lose_next_set = "not applied"
+        with pytest.raises(TopicError) as info:
+            await a.seek(P(100, 2))
+        assert info.value.status is TopicStatus.METADATA_ERROR
+        assert a.persisted_mark_delete == P(100, 1)
+        b = await w.open(w.broker())
+        assert b.mark_delete == P(100, 1)
+    run(main())
+
+
 async def a_write_whose_answer_and_read_back_are_lost():
     """A cursor at mark-delete (100, 2) whose write of (100, 4) lost its answer and its read-back: the write is held
     back (it may land later). Returns (world, store, cursor)."""
     w = await world()
-    svc = w.broker()
-    lossy = LossyStore(svc.store)
-    cursor = await ManagedCursor.open(name="sub", path=PATH, layout=w.layout, ledgers=svc, store=lossy,
-                                      clock=w.clock, config=CONFIG, initial_position="earliest",
-                                      background_flush=False)
+    lossy, cursor = await lossy_cursor(w)
     await cursor.seek(P(100, 3))
     lossy.lose_next_set, lossy.fail_next_get = "applied later", True
     with pytest.raises(TopicError) as info:

@@ -24,6 +24,7 @@ from bksim.model.config import BrokerConfig, TopicConfig
 from helpers import wait_until_async
 from fakes.bookies import FakeBookies
 from fakes.clock import ManualClock
+from fakes.lossy_store import LossyStore
 
 BOOKIES = [f"b{i}" for i in range(4)]
 TOPIC = TopicName.parse("persistent://t/ns/orders")
@@ -219,4 +220,21 @@ def test_a_damaged_znode_fails_the_open_with_metadata_error(damaged):
         with pytest.raises(TopicError) as e:
             await ml.open()
         assert e.value.status is TopicStatus.METADATA_ERROR and "managed ledger" in str(e.value)
+    run(main())
+
+
+def test_a_roll_whose_list_write_lands_after_its_answer_was_lost_does_not_fence_the_topic():
+    """The roll's list write loses its answer and its read-back; the write is still queued and lands just before the
+    retry's, which then meets a version its own write made: it writes on top of it (topics/owned_znode.py)."""
+    async def main():
+        _, _, [plain] = await world(TopicConfig(ledger_entries_max=3))
+        lossy = LossyStore(plain._store)
+        ml = ManagedLedger(TOPIC, ledgers=plain._ledgers, store=lossy, clock=plain._clock, config=plain.config)
+        await ml.open()
+        first = [await ml.append(b"a%d" % i) for i in range(3)]
+        lossy.lose_next_set, lossy.fail_next_get = "applied later", True
+        rolled = await ml.append(b"b")  # the roll's first list write is lost; the retry's goes through
+        assert rolled.ledger not in {p.ledger for p in first} and not ml.fence_reason
+        checked(ml)
+        assert [p for p, _ in await read_all(ml)] == first + [rolled]
     run(main())
