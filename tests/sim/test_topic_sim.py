@@ -34,6 +34,8 @@ BROKEN_SEEDS_MAX = 40  # a deliberately broken variant must be caught within thi
 # session expired); a clean close during a rollover recorded the new ledger closed with the old one's entries
 OWNERSHIP_SEED, CLOSE_DURING_ROLL_SEED = 20, 13
 SEEK_ZNODE_REFUSED_SEED = 500358  # a seek's snapshot reaches the cursor ledger, its znode write is refused
+SEEK_ALL_WRITES_FAIL_SEED = 500701  # a seek back whose ledger append fails and whose znode write lands late
+SEEK_PAST_UNDELIVERED_SEED = 500255  # a Key_Shared seek to a position one consumer had, past one another had not
 
 
 def _without_delivery_features(plan: TopicPlan) -> TopicPlan:
@@ -251,6 +253,18 @@ def test_a_seek_whose_znode_write_is_refused_reports_what_the_next_owner_recover
     znode write fails. The next owner recovers that snapshot; the old owner's persisted mark-delete (sampled before
     it notices) must not claim the higher position it had before the seek (CursorNeverRegresses)."""
     assert run_topic_sim(SEEK_ZNODE_REFUSED_SEED).passed
+
+
+def test_a_seek_back_whose_writes_all_fail_reports_the_lower_mark_delete_at_once():
+    """The seek's ledger append fails (no bookie to replace a crashed one) and its znode write's outcome is unknown,
+    then lands: the cursor must not report its old, higher mark-delete meanwhile (CursorNeverRegresses)."""
+    assert run_topic_sim(SEEK_ALL_WRITES_FAIL_SEED).passed
+
+
+def test_a_seek_past_a_message_not_delivered_yet_skips_it():
+    """Key_Shared: the seek goes to a position one consumer was given while an earlier message (another key's, or a
+    delayed one) was not delivered yet; the seek skips it, as Pulsar's does: it is not owed (SubscriptionsDrain)."""
+    assert run_topic_sim(SEEK_PAST_UNDELIVERED_SEED).passed
 
 
 def test_a_restarted_broker_does_not_adopt_its_predecessors_ownership():

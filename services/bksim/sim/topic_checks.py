@@ -12,7 +12,8 @@ Owns the history of a topic simulation:
 
 Invariants (each raised as InvariantViolation(name, detail)):
 - ReceiptedMessagesAreConsumed (lost = 0): every (producer, sequence id) with a receipt is delivered to every
-  subscription (checked at the end, after the drain); a receipt that names a position names the one where a
+  subscription (checked at the end, after the drain), but for messages stored before the subscription's last seek
+  position, which the seek skips (Pulsar's seek: everything before it counts as acknowledged); a receipt that names a position names the one where a
   consumer found that message (ReceiptNamesItsPosition).
 - NoDuplicateWithDedup: with dedup on, no (producer, sequence id) is stored at two positions (seen in
   deliveries and receipts).
@@ -65,6 +66,7 @@ class SubscriptionRecord:
     highest_of_key: dict[str | None, Position] = field(default_factory=dict)
     durable_floor: Position | None = None   # highest persisted mark-delete seen (None: reset by a seek)
     acked_at_close: set[Position] = field(default_factory=set)
+    seek_target: Position | None = None     # the last seek's position: nothing stored before it is owed any more
 
 
 class TopicChecks:
@@ -199,10 +201,15 @@ class TopicChecks:
                         if step is not None else f" (it read up to {self.reader_last})"))
                     return
 
-    def seek(self, sub: str) -> None:
+    def seek(self, sub: str, target: Position | None = None) -> None:
+        """The client asked `sub` to seek to `target`: its persisted mark-delete may go down, and a message stored
+        before `target` is no longer owed to it (a seek past messages not delivered yet skips them: in Key_Shared
+        and Shared, and with delayed messages, a consumer may have been given a later position first)."""
         rec = self.subs[sub]
         rec.durable_floor = None
         rec.acked_at_close.clear()
+        if target is not None:
+            rec.seek_target = target
 
     def clean_close(self, sub: str, acked: set[Position]) -> None:
         self.subs[sub].acked_at_close = set(acked)
@@ -266,8 +273,16 @@ class TopicChecks:
         return out
 
     def missing(self, sub: str) -> list[MessageKey]:
+        """Messages with a receipt that `sub` owes and has not delivered (those stored only before its last seek's
+        position are not owed)."""
         rec = self.subs[sub]
-        return [m for m in self.receipted_messages() if m not in rec.delivered]
+        target = rec.seek_target
+        out = []
+        for send in sorted(self.receipts):
+            if target is not None and all(p is None or p < target for p in self.receipts[send]):
+                continue
+            out += [m for m in self.sends.get(send, (send,)) if m not in rec.delivered]
+        return out
 
     def final(self) -> None:
         """After the drain: lost = 0 on every subscription, every receipt's position holds its message."""

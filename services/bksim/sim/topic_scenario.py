@@ -519,12 +519,12 @@ class _ConsumerSide:
     async def seek(self, pos: Position) -> None:
         if self.sub is None:
             return
-        self.world.checks.seek(self.client.sub)
+        self.world.checks.seek(self.client.sub, pos)
         try:
             await self.sub.seek(pos)
-        except TopicError as e:
+        except TopicError as e:  # it may have been applied all the same: checked as if it was
             self.world.trace.add(f"{self.broker.label}: seek of {self.client.sub} to {pos}: {e.status.name}")
-        self.world.checks.seek(self.client.sub)
+        self.world.checks.seek(self.client.sub, pos)
         self.world.trace.add(f"{self.broker.label}: {self.client.sub} seeked to {pos}")
 
     def close(self) -> None:

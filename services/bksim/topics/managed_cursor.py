@@ -377,6 +377,8 @@ class ManagedCursor:
         started = self._clock.monotonic_ms()
         changes = self.state.changes
         snap = codec.CursorSnapshot.of(self.state)
+        if snap.mark_delete < self._persisted_md:  # a seek back: from its first write on, a recovery may come back
+            self._persisted_md = snap.mark_delete   # with it (whatever the write's outcome), so it is what counts
         self._seq += 1
         packed = codec.pack(snap, self._seq)
         entries = codec.entries_for(packed, self.config.cursor_snapshot_chunk_bytes)
@@ -387,7 +389,6 @@ class ManagedCursor:
             else:
                 written = await self._append(self._handle, packed, entries)
                 if update_znode:
-                    self._persisted_md = snap.mark_delete  # in the ledger: what a recovery reads, znode or not
                     await self._write_znode(snap, self._ledger_id)
         except LedgerError as e:
             if e.status is LedgerStatus.FENCED:

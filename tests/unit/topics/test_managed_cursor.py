@@ -534,6 +534,23 @@ def test_a_seek_whose_znode_write_fails_still_reports_the_snapshot_a_recovery_re
     run(main())
 
 
+def test_a_seek_whose_every_write_fails_reports_the_lower_mark_delete_it_may_have_left():
+    """The cursor ledger cannot take the seek's snapshot and the znode write loses its answer and its read-back: the
+    znode may hold the seek's state, so the persisted mark-delete is the lower of the two from then on."""
+    async def main():
+        w = await world()
+        lossy, a = await lossy_cursor(w)
+        await a.seek(P(100, 5))
+        for b in w.bookie_ids:  # a terminal answer: the append fails at once and the state goes to the znode
+            w.fake[b].error = StatusCode.UNAUTHORIZED
+        lossy.lose_next_set, lossy.fail_next_get = "applied later", True
+        with pytest.raises(TopicError) as info:
+            await a.seek(P(100, 2))
+        assert info.value.status is TopicStatus.METADATA_ERROR
+        assert a.persisted_mark_delete == P(100, 1)
+    run(main())
+
+
 async def a_write_whose_answer_and_read_back_are_lost():
     """A cursor at mark-delete (100, 2) whose write of (100, 4) lost its answer and its read-back: the write is held
     back (it may land later). Returns (world, store, cursor)."""
