@@ -36,6 +36,8 @@ OWNERSHIP_SEED, CLOSE_DURING_ROLL_SEED = 20, 13
 SEEK_ZNODE_REFUSED_SEED = 500358  # a seek's snapshot reaches the cursor ledger, its znode write is refused
 SEEK_ALL_WRITES_FAIL_SEED = 500701  # a seek back whose ledger append fails and whose znode write lands late
 SEEK_PAST_UNDELIVERED_SEED = 500255  # a Key_Shared seek to a position one consumer had, past one another had not
+SEEK_BEHIND_A_PERSIST_SEED = 711854  # a seek waits for the cursor's lock behind a persist its bookie never answers
+SEEK_BACK_OVER_SKIPPED_SEED = 711924  # a seek skips an undelivered message of a key; a later seek back delivers it
 
 
 def _without_delivery_features(plan: TopicPlan) -> TopicPlan:
@@ -265,6 +267,20 @@ def test_a_seek_past_a_message_not_delivered_yet_skips_it():
     """Key_Shared: the seek goes to a position one consumer was given while an earlier message (another key's, or a
     delayed one) was not delivered yet; the seek skips it, as Pulsar's does: it is not owed (SubscriptionsDrain)."""
     assert run_topic_sim(SEEK_PAST_UNDELIVERED_SEED).passed
+
+
+def test_a_seek_queued_behind_a_persist_under_way_is_not_a_regression():
+    """The seek is asked while a persist waits for a crashed bookie; the owner is probed meanwhile (its durable
+    mark-delete still the old one), then the seek runs and lowers it before it is answered: the client asked
+    (checker defect: the floor was re-armed from the probes of that window, CursorNeverRegresses)."""
+    assert run_topic_sim(SEEK_BEHIND_A_PERSIST_SEED).passed
+
+
+def test_a_seek_back_over_a_message_an_earlier_seek_skipped_restarts_the_order_per_key():
+    """Key_Shared: a seek to 3:0 skips 2:3 (key k1, held back for want of permits) and 3:1..4:3 of k1 follow; a
+    seek back to 2:1 then delivers 2:3 for the first time, after 2:1 and 2:2 of the stream it started: in order
+    (checker defect: OrderPerKey compared it with 4:3, sent before that seek)."""
+    assert run_topic_sim(SEEK_BACK_OVER_SKIPPED_SEED).passed
 
 
 def test_a_restarted_broker_does_not_adopt_its_predecessors_ownership():

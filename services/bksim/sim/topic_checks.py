@@ -19,13 +19,18 @@ Invariants (each raised as InvariantViolation(name, detail)):
   deliveries and receipts).
 - OrderPerKey: on Key_Shared, a message of a key delivered for the first time is never below a position of the
   same key delivered before; OrderOnExclusive: the same for every message on Exclusive and Failover (a
-  redelivery of something delivered before may come later: that is not a new message).
+  redelivery of something delivered before may come later: that is not a new message). Both compare deliveries
+  the broker sent between the same two seeks of the subscription: a seek restarts the stream at its position
+  (Pulsar disconnects the consumers, resets the cursor, and the client drops what it got before), so a seek back
+  may deliver for the first time a message an earlier seek had skipped, below what came before it.
 - OneOpenLedger / LedgersOrdered: in every managed-ledger list written, ledger ids strictly increase and at
   most the last ledger is open; ClosedLedgerKeepsItsEntries: a closed ledger's entry count never changes;
   TrimOnlyAPrefix: ledgers that hold entries leave the list only from its front (an empty one may be dropped
   anywhere).
 - CursorNeverRegresses: a subscription's persisted mark-delete, seen on the owner (the broker that wrote the
-  managed-ledger list last), never goes below the highest seen before (a seek resets it: the client asked).
+  managed-ledger list last), never goes below the highest seen before (a seek resets it: the client asked). From
+  the moment a seek is asked until it is answered (or its broker dies) the broker may apply it at any time (it
+  waits for the cursor's lock, behind a persist under way): meanwhile nothing is checked nor taken as a floor.
 - TrimBelowPersistedMarkDelete (checked by the scenario when a list drops ledgers): every ledger trimmed lies at
   or below every cursor's persisted mark-delete on the broker that trims (the dedup cursor's too).
 - OneOwnerAtATime (checked by the scenario's probe): at most one broker with a live session serves the topic.
@@ -63,10 +68,12 @@ class SubscriptionRecord:
     sub_type: str
     delivered: dict[MessageKey, set[Position]] = field(default_factory=dict)
     positions: set[Position] = field(default_factory=set)          # every position delivered
-    highest_of_key: dict[str | None, Position] = field(default_factory=dict)
+    highest_of_key: dict[tuple[int, str | None], Position] = field(default_factory=dict)  # (seeks, key) -> pos
     durable_floor: Position | None = None   # highest persisted mark-delete seen (None: reset by a seek)
     acked_at_close: set[Position] = field(default_factory=set)
     seek_target: Position | None = None     # the last seek's position: nothing stored before it is owed any more
+    seeks_under_way: int = 0                # seeks asked and not answered yet (the mark-delete may drop any time)
+    seeks: int = 0                          # seeks asked so far: a delivery is ordered among those sent after as many
 
 
 class TopicChecks:
@@ -139,8 +146,15 @@ class TopicChecks:
                                               f"with dedup on ({how})")
 
     # -- consumers --------------------------------------------------------------------------------------------
+    def seeks(self, sub: str) -> int:
+        """How many seeks `sub` was asked: the scenario tags a delivery with it as the broker sends it."""
+        rec = self.subs.get(sub)
+        return rec.seeks if rec is not None else 0
+
     def delivered(self, sub: str, consumer: str, pos: Position, messages: list[tuple[MessageKey, str | None]],
-                  redelivery_count: int, *, delayed: bool = False) -> None:
+                  redelivery_count: int, *, delayed: bool = False, seeks: int | None = None) -> None:
+        """`seeks`: how many seeks the subscription was asked when the broker sent it (None: as many as now);
+        order is judged among deliveries sent between the same two seeks (see OrderPerKey)."""
         rec = self.subs[sub]
         self.stats["deliveries"] += 1
         new = pos not in rec.positions
@@ -153,14 +167,15 @@ class TopicChecks:
         key = messages[0][1] if messages else None
         if rec.sub_type in ("Exclusive", "Failover") or (rec.sub_type == "Key_Shared" and not delayed):
             order_key = key if rec.sub_type == "Key_Shared" else None
-            highest = rec.highest_of_key.get(order_key)
+            stream = (rec.seeks if seeks is None else seeks, order_key)
+            highest = rec.highest_of_key.get(stream)
             if new and highest is not None and pos < highest:
                 what = "OrderPerKey" if rec.sub_type == "Key_Shared" else "OrderOnExclusive"
                 self.fail(what, f"subscription {sub} ({rec.sub_type}): {consumer} got {pos} (key {order_key}) for "
                                 f"the first time after {highest} of the same "
                                 f"{'key' if order_key is not None else 'topic'}")
             if highest is None or pos > highest:
-                rec.highest_of_key[order_key] = pos
+                rec.highest_of_key[stream] = pos
         for m, _ in messages:
             rec.delivered.setdefault(m, set()).add(pos)
             self._stored(m, pos, f"delivered to {sub}")
@@ -201,15 +216,26 @@ class TopicChecks:
                         if step is not None else f" (it read up to {self.reader_last})"))
                     return
 
-    def seek(self, sub: str, target: Position | None = None) -> None:
-        """The client asked `sub` to seek to `target`: its persisted mark-delete may go down, and a message stored
-        before `target` is no longer owed to it (a seek past messages not delivered yet skips them: in Key_Shared
-        and Shared, and with delayed messages, a consumer may have been given a later position first)."""
+    def seek_started(self, sub: str, target: Position) -> None:
+        """The client asked `sub` to seek to `target`: until the seek is answered its persisted mark-delete may go
+        down at any moment (the broker applies it when it gets the cursor's lock, maybe behind a persist under way),
+        and a message stored before `target` is no longer owed to it (a seek past messages not delivered yet skips
+        them: in Key_Shared and Shared, and with delayed messages, a consumer may have been given a later position
+        first)."""
         rec = self.subs[sub]
+        rec.seeks += 1  # what the broker sends from now on is a new stream (OrderPerKey / OrderOnExclusive)
+        rec.seeks_under_way += 1
         rec.durable_floor = None
         rec.acked_at_close.clear()
-        if target is not None:
-            rec.seek_target = target
+        rec.seek_target = target
+
+    def seek_ended(self, sub: str) -> None:
+        """The seek was answered, failed (it may have been applied all the same) or its broker died: the floor starts
+        again from the next persisted mark-delete seen."""
+        rec = self.subs[sub]
+        rec.seeks_under_way -= 1
+        rec.durable_floor = None
+        rec.acked_at_close.clear()
 
     def clean_close(self, sub: str, acked: set[Position]) -> None:
         self.subs[sub].acked_at_close = set(acked)
@@ -218,6 +244,8 @@ class TopicChecks:
         rec = self.subs.get(sub)
         if rec is None:
             return
+        if rec.seeks_under_way:
+            return  # a seek may lower it any time until it is answered: neither a regression nor a floor
         floor = rec.durable_floor
         if floor is not None and pos < floor:
             self.fail("CursorNeverRegresses", f"subscription {sub}: persisted mark-delete {pos} on {where}, below "

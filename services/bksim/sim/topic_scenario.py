@@ -491,7 +491,8 @@ class _ConsumerSide:
                     self.world.checks.fail("DelayedNotBeforeItsTime",
                                            f"{self.broker.label} delivered {d.position} to {self.client.name} "
                                            f"({self.client.sub_type}) {at - now} ms before its delivery time")
-        self.conn.to_client(self.client.on_deliveries, self.conn, list(deliveries))
+        seeks = self.world.checks.seeks(self.client.sub)  # the stream it is sent in (a seek starts the next)
+        self.conn.to_client(self.client.on_deliveries, self.conn, list(deliveries), seeks)
 
     def active_changed(self, active: bool) -> None:
         self.conn.to_client(self.client.on_active, active)
@@ -519,12 +520,14 @@ class _ConsumerSide:
     async def seek(self, pos: Position) -> None:
         if self.sub is None:
             return
-        self.world.checks.seek(self.client.sub, pos)
-        try:
+        checks = self.world.checks
+        checks.seek_started(self.client.sub, pos)
+        try:  # the broker may apply the seek any time until it answers (or dies: cancelled with its tasks)
             await self.sub.seek(pos)
         except TopicError as e:  # it may have been applied all the same: checked as if it was
             self.world.trace.add(f"{self.broker.label}: seek of {self.client.sub} to {pos}: {e.status.name}")
-        self.world.checks.seek(self.client.sub, pos)
+        finally:
+            checks.seek_ended(self.client.sub)
         self.world.trace.add(f"{self.broker.label}: {self.client.sub} seeked to {pos}")
 
     def close(self) -> None:
@@ -757,7 +760,7 @@ class _Consumer(_Client):
     def on_active(self, active: bool) -> None:
         self.world.trace.add(f"{self.name}: {'active' if active else 'inactive'}")
 
-    def on_deliveries(self, conn: _Conn, deliveries: list[Delivery]) -> None:
+    def on_deliveries(self, conn: _Conn, deliveries: list[Delivery], seeks: int = 0) -> None:
         w = self.world
         for d in deliveries:
             try:
@@ -772,7 +775,7 @@ class _Consumer(_Client):
                     w.checks.fail("StickyRangesHonoured", f"{self.name} (key slots {self.ranges}) got {d.position} "
                                                           f"of key {header.sticky_key!r} in slot {slot}")
             w.checks.delivered(self.sub, self.name, d.position, keyed, d.redelivery_count,
-                               delayed=header.deliver_at_ms > 0)
+                               delayed=header.deliver_at_ms > 0, seeks=seeks)
             self.inbox.append((conn, d, len(messages)))
         self.arrived.set()
 
@@ -841,7 +844,7 @@ class _Reader(_Consumer):
         self.name = "reader"
         self.last_read: MessageId | None = None
 
-    def on_deliveries(self, conn: _Conn, deliveries: list[Delivery]) -> None:
+    def on_deliveries(self, conn: _Conn, deliveries: list[Delivery], seeks: int = 0) -> None:
         self.inbox.extend((conn, d) for d in deliveries)
         self.arrived.set()
 

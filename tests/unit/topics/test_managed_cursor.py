@@ -620,3 +620,39 @@ def test_a_cursor_ledger_that_cannot_be_read_now_fails_the_open_and_loses_nothin
         assert c.stats_internal()["recovery"]["source"] == "ledger"
         assert c.mark_delete == P(100, 3) and c.is_acked(P(100, 5))
     run(main())
+
+
+def test_a_seek_queued_behind_a_persist_under_way_lowers_the_persisted_mark_delete_only_when_it_runs():
+    """Topics seed 711854: a seek waits for the cursor's lock while a persist waits for its bookies. Until the seek
+    runs, the persisted mark-delete is the one already durable (retention may trim below it, and does); once it
+    runs it is the seek's, clamped to the first entry when the target's ledger was trimmed meanwhile (Pulsar's
+    asyncResetCursor: getNextValidPosition). That drop is the client's seek, not a regression."""
+    async def main():
+        w = await world()
+        a = await w.open(w.broker(), initial_position="earliest")
+        a.ack_cumulative(P(102, 3))
+        await a.persist(force=True)
+        assert a.persisted_mark_delete == P(102, 3)
+        for b in w.bookie_ids:
+            w.fake[b].gate = asyncio.Event()
+        a.ack_cumulative(P(102, 9))
+        persist = asyncio.ensure_future(a.persist(force=True))
+        await wait_until_async(lambda: sum(w.fake[b].waiting for b in w.bookie_ids) >= 2, 5,
+                               message="the snapshot's adds waiting at the bookies")
+        seek = asyncio.ensure_future(a.seek(P(100, 2)))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not seek.done() and a.mark_delete == P(102, 9)    # the seek waits for the lock
+        assert a.persisted_mark_delete == P(102, 3)               # what is durable: trimming ledger 100 is right
+        w.layout.trim(2)                                          # retention drops ledgers 100 and 101
+        for b in w.bookie_ids:
+            w.fake[b].gate.set()
+        await persist
+        await seek
+        first = w.layout.first_position()
+        assert first == P(102, 0)
+        assert a.mark_delete == a.persisted_mark_delete == w.layout.previous_position(first) == P(102, -1)
+        a.abort("kill")
+        b = await w.open(w.broker())
+        assert b.mark_delete == P(102, -1)                        # what a recovery comes back with
+    run(main())

@@ -1,0 +1,78 @@
+"""TopicChecks (bksim.sim.topic_checks) on its own: CursorNeverRegresses and OrderPerKey around a seek."""
+from __future__ import annotations
+
+from bksim.sim.bookie_checks import InvariantViolation
+from bksim.sim.topic_checks import TopicChecks
+from bksim.topics.positions import Position as P
+
+
+def checks() -> tuple[TopicChecks, list[InvariantViolation]]:
+    seen: list[InvariantViolation] = []
+    return TopicChecks("/ml", {"sh": "Shared"}, False, lambda line: None, seen.append), seen
+
+
+def test_a_seek_may_lower_the_persisted_mark_delete_any_time_until_it_is_answered():
+    """Topics seed 711854: the seek is asked, waits for the cursor's lock behind a persist under way while the
+    owner is probed (its persisted mark-delete unchanged), then runs and drops it before it is answered."""
+    c, seen = checks()
+    c.persisted_mark_delete("sh", P(1, 3), "broker-1#1")
+    c.seek_started("sh", P(0, 2))
+    c.persisted_mark_delete("sh", P(1, 3), "broker-1#1")   # probed while the seek waits for the lock
+    c.persisted_mark_delete("sh", P(1, -1), "broker-1#1")  # the seek runs (its target's ledger was trimmed)
+    c.seek_ended("sh")
+    c.persisted_mark_delete("sh", P(1, -1), "broker-1#1")
+    assert seen == []
+
+
+def test_after_the_seek_is_answered_a_regression_is_caught_again():
+    c, seen = checks()
+    c.seek_started("sh", P(0, 2))
+    c.seek_ended("sh")
+    c.persisted_mark_delete("sh", P(1, 3), "broker-1#1")
+    c.persisted_mark_delete("sh", P(1, 1), "broker-2#1")
+    assert [v.invariant for v in seen] == ["CursorNeverRegresses"]
+
+
+def key_shared() -> tuple[TopicChecks, list[InvariantViolation]]:
+    seen: list[InvariantViolation] = []
+    return TopicChecks("/ml", {"ks": "Key_Shared"}, False, lambda line: None, seen.append), seen
+
+
+def deliver(c: TopicChecks, ledger: int, entry: int, **kw) -> None:
+    c.delivered("ks", "ks-c1", P(ledger, entry), [(("p1", ledger * 10 + entry), "k1")], 0, **kw)
+
+
+def seek(c: TopicChecks, ledger: int, entry: int) -> None:
+    c.seek_started("ks", P(ledger, entry))
+    c.seek_ended("ks")
+
+
+def test_order_per_key_restarts_at_a_seek_back():
+    """Topics seed 711924 in miniature: a seek to 3:0 skipped 2:3 (never delivered); after 4:3 of the same key, a
+    seek back to 2:1 delivers 2:1, 2:2 again and 2:3 for the first time: in order in the stream it started."""
+    c, seen = key_shared()
+    deliver(c, 2, 1)
+    seek(c, 3, 0)
+    deliver(c, 3, 1)
+    deliver(c, 4, 3)
+    seek(c, 2, 1)
+    for ledger, entry in ((2, 1), (2, 2), (2, 3), (3, 1)):
+        deliver(c, ledger, entry)
+    assert seen == []
+    deliver(c, 4, 3)
+    deliver(c, 3, 3)  # new, below 4:3 of the same key since the same seek: out of order
+    assert [v.invariant for v in seen] == ["OrderPerKey"]
+
+
+def test_a_delivery_sent_before_a_seek_is_judged_in_the_stream_it_was_sent_in():
+    """A delivery in flight when the seek is asked arrives after it: it neither counts against the new stream nor
+    escapes the old one's order."""
+    c, seen = key_shared()
+    deliver(c, 2, 1)
+    before = c.seeks("ks")
+    seek(c, 2, 0)
+    deliver(c, 4, 3, seeks=before)  # sent before the seek
+    deliver(c, 2, 2)                # the new stream's first delivery
+    assert seen == []
+    deliver(c, 3, 0, seeks=before)  # new, below 4:3 in the old stream
+    assert [v.invariant for v in seen] == ["OrderPerKey"]
