@@ -87,6 +87,14 @@ def test_a_worker_that_publishes_a_replacement_before_it_copied_is_caught(monkey
     (11, "a write set of one bookie (Qw = 1): the worker's read had no replica to ask and raised IndexError"),
     (30, "a marked bookie back with its copies was not asked: the ledger was reported lost"),
     (26, "the only spare was a marked bookie that came back: the repair failed forever (NOT_ENOUGH_BOOKIES)"),
+    (710894, "a ledger found lost while a marked bookie was down for now stayed reported lost after it registered "
+             "again (the worker waited lost_ledger_retry_ms)"),
+    (711720, "a Qw = 1 ledger found lost while its only bookie was down for now stayed reported lost after the "
+             "bookie registered again"),
+    (711974, "a marked bookie asked before it was back answered nothing and was counted as no copy although it "
+             "was registered when the worker judged"),
+    (712228, "a marked bookie down for now and asked before it registered again was counted as no copy (and, "
+             "earlier, a read lost on the network to a registered marked bookie)"),
 ])
 def test_seeds_that_found_worker_bugs_pass(seed, found):
     result = run_autorecovery_sim(seed)

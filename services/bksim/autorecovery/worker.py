@@ -40,10 +40,13 @@ One claim (`run_once`), under the mark's ephemeral lock, released on every path:
    read); a mark that changed meanwhile (another bookie went) stays for the next round.
 
 An entry of a segment that no surviving replica holds (each answered NO_ENTRY / NO_LEDGER, or is itself named
-by the mark and gave no copy) makes the ledger lost: the mark is kept with the count and a note
-(`set_lost`), nothing is replaced, and this worker tries the ledger again only after `lost_ledger_retry_ms`.
-Any other failure (a replica or the replacement unreachable, no replacement bookie, a metadata error) ends
-the claim; `run` waits `worker_backoff_ms` before the next.
+by the mark, gave no copy and is not registered: the auditor's lost bookie) makes the ledger lost: the mark is
+kept with the count and a note (`set_lost`), nothing is replaced, and this worker tries the ledger again only
+after `lost_ledger_retry_ms`, or at once when a bookie whose silence counted as "no copy" registers again (it
+was down for now, not lost: its copies may be back). A marked bookie that is registered (writable or read-only)
+but does not answer is not a lost replica: its silence is a failure, like any replica's (a message lost, a
+read sent before it came back). Any other failure (a replica or the replacement unreachable, no replacement
+bookie, a metadata error) ends the claim; `run` waits `worker_backoff_ms` before the next.
 
 Pure over ports: the MetadataStore, the BookieTransport, the Clock, and the broker's LedgerService for
 recovery and placement.
@@ -144,6 +147,10 @@ class ReplicationWorker:
         self._not_before: dict[int, float] = {}
         # ledger id -> the monotonic time of this worker's last failed claim of it (tried after the others)
         self._failed_at: dict[int, float] = {}
+        # ledger id -> the marked, unregistered bookies whose silence this worker's lost verdict on it counted as
+        # "no copy": one registered again ends the ledger's `_not_before` wait at once
+        self._lost_on: dict[int, frozenset[str]] = {}
+        self._claim_gone: set[str] = set()  # those bookies, in the claim under way
         self._stats = {name: 0 for name in ("claims", "replicated", "remarked", "deferred", "lost", "deleted",
                                             "failed", "recovered", "segments_replaced", "entries_copied",
                                             "bytes_copied", "copies_verified", "damaged_bookies_replaced",
@@ -185,9 +192,10 @@ class ReplicationWorker:
         now = self._clock.monotonic_ms()
         listed = await self._marks.list()
         marked = {m.ledger_id for m in listed}
-        for table in (self._not_before, self._failed_at):  # forget ledgers whose marks are gone
+        for table in (self._not_before, self._failed_at, self._lost_on):  # forget ledgers whose marks are gone
             for ledger_id in [i for i in table if i not in marked]:
                 del table[ledger_id]
+        await self._retry_lost_whose_bookies_returned(now)
         marks = [m for m in listed if m.missing and self._not_before.get(m.ledger_id, now) <= now]
         # a random order spreads the workers over the marks; ledgers whose claim failed here come last
         marks = self._rng.sample(marks, len(marks))
@@ -196,6 +204,7 @@ class ReplicationWorker:
             if not await self._marks.claim(mark.ledger_id, self.owner_id):
                 continue  # another worker has it
             self._stats["claims"] += 1
+            self._claim_gone = set()
             try:
                 outcome, detail = await self._repair(mark)
             except BksimError as e:
@@ -206,11 +215,34 @@ class ReplicationWorker:
                 self._failed_at[mark.ledger_id] = self._clock.monotonic_ms()
             else:
                 self._failed_at.pop(mark.ledger_id, None)
+            if outcome == LOST and self._claim_gone:
+                self._lost_on[mark.ledger_id] = frozenset(self._claim_gone)
+            else:
+                self._lost_on.pop(mark.ledger_id, None)
             self._stats[{REMARKED: "remarked"}.get(outcome, outcome)] += 1
             line = f"ledger {mark.ledger_id}: {outcome}: {detail}"
             self._log(f"autorecovery worker {self.owner_id}: {line}")
             return line
         return None
+
+    async def _registered(self) -> set[str]:
+        """The bookies registered now, writable or read-only (a read-only bookie still serves its copies): what
+        the auditor counts as not lost."""
+        return set(await self._ledgers.writable_bookies()) | set(await self._ledgers.readonly_bookies())
+
+    async def _retry_lost_whose_bookies_returned(self, now: float) -> None:
+        """A ledger this worker found lost because marked bookies were away and silent is tried again at once
+        when one of them is registered again: the verdict held only while they were gone."""
+        waiting = {i: gone for i, gone in self._lost_on.items() if self._not_before.get(i, now) > now}
+        if not waiting:
+            return
+        registered = await self._registered()
+        for ledger_id, gone in sorted(waiting.items()):
+            back = sorted(gone & registered)
+            if back:
+                del self._not_before[ledger_id], self._lost_on[ledger_id]
+                self._log(f"autorecovery worker {self.owner_id}: ledger {ledger_id}: {back} registered again since "
+                          f"it was found lost: tried again now")
 
     # -- one claim ------------------------------------------------------------------------------------------
     async def _repair(self, mark: Mark) -> tuple[str, str]:
@@ -401,7 +433,10 @@ class ReplicationWorker:
                     entry_ids: list[int], missing: Sequence[str], lost: list[int]) -> dict[int, bytes]:
         """The verified bytes of `entry_ids`, each from a replica of its write set other than the step's
         bookie: bookies the mark does not name first, one ReadEntries call per replica and round. Ids no
-        replica holds go to `lost`; an id some replica could not answer for raises LedgerError(READ_FAILED)."""
+        replica holds go to `lost`; an id some replica could not answer for raises LedgerError(READ_FAILED). A
+        bookie the mark names that does not answer holds no copy only if it is not registered (judged after the
+        reads: one that registered meanwhile may have been asked before it was back); the bookies whose silence
+        made an id lost are added to `_claim_gone`."""
         named = set(missing)
         e = metadata.ensemble_size
         orders: dict[int, list[str]] = {}  # entry id mod E (its write set) -> the replicas to ask, in order
@@ -416,7 +451,8 @@ class ReplicationWorker:
                                                 + [b for b in replicas if b in named])
             sources[entry_id] = order.copy()
         answers: dict[int, list[str]] = {entry_id: [] for entry_id in entry_ids}
-        unsure: set[int] = set()  # ids a replica not named by the mark answered neither yes nor no for
+        unsure: set[int] = set()  # ids a replica that may hold them (not named, or named but registered) did not answer
+        silent: dict[int, set[str]] = {}  # id -> bookies named by the mark that answered neither yes nor no
         found: dict[int, bytes] = {}
         while sources:
             by_bookie: dict[str, list[int]] = {}
@@ -436,16 +472,26 @@ class ReplicationWorker:
                     else:
                         answer = f"{bookie}: {status.name if status is not None else 'no answer'}"
                     answers[entry_id].append(answer)
-                    if status not in EXPLICIT_NEGATIVES and bookie not in named:
-                        unsure.add(entry_id)
+                    if status not in EXPLICIT_NEGATIVES:
+                        if bookie in named:
+                            silent.setdefault(entry_id, set()).add(bookie)
+                        else:
+                            unsure.add(entry_id)
             sources = {e: left for e, left in sources.items() if e not in found and left}
         absent = [e for e in entry_ids if e not in found]
+        if any(e in silent for e in absent if e not in unsure):
+            registered = await self._registered()
+            for e in absent:
+                if silent.get(e, set()) & registered:
+                    unsure.add(e)  # a marked bookie back (registered): its silence is not "no copy"
         unreadable = [e for e in absent if e in unsure]
         if unreadable:
             e = unreadable[0]
             raise LedgerError(LedgerStatus.READ_FAILED, f"ledger {ledger_id} entry {e} (and {len(unreadable) - 1} "
                                                         f"more) unreadable: {'; '.join(answers[e])}")
         lost.extend(absent)
+        for e in absent:
+            self._claim_gone |= silent.get(e, set())
         return found
 
     async def _read_from(self, bookie: str, ledger_id: int, ids: list[int]):
@@ -472,7 +518,8 @@ class ReplicationWorker:
         shown = ", ".join(str(e) for e in lost[:LOST_IDS_SHOWN_MAX]) + (" ..." if len(lost) > LOST_IDS_SHOWN_MAX
                                                                          else "")
         note = (f"{len(lost)} entries of the segment at entry {step.first_entry_id} have no copy on any surviving "
-                f"replica ({step.bookie} was one): {shown}")
+                f"replica ({step.bookie} was one): {shown}"
+                + (f"; unregistered and silent: {sorted(self._claim_gone)}" if self._claim_gone else ""))
         self._not_before[mark.ledger_id] = self._clock.monotonic_ms() + self.config.lost_ledger_retry_ms
         try:
             await self._marks.set_lost(mark, len(lost), note)

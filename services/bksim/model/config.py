@@ -260,7 +260,8 @@ class AutoRecoveryConfig:
     rereplication_bytes_per_s_max: int = option(32 * MiB, "copy rate of one worker, so writers keep their latency")
     worker_backoff_ms: int = option(5_000, "a worker waits this long after a failed attempt before the next")
     lost_ledger_retry_ms: int = option(60_000, "a ledger with an entry no replica holds is tried again only after "
-                                               "this long (it is reported as lost meanwhile)")
+                                               "this long (it is reported as lost meanwhile), or at once when a "
+                                               "bookie whose silence made it lost registers again")
     read_batch_entries: int = option(64, "entries a worker reads from one replica in one ReadEntries call")
     rereplication_entry_batch_size: int = option(256, "entries one worker has in flight at once (read, verified, "
                                                       "being added to the replacement), in batches of at most "

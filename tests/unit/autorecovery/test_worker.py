@@ -553,6 +553,78 @@ def test_a_write_set_of_one_bookie_whose_bookie_is_gone_is_reported_lost():
     run(main())
 
 
+def test_a_marked_bookie_that_is_registered_but_silent_is_a_failure_with_backoff_not_a_loss():
+    # sim seed 712228: a marked bookie registered again (its restart outlived the auditor's delay) whose read went
+    # unanswered (a message lost, or sent before it was back) was counted as "no copy": entries it held were
+    # reported lost although it still served them
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 12)
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        victim, silent = md.ensemble[0], md.ensemble[1]
+        await w.lose(victim)
+        await w.marks.mark(lid, [victim, silent])  # marked while it was away; registered again, silent for now
+        w.fake[silent].down = True
+        line = await w.worker.run_once()
+        assert outcome(line) == FAILED and "READ_FAILED" in line, line
+        mark = await w.marks.get(lid)
+        assert mark.lost_entries == 0 and await w.metadata(lid) == md
+        w.fake[silent].down = False
+        line = await w.worker.run_once()
+        assert outcome(line) == REPLICATED, line
+        await w.assert_fully_replicated(lid, 12, victim)
+        assert silent in (await w.metadata(lid)).ensemble  # it holds its copies: kept
+    run(main())
+
+
+def test_a_ledger_found_lost_because_a_marked_bookie_was_away_is_tried_again_once_it_registers():
+    # sim seeds 710894, 711720, 711974: a bookie down for now (not lost for good) was the only replica of some
+    # entries; the lost verdict was right while it was away, but the worker kept it for lost_ledger_retry_ms after
+    # the bookie registered again, so the ledger was reported lost while every entry had a copy
+    async def main():
+        w = await World().start()
+        h = await w.ledger(2, 1, 1, 6)
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        away = md.ensemble[0]
+        await w.lose(away)  # down and unregistered; Qw = 1: no other replica of its entries
+        await w.marks.mark(lid, [away])
+        line = await w.worker.run_once()
+        assert outcome(line) == LOST, line
+        assert away in (await w.marks.get(lid)).note
+        assert await w.worker.run_once() is None  # not tried again while it stays away
+        w.fake[away].down = False  # it runs again with every copy it had, not registered yet
+        assert await w.worker.run_once() is None
+        await w.registrations.create(bookie_path(away), b"{}", ephemeral=True)
+        line = await w.worker.run_once()  # well within lost_ledger_retry_ms
+        assert outcome(line) == REPLICATED, line
+        assert await w.marks.get(lid) is None and await w.metadata(lid) == md
+    run(main())
+
+
+def test_a_ledger_found_lost_from_explicit_negatives_waits_the_retry_even_when_a_marked_bookie_registers():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 12)
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        victim, other = md.ensemble[0], md.ensemble[1]
+        gone = [e for e in range(12) if md.write_set(e) == [victim, other]]
+        for e in gone:  # the only two copies: the victim's is damaged away (NO_ENTRY), the other's too
+            del w.fake[victim].entries[lid][e]
+            del w.fake[other].entries[lid][e]
+        await w.registrations.delete(bookie_path(victim))  # away for a moment, marked, back: it answers NO_ENTRY
+        await w.marks.mark(lid, [victim])
+        await w.registrations.create(bookie_path(victim), b"{}", ephemeral=True)
+        line = await w.worker.run_once()
+        assert outcome(line) == LOST, line
+        assert await w.worker.run_once() is None  # the verdict rests on answers, not on a bookie's silence
+        w.clock.advance(CONFIG.lost_ledger_retry_ms)
+        assert outcome(await w.worker.run_once()) == LOST
+    run(main())
+
+
 def test_a_marked_bookie_back_with_its_copies_is_kept_and_its_mark_removed():
     async def main():
         w = await World().start()
