@@ -27,8 +27,9 @@ import sys
 from datetime import datetime
 from typing import Callable
 
+from bksim.adapters.serving_process import settle_process
 from bksim.cli import config as cfgload
-from bksim.cli.bookie_cmd import ZK_CONNECT_TIMEOUT_S, _close_zk, _until_stopped, _STOPPED, settle_process
+from bksim.cli.bookie_cmd import ZK_CONNECT_TIMEOUT_S, _close_zk, _until_stopped, _STOPPED
 from bksim.model.config import Config, parse_address_overrides
 from bksim.model.errors import ConfigError, MetadataError, NodeExistsError
 

@@ -62,6 +62,9 @@ def register(subparsers) -> None:
     _inflight(p)
     p.add_argument("--py-spy", metavar="OUT", help="sample the bookie's GIL-holding threads with py-spy "
                    "(installed by hand) during the measurement; write collapsed stacks to OUT")
+    p.add_argument("--breakdown", action="store_true", help="then the bookie's storage engine alone in this "
+                   "process (engine-add: the same entries, no gRPC), and the bookie's CPU per entry split into the "
+                   "engine's and the rest, with the most one core could add (perf/engine_add.py)")
     _metrics_flag(p)
     p.set_defaults(func=cmd_bookie_add)
 
@@ -414,10 +417,21 @@ def cmd_bookie_add(args) -> int:
         return _metrics_pair(one)
 
     def measure(workdir: str, idle: Callable[[str], float]):
-        return bookie_add.measure_against_baseline(workdir, args.record_bytes, args.group, args.inflight,
-                                                   args.seconds, args.records, idle, config, config_path=args.config,
-                                                   py_spy_out=args.py_spy, keep=args.keep)
+        results, ratios, targets = bookie_add.measure_against_baseline(
+            workdir, args.record_bytes, args.group, args.inflight, args.seconds, args.records, idle, config,
+            config_path=args.config, py_spy_out=args.py_spy, keep=args.keep)
+        if args.breakdown:
+            from bksim.perf import engine_add
 
+            base, bookie = results
+            engine = engine_add.measure(workdir, args.record_bytes, args.group, args.inflight, args.seconds,
+                                        args.records, config.bookie, idle("engine-add"))
+            results, targets = results + [engine], targets + [engine_add.ceiling(base, bookie, engine)]
+        return results, ratios, targets
+
+    if args.metrics and args.breakdown:
+        from bksim.model.errors import ConfigError
+        raise ConfigError("--metrics and --breakdown are two different runs: give one")
     if args.metrics:
         return _run("bookie-add", args, measure_metrics, shape="metrics off, then on (scraped every second)")
     return _run("bookie-add", args, measure)
