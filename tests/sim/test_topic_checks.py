@@ -1,4 +1,5 @@
-"""TopicChecks (bksim.sim.topic_checks) on its own: CursorNeverRegresses and OrderPerKey around a seek."""
+"""TopicChecks (bksim.sim.topic_checks) on its own: CursorNeverRegresses and OrderPerKey around a seek, and what a
+close of the topic binds the next owner to (AckedNotRedeliveredAfterCleanClose)."""
 from __future__ import annotations
 
 from bksim.sim.bookie_checks import InvariantViolation
@@ -76,3 +77,26 @@ def test_a_delivery_sent_before_a_seek_is_judged_in_the_stream_it_was_sent_in():
     assert seen == []
     deliver(c, 3, 0, seeks=before)  # new, below 4:3 in the old stream
     assert [v.invariant for v in seen] == ["OrderPerKey"]
+
+
+def test_a_close_that_failed_binds_the_next_owner_to_nothing():
+    """Topics seeds 722992 and 724645 in miniature: the owner stops cleanly, but its metadata session expires (or its
+    ZooKeeper connection is lost) during the close, whose writes all fail; the next owner recovers the last snapshot
+    written, from before the ack of 2:1, and delivers 2:1 again: at-least-once, not a violation."""
+    c, seen = key_shared()
+    deliver(c, 2, 1)
+    c.clean_close("ks", {P(2, 1)}, persisted=False)
+    deliver(c, 2, 1)
+    assert seen == []
+
+
+def test_a_close_that_persisted_binds_the_next_owner_and_a_later_failed_one_does_not_undo_it():
+    c, seen = key_shared()
+    deliver(c, 2, 1)
+    c.clean_close("ks", {P(2, 1)}, persisted=True)
+    deliver(c, 2, 2)
+    c.clean_close("ks", {P(2, 1), P(2, 2)}, persisted=False)  # the next close fails: 2:2 may come back, 2:1 not
+    deliver(c, 2, 2)
+    assert seen == []
+    deliver(c, 2, 1)
+    assert [v.invariant for v in seen] == ["AckedNotRedeliveredAfterCleanClose"]

@@ -38,6 +38,8 @@ SEEK_ALL_WRITES_FAIL_SEED = 500701  # a seek back whose ledger append fails and 
 SEEK_PAST_UNDELIVERED_SEED = 500255  # a Key_Shared seek to a position one consumer had, past one another had not
 SEEK_BEHIND_A_PERSIST_SEED = 711854  # a seek waits for the cursor's lock behind a persist its bookie never answers
 SEEK_BACK_OVER_SKIPPED_SEED = 711924  # a seek skips an undelivered message of a key; a later seek back delivers it
+CLOSE_SESSION_EXPIRES_SEED = 722992  # the owner's session expires while it closes: its writes fail, another takes over
+CLOSE_ZK_LOST_SEED = 724645  # the owner's ZooKeeper connection is lost while it closes: its writes have no answer
 
 
 def _without_delivery_features(plan: TopicPlan) -> TopicPlan:
@@ -281,6 +283,24 @@ def test_a_seek_back_over_a_message_an_earlier_seek_skipped_restarts_the_order_p
     seek back to 2:1 then delivers 2:3 for the first time, after 2:1 and 2:2 of the stream it started: in order
     (checker defect: OrderPerKey compared it with 4:3, sent before that seek)."""
     assert run_topic_sim(SEEK_BACK_OVER_SKIPPED_SEED).passed
+
+
+def test_a_close_whose_session_expires_meanwhile_is_not_a_clean_close():
+    """Key_Shared: 2:2, 2:3 and 2:1 are acked after ks's last snapshot; its next persist and the dedup cursor's wait
+    for a crashed bookie when the owner stops cleanly; the owner's session expires during the close and another
+    broker takes the topic over. The persists then fail (no bookie list, no znode write without a session), the dedup
+    snapshot the close forces fails with them, and the topic's close stops before any cursor's close. The new owner
+    recovers ks's last snapshot and delivers 2:1 again: at-least-once (checker defect: the acks the cursors held in
+    memory were recorded as persisted by a clean close, AckedNotRedeliveredAfterCleanClose)."""
+    assert run_topic_sim(CLOSE_SESSION_EXPIRES_SEED).passed
+
+
+def test_a_close_whose_zookeeper_connection_is_lost_meanwhile_is_not_a_clean_close():
+    """Exclusive: ex-c1 acks 0:0 and 0:1 before the cursor's first persist; the owner stops cleanly and loses its
+    ZooKeeper connection during the close: the znode write of the dedup snapshot the close forces gets no answer,
+    the topic's close stops before any cursor's close, and the next owner delivers 0:0 again from the cursor's
+    znode: at-least-once (checker defect: AckedNotRedeliveredAfterCleanClose)."""
+    assert run_topic_sim(CLOSE_ZK_LOST_SEED).passed
 
 
 def test_a_restarted_broker_does_not_adopt_its_predecessors_ownership():

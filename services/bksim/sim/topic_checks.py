@@ -35,7 +35,8 @@ Invariants (each raised as InvariantViolation(name, detail)):
   or below every cursor's persisted mark-delete on the broker that trims (the dedup cursor's too).
 - OneOwnerAtATime (checked by the scenario's probe): at most one broker with a live session serves the topic.
 - AckedNotRedeliveredAfterCleanClose: after a clean close of the topic, nothing the closed cursor held as
-  acknowledged is delivered again (until the next seek of that subscription).
+  acknowledged is delivered again (until the next seek of that subscription). Only a cursor whose close persisted
+  its whole state counts: a close that failed is a crash for that cursor (the last snapshot written comes back).
 - PositionsTotallyOrdered: no two Sends are acknowledged at one position, and the receipts on one producer
   connection name increasing positions (checked by the scenario).
 - DelayedNotBeforeItsTime (checked by the scenario as a broker delivers): on Shared and Key_Shared no message is
@@ -237,8 +238,14 @@ class TopicChecks:
         rec.durable_floor = None
         rec.acked_at_close.clear()
 
-    def clean_close(self, sub: str, acked: set[Position]) -> None:
-        self.subs[sub].acked_at_close = set(acked)
+    def clean_close(self, sub: str, acked: set[Position], *, persisted: bool) -> None:
+        """The owner closed the topic; `acked`: what `sub`'s cursor held acknowledged then. `persisted`: its close
+        put all of it where the next owner reads it (the cursor's closed_cleanly). A close that failed (a metadata or
+        ledger error, the session lost meanwhile, the topic's close stopped before the cursor's) binds nothing: the
+        next owner recovers the last snapshot written, and acks after it come back (at-least-once); what an earlier
+        clean close recorded still stands."""
+        if persisted:
+            self.subs[sub].acked_at_close = set(acked)
 
     def persisted_mark_delete(self, sub: str, pos: Position, where: str) -> None:
         rec = self.subs.get(sub)

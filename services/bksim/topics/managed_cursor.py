@@ -24,6 +24,9 @@ Public API (LEAD's subscription code calls these):
     cursor.backlog() -> int                     unacked entries up to the last confirmed one
     await cursor.persist(force=False) -> bool   write a snapshot now (force) or if due; True if written
     await cursor.close()                        clean close: final state persisted (see below)
+    cursor.closed_cleanly                       True once close() has put the whole state where the next owner
+                                                reads it (False before, after abort() or a failed close, or when the
+                                                close had to leave ranges out of the znode)
     await cursor.delete()                       znode first, then the cursor ledger
     cursor.abort(reason)                        stop without writing anything (lost ownership, broker dying)
     cursor.stats_internal() -> dict             Pulsar's field names (markDeletePosition, ...)
@@ -124,6 +127,7 @@ class ManagedCursor:
         self._last_error = ""
         self._last_switch_ms = 0
         self._aborted = False
+        self._closed_cleanly = False
         self.recovery: dict = {}
 
     # ------------------------------------------------------------------------------------------ opening
@@ -283,6 +287,14 @@ class ManagedCursor:
     @property
     def dirty(self) -> bool:
         return self.state.changes != self._persisted_changes
+
+    @property
+    def closed_cleanly(self) -> bool:
+        """Whether close() completed with the whole state where the next owner reads it (the znode, or the closed
+        cursor ledger the znode names): only then is every acknowledgement the cursor held at the close durable. A
+        close that raised (a metadata or ledger error, a fenced cursor, the broker stopped meanwhile), an abort, or a
+        close whose cursor ledger failed with more ranges than the znode takes, is not clean."""
+        return self._closed_cleanly
 
     # ------------------------------------------------------------------------------------------ acks
     def _writable(self) -> None:
@@ -521,7 +533,9 @@ class ManagedCursor:
             self._writable()
             self._touch()
             snap = codec.CursorSnapshot.of(self.state)
+            changes = self.state.changes
             bound = self.config.ranges_in_metadata_max
+            left_out = False
             if codec.fits_znode(self.state, bound):
                 old_id, old_handle = self._ledger_id, self._handle
                 await self._write_znode(snap, -1)
@@ -547,8 +561,11 @@ class ManagedCursor:
                     self._log(f"cursor {self.name}: closed; state in cursor ledger {self._ledger_id} "
                               f"({self.state.range_count()} ranges > {bound} for the znode)")
                 else:
+                    left_out = bool(self._last_persist.get("notPersisted"))
                     self._log(f"cursor {self.name}: closed; its cursor ledger failed: the znode holds what fits "
                               f"({self._last_persist.get('notPersisted')} left out)")
+            # clean: nothing left out, and no ack slipped in while the close waited for its writes
+            self._closed_cleanly = not left_out and self.state.changes == changes
             self._persisted_changes = self.state.changes
             self._persisted_md = self.state.mark_delete
             self._status = CLOSED

@@ -656,3 +656,41 @@ def test_a_seek_queued_behind_a_persist_under_way_lowers_the_persisted_mark_dele
         b = await w.open(w.broker())
         assert b.mark_delete == P(102, -1)                        # what a recovery comes back with
     run(main())
+
+
+def test_closed_cleanly_only_once_a_close_put_the_whole_state_where_the_next_owner_reads_it():
+    async def main():
+        w = await world()
+        lossy, a = await lossy_cursor(w)
+        a.ack([P(100, 0)])
+        await a.persist(force=True)
+        a.ack([P(100, 1)])
+        assert not a.closed_cleanly
+        lossy.lose_next_set = "not applied"  # the close's znode write (ZooKeeper connection lost): not clean
+        with pytest.raises(TopicError) as info:
+            await a.close()
+        assert info.value.status is TopicStatus.METADATA_ERROR and not a.closed_cleanly
+        b = await w.open(w.broker())  # the next owner gets the last snapshot written: 100:1 comes back
+        assert b.is_acked(P(100, 0)) and not b.is_acked(P(100, 1))
+        b.ack([P(100, 1)])
+        await b.close()
+        assert b.closed_cleanly
+        c = await w.open(w.broker())
+        assert c.is_acked(P(100, 1))
+        c.abort("kill -9")
+        assert not c.closed_cleanly
+    run(main())
+
+
+def test_a_close_that_leaves_ranges_out_of_the_znode_is_not_clean():
+    async def main():
+        w = await world()
+        config = replace(CONFIG, ranges_in_metadata_max=10)
+        a = await w.open(w.broker(), config, initial_position="earliest")
+        holes_pattern(a)  # 502 ranges: more than the znode takes
+        for b in w.bookie_ids:  # the cursor ledger cannot take the final snapshot
+            w.fake[b].error = StatusCode.UNAUTHORIZED
+        await a.close()
+        assert (await w.znode())["left_out"] == {"acked_ranges": 492}
+        assert not a.closed_cleanly
+    run(main())

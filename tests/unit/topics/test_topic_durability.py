@@ -203,3 +203,28 @@ def test_a_load_fails_retriably_while_a_cursor_ledger_cannot_be_read_and_the_ret
         assert b.subscriptions["s"].cursor.mark_delete == positions[3]
         assert b.subscriptions["s"].cursor.stats_internal()["recovery"]["source"] == "ledger"
     run(main())
+
+
+def test_a_dedup_snapshot_failing_at_close_does_not_keep_the_subscriptions_cursors_from_closing():
+    """Pulsar closes every cursor of a managed ledger on its own (ManagedLedgerImpl.closeAllCursors): the dedup
+    cursor's forced snapshot failing (ZooKeeper connection lost) must not cost the subscriptions their final state."""
+    async def main():
+        w = await World().start()
+        config = TopicConfig()
+        a = await w.load(Policies(dedup=True), config)
+        sub, consumer = await a.subscribe("s", "Exclusive", "earliest", "c", 0, Sink())
+        name, _ = a.add_producer("p", "br1")
+        positions = [await a.publish(name, msgs(seq)) for seq in range(4)]
+        sub.ack(consumer, [(positions[1], -1, 0)], cumulative=True)
+        sub.ack(consumer, [(positions[3], -1, 0)], cumulative=False)
+
+        async def refused(force=False):
+            raise TopicError(TopicStatus.METADATA_ERROR, "connection loss: the outcome is unknown")
+        a._dedup_cursor.persist = refused
+        await a.close()
+        assert sub.cursor.closed_cleanly
+        b = await w.load(Policies(dedup=True), config)
+        cursor = b.subscriptions["s"].cursor
+        assert cursor.mark_delete == positions[1] and cursor.is_acked(positions[3])
+        assert not cursor.is_acked(positions[2])
+    run(main())
