@@ -50,7 +50,9 @@ Persistence (each step logged; stats_internal()["lastPersist"] says where the la
 - persist: append the snapshot to the cursor ledger (chunks + marker when larger than
   topic.cursor_snapshot_chunk_bytes). The first persist after open creates a NEW ledger (never appends to
   a recovered one), writes the snapshot into it, CASes the znode to name it, then deletes the old ledger.
-  After topic.cursor_ledger_entries_max entries the ledger rolls the same way.
+  After topic.cursor_ledger_entries_max entries the ledger rolls the same way. A CAS whose answer and
+  read-back were both lost (owned_znode.py) may still land: the new ledger is kept (the znode may name it)
+  until a later znode write succeeds, and the next persist starts a new ledger (so writes the znode first).
 - append failure: the state goes into the znode (cursor_ledger -1) with at most topic.ranges_in_metadata_max
   ranges / batch entries / redelivery counts, the lowest ones; what was left out is logged and reported in
   stats (those messages would be redelivered after a restart, never lost); the next persist starts a new
@@ -128,6 +130,8 @@ class ManagedCursor:
         self._last_switch_ms = 0
         self._aborted = False
         self._closed_cleanly = False
+        # cursor ledgers a znode write with no known outcome may name: deleted once a later znode write succeeds
+        self._maybe_named: list[int] = []
         self.recovery: dict = {}
 
     # ------------------------------------------------------------------------------------------ opening
@@ -440,8 +444,19 @@ class ManagedCursor:
             written = await self._append(handle, packed, entries)
             await self._write_znode(snap, handle.ledger_id)
         except BaseException:
-            await self._delete_quietly(handle.ledger_id, "its snapshot or the znode update failed")
             self._ledger_entries = 0
+            if not self._znode.unsettled:
+                await self._delete_quietly(handle.ledger_id, "its snapshot or the znode update failed")
+                raise
+            # the znode write's answer and its read-back were lost: it may land and name the new ledger, so the
+            # ledger stays until a later znode write settles it; the next persist writes the znode first
+            handle.abort(f"cursor {self.name}: the znode write naming it has no known outcome")
+            self._maybe_named.append(handle.ledger_id)
+            if old_handle is not None:
+                old_handle.abort(f"cursor {self.name}: its next snapshot goes to a new cursor ledger")
+                self._handle = None
+            self._log(f"cursor {self.name}: cursor ledger {handle.ledger_id} kept: the znode write naming it may "
+                      f"still land")
             raise
         self._handle, self._ledger_id = handle, handle.ledger_id
         self._status = OPEN
@@ -497,6 +512,9 @@ class ManagedCursor:
             raise self._fence(str(e)) from None
         except MetadataError as e:
             raise TopicError(TopicStatus.METADATA_ERROR, f"cursor {self.name}: writing {self.path}: {e}") from None
+        doomed, self._maybe_named = self._maybe_named, []
+        for ledger_id in doomed:  # the znode names what was just written: no lost write can name these any more
+            await self._delete_quietly(ledger_id, "a lost znode write may have named it; the znode names another")
 
     def _fence(self, why: str) -> TopicError:
         error = TopicError(TopicStatus.TOPIC_FENCED, f"cursor {self.name}: {why}")

@@ -32,6 +32,12 @@ class OwnedZnode:
         self._log = log
         self._unsettled: bytes | None = None  # a write whose outcome is still unknown (it may land later)
 
+    @property
+    def unsettled(self) -> bool:
+        """Did the last write fail with its outcome unknown (it may still land)? Until a later write settles it,
+        whatever that write named may be what the znode names."""
+        return self._unsettled is not None
+
     async def write(self, raw: bytes) -> None:
         try:
             self.version = await self.store.set(self.path, raw, self.version)

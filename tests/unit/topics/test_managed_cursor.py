@@ -589,6 +589,60 @@ def test_a_version_conflict_not_made_by_the_cursors_own_lost_write_still_fences(
     run(main())
 
 
+async def a_ledger_switch_whose_znode_answer_and_read_back_are_lost():
+    """A cursor that rolls its cursor ledger at every persist, with ack holes beyond what its znode takes; a switch
+    to a new cursor ledger whose znode write lost its answer and its read-back (held back: it may land later).
+    Returns (world, store, cursor, the new ledger that write names, its broker's LedgerService)."""
+    w = await world()
+    svc = w.broker()
+    lossy = LossyStore(svc.store)
+    config = replace(CONFIG, cursor_ledger_entries_max=1, ranges_in_metadata_max=2)
+    cursor = await ManagedCursor.open(name="sub", path=PATH, layout=w.layout, ledgers=svc, store=lossy,
+                                      clock=w.clock, config=config, initial_position="earliest",
+                                      background_flush=False)
+    cursor.ack([P(100, 1), P(100, 3)])
+    await cursor.persist(force=True)
+    holes_pattern(cursor)
+    lossy.lose_next_set, lossy.fail_next_get = "applied later", True
+    with pytest.raises(TopicError) as info:
+        await cursor.persist(force=True)
+    assert info.value.status is TopicStatus.METADATA_ERROR
+    named = json.loads(lossy.held[1])["cursor_ledger"]
+    assert named != cursor.stats_internal()["cursorLedger"]
+    return w, lossy, cursor, named, svc
+
+
+def test_a_cursor_ledger_a_lost_znode_write_may_name_is_kept_and_a_recovery_reads_it():
+    async def main():
+        w, lossy, a, named, svc = await a_ledger_switch_whose_znode_answer_and_read_back_are_lost()
+        await lossy.deliver_held()  # it lands: the znode names the new ledger
+        assert (await w.znode())["cursor_ledger"] == named
+        await svc.metadata(named)  # still there
+        a.abort("kill -9")
+        b = await w.open(w.broker())
+        assert b.stats_internal()["recovery"]["source"] == "ledger"
+        assert_same_state(a, b)  # every hole, not only the two ranges the znode holds
+    run(main())
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["the-lost-write-lands", "it-never-lands"])
+def test_the_next_persist_settles_a_lost_ledger_switch_and_deletes_the_ledger_it_no_longer_names(lands):
+    async def main():
+        w, lossy, a, named, svc = await a_ledger_switch_whose_znode_answer_and_read_back_are_lost()
+        if not lands:
+            lossy.held = None
+        a.ack([P(102, 9)])
+        await a.persist(force=True)  # lands first when it does: the cursor writes on top of its own write
+        current = (await w.znode())["cursor_ledger"]
+        assert current not in (named, -1) and a.stats_internal()["state"] != "Fenced"
+        with pytest.raises(LedgerError):
+            await svc.metadata(named)  # named by nothing now: deleted, not leaked
+        a.abort("kill -9")
+        b = await w.open(w.broker())
+        assert_same_state(a, b)
+    run(main())
+
+
 @pytest.mark.parametrize("outage", ["bookies down", "bookies answer an error", "reads fail on the closed ledger"])
 def test_a_cursor_ledger_that_cannot_be_read_now_fails_the_open_and_loses_nothing(outage):
     async def main():

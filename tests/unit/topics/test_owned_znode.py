@@ -40,6 +40,7 @@ def test_a_lost_answer_is_settled_by_reading_back():
         with pytest.raises(MetadataError, match="not applied"):
             await znode.write(b"v2")
         assert znode.version == 1 and await content(lossy) == (b"v1", 1)
+        assert not znode.unsettled  # settled by the read-back: v2 is not in, and will not be
         await znode.write(b"v2")
         assert await content(lossy) == (b"v2", 2)
     asyncio.run(main())
@@ -57,9 +58,11 @@ async def a_write_in_doubt() -> tuple[LossyStore, OwnedZnode]:
 def test_a_write_that_lands_after_its_answer_and_read_back_were_lost_is_its_own():
     async def main():
         lossy, znode = await a_write_in_doubt()
+        assert znode.unsettled  # what v1 named may be what the znode names: its writer keeps it
         await lossy.deliver_held()
         await znode.write(b"v2")  # meets version 1, made by its own write: on top of it
         assert znode.version == 2 and await content(lossy) == (b"v2", 2)
+        assert not znode.unsettled
     asyncio.run(main())
 
 
