@@ -40,6 +40,7 @@ SEEK_BEHIND_A_PERSIST_SEED = 711854  # a seek waits for the cursor's lock behind
 SEEK_BACK_OVER_SKIPPED_SEED = 711924  # a seek skips an undelivered message of a key; a later seek back delivers it
 CLOSE_SESSION_EXPIRES_SEED = 722992  # the owner's session expires while it closes: its writes fail, another takes over
 CLOSE_ZK_LOST_SEED = 724645  # the owner's ZooKeeper connection is lost while it closes: its writes have no answer
+CLOSE_AFTER_CANCELLED_SEND_SEED = 731267  # a producer's Send is cancelled while its entry is in flight; then a close
 
 
 def _without_delivery_features(plan: TopicPlan) -> TopicPlan:
@@ -362,3 +363,12 @@ def test_the_close_regression_fails_with_the_close_before_the_fix(monkeypatch):
     monkeypatch.setattr(ml_mod.ManagedLedger, "close", close_before_the_fix)
     violation = run_topic_sim(CLOSE_DURING_ROLL_SEED, plan=_clean_restarts_while_ledgers_roll()).violation
     assert violation is not None and violation.invariant == "SubscriptionsDrain", violation
+
+
+def test_a_close_waits_for_an_append_whose_send_was_cancelled():
+    """p1 sends at 107 ms; its entry 2:2 goes to bookie-3, crashed at 104 ms, and waits for the bookie timeout. p1's
+    connection breaks at 132 ms: its Send is cancelled, and with it the append's future, while the entry is still
+    in flight. The owner stops cleanly at 195 ms: the managed ledger's close took the cancelled future for a settled
+    append and moved to CLOSED with the append pending (StateMatchesFields); the ensemble change at 257 ms then
+    wrote 2:2 during the ledger's close. The close now waits for the append itself, then closes the ledger."""
+    assert run_topic_sim(CLOSE_AFTER_CANCELLED_SEND_SEED).passed

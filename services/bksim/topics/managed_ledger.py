@@ -178,6 +178,7 @@ class ManagedLedger:
         self._last_confirmed = Position(-1, -1)
         self._listeners: list[Callable[[], None]] = []
         self._roll_task: asyncio.Task | None = None
+        self._drained: asyncio.Future | None = None  # close() waiting for the pending queue to empty
         self._metadata_lock = asyncio.Lock()
         self._closed_metadata: dict[int, LedgerMetadata] = {}
         self._cache: collections.OrderedDict[Position, bytes] = collections.OrderedDict()
@@ -310,14 +311,19 @@ class ManagedLedger:
         """Clean close (broker shutdown, unload): wait for pending appends, close the ledger, record it."""
         if self._state in FINAL:
             return
-        while True:  # a roll may start while pending appends settle (the ledger filled up): wait for it too
+        # Wait until no append is pending and no roll runs (a roll may start while appends settle: the ledger
+        # filled up). Wait on the queue itself, not on the appends' futures: a caller may cancel its future (a
+        # producer's connection drops and its Send is cancelled) while the entry is still in flight to the
+        # ledger, and an append made while we wait is pending too.
+        while self._state not in FINAL and (self._roll_task is not None or self._pending):
             if self._roll_task is not None:
                 await asyncio.gather(self._roll_task, return_exceptions=True)
-            waiting = [p.future for p in self._pending]
-            if waiting:
-                await asyncio.gather(*waiting, return_exceptions=True)
-            if self._roll_task is None or self._state in FINAL:
-                break
+            else:
+                self._drained = asyncio.get_running_loop().create_future()
+                try:
+                    await self._drained
+                finally:
+                    self._drained = None
         if self._state in FINAL:  # fenced meanwhile (a failed roll), which failed every pending append
             return
         self._move(ManagedLedgerState.CLOSED)
@@ -424,6 +430,7 @@ class ManagedLedger:
             if not op.future.done():
                 op.future.set_result(pos)
             confirmed = True
+        self._wake_close()
         if confirmed:
             for listener in list(self._listeners):
                 listener()
@@ -615,6 +622,12 @@ class ManagedLedger:
             if not op.future.done():
                 op.future.set_exception(error)
                 op.future.exception()
+        self._wake_close()
+
+    def _wake_close(self) -> None:
+        """Wake close() once no append is pending (confirmed or failed, whatever became of their futures)."""
+        if self._drained is not None and not self._pending and not self._drained.done():
+            self._drained.set_result(None)
 
     # ---- trimming --------------------------------------------------------------------------------------------
     async def trim(self, slowest: Position | None, *, retention_ms: int, retention_bytes: int) -> list[int]:

@@ -238,3 +238,39 @@ def test_a_roll_whose_list_write_lands_after_its_answer_was_lost_does_not_fence_
         checked(ml)
         assert [p for p, _ in await read_all(ml)] == first + [rolled]
     run(main())
+
+
+def test_a_close_waits_for_an_append_in_flight_whose_caller_cancelled_its_future():
+    """A producer's connection drops while its Send waits for a bookie: cancelling the Send cancels the append's
+    future, but the entry is still in flight to the ledger. close() waits for the append itself (and for one made
+    while it waits), not for its future: the managed ledger is never CLOSED with an append pending (topics seed
+    731267: the close saw the cancelled future as settled and moved to CLOSED with 1 append pending)."""
+    async def main():
+        _, fake, [ml] = await world()
+        await ml.open()
+        await ml.append(b"a0")
+        gate = asyncio.Event()
+        for b in BOOKIES:
+            fake[b].gate = gate
+        send = asyncio.ensure_future(ml.append(b"a1"))
+        await wait_until_async(lambda: any(fake[b].waiting for b in BOOKIES), 5, 0.01, "the add at the bookies")
+        send.cancel()  # the caller goes away: the append's future is cancelled, its entry is not
+        await asyncio.sleep(0)
+        assert ml._pending and ml._pending[0].future.cancelled()
+        closing = asyncio.ensure_future(ml.close())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        checked(ml)  # before the fix: StateMatchesFields, CLOSED with 1 append pending
+        assert ml.state is ManagedLedgerState.LEDGER_OPENED and len(ml._pending) == 1
+        late = ml.append(b"a2")  # made while the close waits: waited for too
+        for _ in range(20):
+            await asyncio.sleep(0)
+        checked(ml)
+        assert ml.state is ManagedLedgerState.LEDGER_OPENED and len(ml._pending) == 2
+        gate.set()
+        await asyncio.wait_for(closing, 10)
+        assert ml.state is ManagedLedgerState.CLOSED and not ml._pending
+        checked(ml)
+        assert [d for _, d in await read_all(ml)] == [b"a0", b"a1", b"a2"]
+        assert await late == ml.last_confirmed
+    run(main())
