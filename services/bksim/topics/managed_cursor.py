@@ -78,7 +78,7 @@ from bksim.topics.layout import LedgerLayout
 from bksim.topics.owned_znode import OwnedZnode, ZnodeTaken
 from bksim.topics.positions import Position
 from bksim.model.config import TopicConfig
-from bksim.model.errors import BadVersionError, LedgerError, MetadataError, NodeExistsError, NoNodeError
+from bksim.model.errors import LedgerError, MetadataError, NodeExistsError, NoNodeError
 from bksim.model.status import LedgerStatus, TopicStatus
 from bksim.ports.clock import Clock
 from bksim.ports.metadata import MetadataStore
@@ -595,11 +595,9 @@ class ManagedCursor:
         async with self._lock:
             self._writable()
             try:
-                await self._store.delete(self.path, self._znode.version)
-            except BadVersionError:
-                raise self._fence(f"{self.path} was changed by another broker") from None
-            except NoNodeError:
-                raise self._fence(f"{self.path} was deleted by someone else") from None
+                await self._znode.delete()
+            except ZnodeTaken as e:
+                raise self._fence(str(e)) from None
             except MetadataError as e:
                 raise TopicError(TopicStatus.METADATA_ERROR, f"cursor {self.name}: deleting {self.path}: {e}") from None
             if self._handle is not None:

@@ -9,8 +9,8 @@ still land later (ZooKeeper's client queues requests over a reconnect): the next
 whether the znode holds exactly that write, one version on, and then writes on top of it instead of taking it
 for another owner.
 
-Outcomes of `write`: returns (written); raises ZnodeTaken (another owner changed or deleted it: the caller
-fences); raises MetadataError (not written, or unknown: its message says which).
+Outcomes of `write` and `delete`: returns (done); raises ZnodeTaken (another owner changed or deleted it: the
+caller fences); raises MetadataError (not done, or unknown: its message says which).
 """
 from __future__ import annotations
 
@@ -66,6 +66,33 @@ class OwnedZnode:
             raise ZnodeTaken(f"{self.path} was changed by another broker (version {version}, {self.version} "
                              f"expected)")
         raise MetadataError(self.path, f"{loss} (not applied)")
+
+    async def delete(self) -> None:
+        """Delete the znode by CAS on the owner's version, settled as `write` is: a lost answer is read back (gone:
+        the delete is in; the version unchanged: not applied, MetadataError; anything else: ZnodeTaken), and a
+        version conflict made by the owner's own earlier write (landed late) is deleted on top of."""
+        try:
+            await self.store.delete(self.path, self.version)
+            self._unsettled = None
+            return
+        except BadVersionError:
+            if self._unsettled is not None and await self._own_write_landed():
+                return await self.delete()
+            raise ZnodeTaken(f"{self.path} was changed by another broker (version {self.version} expected)") from None
+        except NoNodeError:
+            raise ZnodeTaken(f"{self.path} was deleted by someone else") from None
+        except ConnectionLossError as e:
+            loss = e
+        try:
+            _, version = await self.store.get(self.path)
+        except NoNodeError:
+            self._unsettled = None
+            return  # gone: the delete is in (ZooKeeper answers a session in order)
+        except MetadataError as e:
+            raise MetadataError(self.path, f"{loss}; then {e}") from None
+        if version == self.version:
+            raise MetadataError(self.path, f"{loss} (not applied)")
+        raise ZnodeTaken(f"{self.path} was changed by another broker (version {version}, {self.version} expected)")
 
     async def _own_write_landed(self) -> bool:
         """After a version conflict, with an earlier write whose outcome was unknown: did that write make the

@@ -577,6 +577,17 @@ def test_a_znode_write_that_lands_after_its_answer_was_lost_is_not_taken_for_ano
     run(main())
 
 
+def test_deleting_a_cursor_whose_lost_znode_write_landed_deletes_it_instead_of_fencing():
+    """The held write lands just before the delete (a client's queue is in order): the delete meets the version
+    that write made, the cursor's own, and deletes on top of it."""
+    async def main():
+        w, lossy, a = await a_write_whose_answer_and_read_back_are_lost()
+        await a.delete()
+        assert await w.store.exists(PATH) is None
+        assert a.stats_internal()["state"] != "Fenced"
+    run(main())
+
+
 def test_a_version_conflict_not_made_by_the_cursors_own_lost_write_still_fences():
     async def main():
         w, lossy, a = await a_write_whose_answer_and_read_back_are_lost()

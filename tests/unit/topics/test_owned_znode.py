@@ -78,3 +78,29 @@ def test_someone_elses_change_or_a_deletion_is_taken():
         with pytest.raises(ZnodeTaken, match="deleted"):
             await znode.write(b"v1")
     asyncio.run(main())
+
+
+def test_a_delete_settles_a_lost_answer_and_takes_its_own_late_write_as_its_own():
+    async def main():
+        store, lossy, znode = await owned()
+        lossy.lose_next_delete = "not applied"
+        with pytest.raises(MetadataError, match="not applied"):
+            await znode.delete()
+        assert await content(lossy) == (b"v0", 0)
+        lossy.lose_next_delete = "applied"
+        await znode.delete()  # read back: gone, the delete is in
+        assert await lossy.inner.exists(PATH) is None
+        lossy2, znode2 = await a_write_in_doubt()
+        await znode2.delete()  # the held write lands first: its version is the owner's own, deleted on top of it
+        assert await lossy2.inner.exists(PATH) is None
+    asyncio.run(main())
+
+
+def test_a_delete_meeting_someone_elses_change_is_taken():
+    async def main():
+        store, lossy, znode = await owned()
+        await store.set(PATH, b"another owner", 0)
+        with pytest.raises(ZnodeTaken):
+            await znode.delete()
+        assert await content(lossy) == (b"another owner", 1)
+    asyncio.run(main())
