@@ -705,8 +705,7 @@ def test_a_seek_queued_behind_a_persist_under_way_lowers_the_persisted_mark_dele
         await wait_until_async(lambda: sum(w.fake[b].waiting for b in w.bookie_ids) >= 2, 5,
                                message="the snapshot's adds waiting at the bookies")
         seek = asyncio.ensure_future(a.seek(P(100, 2)))
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await wait_until_async(lambda: seek.done() or a._lock._waiters, 5, message="the seek at the cursor's lock")
         assert not seek.done() and a.mark_delete == P(102, 9)    # the seek waits for the lock
         assert a.persisted_mark_delete == P(102, 3)               # what is durable: trimming ledger 100 is right
         w.layout.trim(2)                                          # retention drops ledgers 100 and 101

@@ -255,16 +255,17 @@ def test_a_close_waits_for_an_append_in_flight_whose_caller_cancelled_its_future
         send = asyncio.ensure_future(ml.append(b"a1"))
         await wait_until_async(lambda: any(fake[b].waiting for b in BOOKIES), 5, 0.01, "the add at the bookies")
         send.cancel()  # the caller goes away: the append's future is cancelled, its entry is not
-        await asyncio.sleep(0)
+        await wait_until_async(send.done, 5, 0.01, "the Send cancelled")
         assert ml._pending and ml._pending[0].future.cancelled()
         closing = asyncio.ensure_future(ml.close())
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await wait_until_async(lambda: getattr(ml, "_drained", None) is not None or ml.state is not ManagedLedgerState.LEDGER_OPENED,
+                               5, 0.01, "the close waiting for the pending append (or, wrongly, closing)")
         checked(ml)  # before the fix: StateMatchesFields, CLOSED with 1 append pending
         assert ml.state is ManagedLedgerState.LEDGER_OPENED and len(ml._pending) == 1
+        at_bookies = sum(fake[b].waiting for b in BOOKIES)
         late = ml.append(b"a2")  # made while the close waits: waited for too
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await wait_until_async(lambda: sum(fake[b].waiting for b in BOOKIES) > at_bookies, 5, 0.01,
+                               "the late append's adds at the bookies")
         checked(ml)
         assert ml.state is ManagedLedgerState.LEDGER_OPENED and len(ml._pending) == 2
         gate.set()
