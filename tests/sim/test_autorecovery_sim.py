@@ -95,6 +95,8 @@ def test_a_worker_that_publishes_a_replacement_before_it_copied_is_caught(monkey
              "was registered when the worker judged"),
     (712228, "a marked bookie down for now and asked before it registered again was counted as no copy (and, "
              "earlier, a read lost on the network to a registered marked bookie)"),
+    (753674, "two registered marked bookies, each at an index that must hold no entry of a segment, answered "
+             "NO_LEDGER there and were swapped for each other in it until every claim gave up: the mark stayed"),
 ])
 def test_seeds_that_found_worker_bugs_pass(seed, found):
     result = run_autorecovery_sim(seed)

@@ -17,7 +17,12 @@ One claim (`run_once`), under the mark's ephemeral lock, released on every path:
    marked: BookKeeper checks a fragment before it replicates it). A bookie with one damaged or unanswered
    copy is not kept: it is replaced in that segment like a lost one (BookKeeper's worker replicates the
    fragments its LedgerChecker finds bad to a new bookie, whatever made them bad), so a damaged copy is never
-   left in the metadata and never counted as a replica.
+   left in the metadata and never counted as a replica. A closed range in which the bookie's ensemble index is
+   in no entry's write set (a segment shorter than the ensemble, an empty one) asks it nothing: it is kept
+   while it is registered (writable or read-only) and replaced, in the metadata only (nothing to copy), while
+   it is not (BookKeeper's LedgerChecker on a fragment that stores no entry on a bookie: good unless the
+   bookie is unavailable). A registered bookie lacks nothing there, whatever it would answer (NO_LEDGER from
+   one that never held the ledger): replacing it could only swap it with another marked bookie, back and forth.
 3. A replacement: a writable registered bookie outside the segment's ensemble, not quarantined
    (LedgerService.choose_bookies); a bookie the mark names qualifies once it is registered again.
 4. Copy: every entry of the segment whose write set holds the missing bookie's ensemble index, read from the
@@ -57,7 +62,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence
 
-from bksim.autorecovery.auditor import missing_entries, verify_copies
+from bksim.autorecovery.auditor import missing_entries, required_entries, verify_copies
 from bksim.autorecovery.marks import Mark, UnderReplicationMarks
 from bksim.broker.driver import cancelled_underneath
 from bksim.broker.ledgers import LedgerService
@@ -302,12 +307,15 @@ class ReplicationWorker:
         """Whether the step's bookie answers that it holds every entry of the step's closed range its ensemble
         index must hold (a bookie back after it was marked, or a replacement placed by an earlier step) and
         every one of those copies passes verify_copies against the rest of its write set: BookKeeper's check
-        of a fragment before it is replicated. No answer, a damaged or an unjudged copy: False."""
+        of a fragment before it is replicated. No answer, a damaged or an unjudged copy: False. A range in which
+        the bookie must hold no entry: whether the bookie is registered (it is not asked)."""
+        e, qw = metadata.ensemble_size, metadata.write_quorum_size
+        if required_entries(step.first_entry_id, step.last_entry_id, step.index, e, qw) == 0:
+            return step.bookie in await self._registered()
         try:
             status, ranges = await self._transport.list_entries(step.bookie, ledger_id)
         except BookieUnreachable:
             return False
-        e, qw = metadata.ensemble_size, metadata.write_quorum_size
         if status is not StatusCode.OK or missing_entries(step.first_entry_id, step.last_entry_id, ranges,
                                                           step.index, e, qw) != 0:
             return False

@@ -639,6 +639,48 @@ def test_a_marked_bookie_back_may_be_the_replacement_of_another_one():
     run(main())
 
 
+def test_a_registered_bookie_that_must_hold_no_entry_of_a_segment_is_kept_not_swapped_with_another_marked_one():
+    # sim seed 753674: the check of all ledgers marked two registered bookies, each lacking an entry of another
+    # segment; in a one-entry segment of E=4 Qw=3 the bookie at index 3 must hold nothing, answered NO_LEDGER and
+    # was replaced by the other marked bookie (the only spare), which answered NO_LEDGER there in turn: the two
+    # were swapped back and forth until the claim gave up, every claim, and the mark stayed for ever
+    async def main():
+        w = await World().start(bookies=BOOKIES[:5])
+        h = await w.ledger(4, 3, 2, 1)  # entry 0's write set: indexes 0, 1, 2
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        [spare] = set(BOOKIES[:5]) - set(md.ensemble)
+        emptied, idle = md.ensemble[2], md.ensemble[3]
+        assert lid not in w.fake[idle].entries
+        del w.fake[emptied].entries[lid]  # it lacks entry 0 (a truncated journal): NO_LEDGER, as the idle one
+        w.fake[emptied].keys.pop(lid, None)
+        await w.marks.mark(lid, [emptied, idle])  # both registered, as the check of all ledgers marks them
+        line = await w.worker.run_once()
+        assert outcome(line) == REPLICATED, line
+        after = await w.metadata(lid)
+        assert list(after.ensemble) == [*md.ensemble[:2], spare, idle]  # the idle one kept where it holds nothing
+        assert w.worker.statistics()["segments_replaced"] == 1 and await w.marks.get(lid) is None
+        await w.assert_fully_replicated(lid, 1, emptied)
+    run(main())
+
+
+def test_a_lost_bookie_that_must_hold_no_entry_of_a_segment_is_still_replaced_in_it():
+    async def main():
+        w = await World().start()
+        h = await w.ledger(4, 3, 2, 1)  # entry 0's write set: indexes 0, 1, 2
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        idle = md.ensemble[3]
+        await w.lose(idle)
+        await w.marks.mark(lid, [idle])
+        line = await w.worker.run_once()
+        assert outcome(line) == REPLICATED, line
+        after = await w.metadata(lid)
+        assert idle not in after.ensemble and after.ensemble[:3] == md.ensemble[:3]
+        assert w.worker.statistics()["entries_copied"] == 0  # nothing to copy: the metadata no longer names it
+    run(main())
+
+
 # -- damaged copies ------------------------------------------------------------------------------------------------
 
 def flip_byte(data: bytes) -> bytes:
