@@ -340,6 +340,17 @@ def test_a_clean_close_during_a_rollover_records_the_ledger_it_closed():
 
 
 def test_the_close_regression_fails_with_the_close_before_the_fix(monkeypatch):
+    """The topic refuses Sends once its close begins, so in this schedule no append reaches a closing managed ledger;
+    the managed ledger's own close still takes appends while it waits (and a roll may start then: a ledger filled, an
+    add failed). With the topic's refusal lifted, the close before the fix breaks SubscriptionsDrain here."""
+    def serving_while_closing(self):  # _check_serving without the refusal once the close begins
+        if self.fenced is not None:
+            raise self.fenced
+        if self.ml.state is ml_mod.ManagedLedgerState.FENCED:
+            raise TopicError(TopicStatus.TOPIC_FENCED, f"topic {self.name} is fenced on this broker")
+        if self.ml.state is ml_mod.ManagedLedgerState.CLOSED:
+            raise TopicError(TopicStatus.NOT_OWNER, f"topic {self.name} is unloading from this broker")
+
     async def close_before_the_fix(self):
         if self._state in ml_mod.FINAL:
             return
@@ -361,6 +372,7 @@ def test_the_close_regression_fails_with_the_close_before_the_fix(monkeypatch):
                 pass
         self._fail_pending(TopicError(TopicStatus.SERVICE_UNAVAILABLE, "closed"))
     monkeypatch.setattr(ml_mod.ManagedLedger, "close", close_before_the_fix)
+    monkeypatch.setattr(topic_mod.Topic, "_check_serving", serving_while_closing)
     violation = run_topic_sim(CLOSE_DURING_ROLL_SEED, plan=_clean_restarts_while_ledgers_roll()).violation
     assert violation is not None and violation.invariant == "SubscriptionsDrain", violation
 

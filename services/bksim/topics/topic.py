@@ -98,6 +98,7 @@ class Topic:
         self._since_snapshot = 0
         self._settled = asyncio.Event()
         self.fenced: TopicError | None = None
+        self.closing = False  # close() began: no new producer, subscription or Send (PersistentTopic.close fences first)
         self.messages_in = 0
         self.bytes_in = 0
         self.loaded_ms = clock.wall_ms()
@@ -136,7 +137,12 @@ class Topic:
                             durable=durable)
 
     async def close(self) -> None:
-        """Clean unload: subscriptions and cursors close with their final state, then the managed ledger."""
+        """Clean unload: subscriptions and cursors close with their final state, then the managed ledger.
+
+        New producers, subscriptions and Sends are refused from the start (NOT_OWNER: look the topic up again), as
+        Pulsar fences a topic before closing it: the managed ledger waits only for the appends made before, so
+        producers that keep sending cannot keep the unload waiting."""
+        self.closing = True
         if self._maintenance is not None:
             self._maintenance.cancel()
             await asyncio.gather(self._maintenance, return_exceptions=True)
@@ -536,7 +542,7 @@ class Topic:
         if self.ml.state is ManagedLedgerState.FENCED:
             raise TopicError(TopicStatus.TOPIC_FENCED,
                              f"topic {self.name} is fenced on this broker: {self.ml.fence_reason}")
-        if self.ml.state is ManagedLedgerState.CLOSED:
+        if self.closing or self.ml.state is ManagedLedgerState.CLOSED:
             raise TopicError(TopicStatus.NOT_OWNER,
                              f"topic {self.name} is unloading from this broker; look it up again")
 

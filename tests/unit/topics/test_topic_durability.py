@@ -228,3 +228,38 @@ def test_a_dedup_snapshot_failing_at_close_does_not_keep_the_subscriptions_curso
         assert cursor.mark_delete == positions[1] and cursor.is_acked(positions[3])
         assert not cursor.is_acked(positions[2])
     run(main())
+
+
+def test_a_topic_refuses_sends_once_its_close_begins_so_a_steady_producer_cannot_hold_the_unload():
+    """Pulsar's PersistentTopic.close fences the topic before it closes anything: a publish made while the close
+    waits for the ledger's pending appends is refused (the producer looks the topic up again and its sequence ids
+    go to the next owner), so producers that keep sending cannot keep the close waiting."""
+    async def main():
+        w = await World().start()
+        config = TopicConfig()
+        a = await w.load(Policies(dedup=True), config)
+        name, _ = a.add_producer("p", "br1")
+        await a.publish(name, msgs(0))
+        gate = asyncio.Event()
+        for b in BOOKIES:
+            w.fake[b].gate = gate
+        first = asyncio.ensure_future(a.publish(name, msgs(1)))
+        await wait_until_async(lambda: any(w.fake[b].waiting for b in BOOKIES), 5, 0.01, "the add at the bookies")
+        closing = asyncio.ensure_future(a.close())
+        await wait_until_async(lambda: a.ml._drained is not None, 5, 0.01, "the close waiting for the pending append")
+        with pytest.raises(TopicError) as info:
+            await asyncio.wait_for(a.publish(name, msgs(2)), 5)  # accepted, it would wait at the gate
+        assert info.value.status is TopicStatus.NOT_OWNER and info.value.status in RETRIABLE
+        assert "unloading" in info.value.message
+        with pytest.raises(TopicError) as info:
+            a.add_producer("q", "br1")
+        assert info.value.status is TopicStatus.NOT_OWNER
+        assert len(a.ml._pending) == 1  # only the append made before the close
+        gate.set()
+        await asyncio.wait_for(closing, 10)
+        assert (await first) is not None
+        b = await w.load(Policies(dedup=True), config)
+        assert [seq for _, seq in await stored(b)] == [0, 1]
+        _, last = b.add_producer("p", "br2")
+        assert last == 1  # the refused send is the producer's to resend, to the next owner
+    run(main())
