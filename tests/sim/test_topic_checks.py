@@ -1,9 +1,11 @@
-"""TopicChecks (bksim.sim.topic_checks) on its own: CursorNeverRegresses and OrderPerKey around a seek, and what a
-close of the topic binds the next owner to (AckedNotRedeliveredAfterCleanClose)."""
+"""TopicChecks (bksim.sim.topic_checks) on its own: CursorNeverRegresses and OrderPerKey around a seek, what a
+close of the topic binds the next owner to (AckedNotRedeliveredAfterCleanClose), and what a subscription owes after
+seeks and trims (ReceiptedMessagesAreConsumed)."""
 from __future__ import annotations
 
 from bksim.sim.bookie_checks import InvariantViolation
 from bksim.sim.topic_checks import TopicChecks
+from bksim.topics.managed_ledger import LedgerInfo, ManagedLedgerInfo
 from bksim.topics.positions import Position as P
 
 
@@ -100,3 +102,66 @@ def test_a_close_that_persisted_binds_the_next_owner_and_a_later_failed_one_does
     assert seen == []
     deliver(c, 2, 1)
     assert [v.invariant for v in seen] == ["AckedNotRedeliveredAfterCleanClose"]
+
+
+def ledgers(c: TopicChecks, *ids: int) -> None:
+    """The owner writes the managed-ledger list `ids` (closed ledgers of 10 entries, the last one open)."""
+    infos = [LedgerInfo(i, 10, closed_ms=1) for i in ids[:-1]] + [LedgerInfo(ids[-1])]
+    c.ml_written(ManagedLedgerInfo(infos).to_bytes(), "broker-1#1")
+
+
+def shared_with_a_delayed_message() -> tuple[TopicChecks, list[InvariantViolation]]:
+    """sh got 0:4, 0:5 and 1:0; p2's 0:6 (a delayed message) was not due yet."""
+    c, seen = checks()
+    ledgers(c, 0, 1, 2)
+    for pos, m in ((P(0, 4), ("p1", 1)), (P(0, 5), ("p1", 2)), (P(0, 6), ("p2", 3)), (P(1, 0), ("p2", 6))):
+        c.receipt(m, pos, "broker-1#1")
+        if m != ("p2", 3):
+            c.delivered("sh", "sh-c1", pos, [(m, None)], 0)
+    return c, seen
+
+
+def seek_sh(c: TopicChecks, ledger: int, entry: int) -> None:
+    c.seek_started("sh", P(ledger, entry))
+    c.seek_ended("sh")
+
+
+def test_a_seek_back_into_a_trimmed_ledger_does_not_owe_what_an_earlier_seek_skipped_there():
+    """Topics seed 756099 in miniature: a seek to 1:0 skips 0:6 (a delayed message not due yet); every cursor is past
+    ledger 0 and it is trimmed; a seek back to 0:4 starts at the topic's first entry (1:0): 0:6 is not in the topic
+    any more, it is not owed (checker defect: SubscriptionsDrain waited for it)."""
+    c, seen = shared_with_a_delayed_message()
+    seek_sh(c, 1, 0)
+    assert c.missing("sh") == []
+    ledgers(c, 1, 2)  # ledger 0 trimmed
+    seek_sh(c, 0, 4)
+    assert c.missing("sh") == []
+    assert seen == []
+
+
+def test_a_seek_back_owes_what_it_passes_over_in_the_topic_even_if_trimmed_later():
+    """The seek back to 0:4 comes before ledger 0 is trimmed: the cursor must deliver 0:6 before ledger 0 may go."""
+    c, seen = shared_with_a_delayed_message()
+    seek_sh(c, 1, 0)
+    seek_sh(c, 0, 4)
+    ledgers(c, 1, 2)
+    assert c.missing("sh") == [("p2", 3)]
+
+
+def test_a_message_trimmed_while_it_was_owed_stays_owed_after_a_seek_back():
+    """0:6 was owed (no seek had skipped it) when ledger 0 was trimmed: a later seek back does not excuse it."""
+    c, seen = shared_with_a_delayed_message()
+    ledgers(c, 1, 2)
+    seek_sh(c, 0, 4)
+    assert c.missing("sh") == [("p2", 3)]
+
+
+def test_a_trim_while_a_seek_back_is_under_way_owes_nothing_the_seek_in_force_had_skipped():
+    """The seek back to 0:4 is asked; ledger 0 is trimmed before the broker applies it (the cursor still had 0:6
+    skipped by the seek to 1:0): the seek then starts at 1:0, and 0:6 is not owed."""
+    c, seen = shared_with_a_delayed_message()
+    seek_sh(c, 1, 0)
+    c.seek_started("sh", P(0, 4))
+    ledgers(c, 1, 2)
+    c.seek_ended("sh")
+    assert c.missing("sh") == []

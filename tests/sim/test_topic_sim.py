@@ -41,6 +41,7 @@ SEEK_BACK_OVER_SKIPPED_SEED = 711924  # a seek skips an undelivered message of a
 CLOSE_SESSION_EXPIRES_SEED = 722992  # the owner's session expires while it closes: its writes fail, another takes over
 CLOSE_ZK_LOST_SEED = 724645  # the owner's ZooKeeper connection is lost while it closes: its writes have no answer
 CLOSE_AFTER_CANCELLED_SEND_SEED = 731267  # a producer's Send is cancelled while its entry is in flight; then a close
+SEEK_BACK_INTO_TRIMMED_SEED = 756099  # a seek skips a delayed message, its ledger is trimmed, a seek back goes there
 
 
 def _without_delivery_features(plan: TopicPlan) -> TopicPlan:
@@ -384,3 +385,11 @@ def test_a_close_waits_for_an_append_whose_send_was_cancelled():
     append and moved to CLOSED with the append pending (StateMatchesFields); the ensemble change at 257 ms then
     wrote 2:2 during the ledger's close. The close now waits for the append itself, then closes the ledger."""
     assert run_topic_sim(CLOSE_AFTER_CANCELLED_SEND_SEED).passed
+
+
+def test_a_seek_back_into_a_trimmed_ledger_owes_nothing_an_earlier_seek_skipped_there():
+    """Shared: p2's 0:6 is a delayed message, due at 304 ms; sh seeks to 1:0 at 212 ms (mark-delete 0:9), skipping it
+    before it is due. Every cursor passes ledger 0, trimmed at 415.8 ms; sh seeks back to 0:4 at 651 ms and the broker
+    starts it at the topic's first entry, 7:0 (as Pulsar's getNextValidPosition): 0:6 is no longer in the topic
+    (checker defect: it was owed again since it lies after 0:4, SubscriptionsDrain)."""
+    assert run_topic_sim(SEEK_BACK_INTO_TRIMMED_SEED).passed

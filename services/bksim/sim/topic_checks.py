@@ -13,8 +13,10 @@ Owns the history of a topic simulation:
 Invariants (each raised as InvariantViolation(name, detail)):
 - ReceiptedMessagesAreConsumed (lost = 0): every (producer, sequence id) with a receipt is delivered to every
   subscription (checked at the end, after the drain), but for messages stored before the subscription's last seek
-  position, which the seek skips (Pulsar's seek: everything before it counts as acknowledged); a receipt that names a position names the one where a
-  consumer found that message (ReceiptNamesItsPosition).
+  position, which the seek skips (Pulsar's seek: everything before it counts as acknowledged), and for messages a
+  seek had skipped when their ledger was trimmed: a later seek back to a position there starts at the topic's first
+  entry (Pulsar's getNextValidPosition), they are not in the topic any more; a receipt that names a position names
+  the one where a consumer found that message (ReceiptNamesItsPosition).
 - NoDuplicateWithDedup: with dedup on, no (producer, sequence id) is stored at two positions (seen in
   deliveries and receipts).
 - OrderPerKey: on Key_Shared, a message of a key delivered for the first time is never below a position of the
@@ -73,6 +75,9 @@ class SubscriptionRecord:
     durable_floor: Position | None = None   # highest persisted mark-delete seen (None: reset by a seek)
     acked_at_close: set[Position] = field(default_factory=set)
     seek_target: Position | None = None     # the last seek's position: nothing stored before it is owed any more
+    # ledger trimmed -> the seek position in force then: what the ledger held before it is never owed again
+    trimmed_skipped: dict[int, Position] = field(default_factory=dict)
+    target_in_doubt: Position | None = None  # with seeks under way: the highest position that may be in force
     seeks_under_way: int = 0                # seeks asked and not answered yet (the mark-delete may drop any time)
     seeks: int = 0                          # seeks asked so far: a delivery is ordered among those sent after as many
 
@@ -225,6 +230,9 @@ class TopicChecks:
         first)."""
         rec = self.subs[sub]
         rec.seeks += 1  # what the broker sends from now on is a new stream (OrderPerKey / OrderOnExclusive)
+        # until it is applied, the seek in force before it may still be the one that skipped what a trim removes
+        before = rec.target_in_doubt if rec.seeks_under_way else rec.seek_target
+        rec.target_in_doubt = target if before is None else max(before, target)
         rec.seeks_under_way += 1
         rec.durable_floor = None
         rec.acked_at_close.clear()
@@ -286,6 +294,11 @@ class TopicChecks:
         if trimmed:
             self.stats["trimmed"] += len(trimmed)
             self.trimmed_ledgers.update(trimmed)
+            for rec in self.subs.values():  # what a seek skipped in these ledgers is gone for good
+                skipped_below = rec.target_in_doubt if rec.seeks_under_way else rec.seek_target
+                if skipped_below is not None:
+                    for lid in trimmed:
+                        rec.trimmed_skipped[lid] = skipped_below
             self.on_trim(broker, [(lid, self.closed_entries[lid]) for lid in trimmed])
         for i in info.ledgers:
             if i.ledger_id not in self.ledger_writer:
@@ -309,12 +322,19 @@ class TopicChecks:
 
     def missing(self, sub: str) -> list[MessageKey]:
         """Messages with a receipt that `sub` owes and has not delivered (those stored only before its last seek's
-        position are not owed)."""
+        position, or in a ledger trimmed while a seek had skipped them, are not owed)."""
         rec = self.subs[sub]
         target = rec.seek_target
+
+        def skipped(p: Position | None) -> bool:
+            if p is None or p < target:
+                return True
+            skipped_below = rec.trimmed_skipped.get(p.ledger)
+            return skipped_below is not None and p < skipped_below
+
         out = []
         for send in sorted(self.receipts):
-            if target is not None and all(p is None or p < target for p in self.receipts[send]):
+            if target is not None and all(skipped(p) for p in self.receipts[send]):
                 continue
             out += [m for m in self.sends.get(send, (send,)) if m not in rec.delivered]
         return out
