@@ -147,6 +147,26 @@ async def check_children_sorted(h: Harness) -> None:
     assert await s.children(f"{r}/b") == []
 
 
+async def check_children_with_cversion(h: Harness) -> None:
+    s, r = h.store, h.root
+    await s.create(r)
+    assert await s.children_with_cversion(r) == ([], 0)
+    await s.create(f"{r}/b")
+    await s.create(f"{r}/a")
+    assert await s.children_with_cversion(r) == (["a", "b"], 2)
+    await s.delete(f"{r}/a")  # a delete counts too
+    assert await s.children_with_cversion(r) == (["b"], 3)
+    other = await h.new_session()
+    await other.create(f"{r}/a", ephemeral=True)  # the same name again
+    await h.expire(other)
+    assert await s.children_with_cversion(r) == (["b"], 5)  # the same names, but one came and went
+    assert await s.create(f"{r}/ID-", sequential=True) == f"{r}/ID-0000000003"  # the sequential counter: creates
+    assert (await s.children_with_cversion(r))[1] == 6
+    assert await s.children_with_cversion(f"{r}/b") == ([], 0)
+    with pytest.raises(NoNodeError):
+        await s.children_with_cversion(f"{r}/missing")
+
+
 async def check_make_parents(h: Harness) -> None:
     s, r = h.store, h.root
     assert await s.create(f"{r}/a/b/c", b"leaf", make_parents=True) == f"{r}/a/b/c"
@@ -263,6 +283,7 @@ CONTRACT: list[Callable[[Harness], Awaitable[None]]] = [
     check_not_empty,
     check_sequential_format,
     check_children_sorted,
+    check_children_with_cversion,
     check_make_parents,
     check_ephemeral_dies_with_session,
     check_ephemeral_can_be_deleted_and_has_no_children,

@@ -97,6 +97,9 @@ def test_a_worker_that_publishes_a_replacement_before_it_copied_is_caught(monkey
              "earlier, a read lost on the network to a registered marked bookie)"),
     (753674, "two registered marked bookies, each at an index that must hold no entry of a segment, answered "
              "NO_LEDGER there and were swapped for each other in it until every claim gave up: the mark stayed"),
+    (756194, "a lost bookie registered again between two bookie checks, a worker kept it and removed the marks, "
+             "and it was lost for good before the next check: the auditor, which never saw it back, did not "
+             "mark its ledgers again"),
 ])
 def test_seeds_that_found_worker_bugs_pass(seed, found):
     result = run_autorecovery_sim(seed)

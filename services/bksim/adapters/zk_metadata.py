@@ -103,6 +103,10 @@ class ZkMetadataStore:
     async def children(self, path: str) -> list[str]:
         return sorted(await self._read(path, self._client.get_children_async, path))
 
+    async def children_with_cversion(self, path: str) -> tuple[list[str], int]:
+        names, stat = await self._read(path, self._client.get_children_async, path, None, True)  # GetChildren2
+        return sorted(names), stat.cversion
+
     async def exists(self, path: str) -> int | None:
         stat = await self._read(path, self._client.exists_async, path)
         return None if stat is None else stat.version
@@ -227,6 +231,9 @@ class RenewingZkMetadataStore:
 
     async def children(self, path: str) -> list[str]:
         return await (await self._current()).children(path)
+
+    async def children_with_cversion(self, path: str) -> tuple[list[str], int]:
+        return await (await self._current()).children_with_cversion(path)
 
     async def exists(self, path: str) -> int | None:
         return await (await self._current()).exists(path)

@@ -12,7 +12,12 @@ registrations for `lost_bookie_recovery_delay_ms` (0 = at once) is lost; a booki
 the delay cancels it, so a restart is not a loss. The bookie check marks every ledger whose metadata names a
 lost bookie in any segment with the lost bookies it names (the worker replaces each in the segments that name
 it). It scans the ledgers when a bookie becomes lost, and every `periodic_bookie_check_interval_ms` whatever
-it saw before (losses missed while no auditor ran, marks of a scan that failed halfway).
+it saw before (losses missed while no auditor ran, marks of a scan that failed halfway). It also scans the
+lost bookies' ledgers again when a registration came or went since the last check that the check does not
+see (the cversion of a registration directory, its creates and deletes, grew by more than the names that
+appeared and disappeared): a lost bookie may have come back and gone again between two checks, and while it
+was back a worker may have kept it and removed the marks of its ledgers, which the auditor, seeing it
+missing at both checks, would not restore.
 
 Check of all ledgers. For every CLOSED ledger, for every segment's entries [first, last] and every registered
 bookie of its ensemble that must hold some of them (write sets: ledger/quorum.py), the auditor asks the
@@ -45,7 +50,9 @@ a check makes (one per bookie and ledger), and every wait (the Clock port, woken
 
 Where bksim differs from BookKeeper:
 - polling instead of watches (the port has none): candidates re-read the votes, and the auditor re-reads
-  cookies and registrations, every `bookie_check_interval_ms`;
+  cookies and registrations, every `bookie_check_interval_ms`; a bookie that came and went between two reads
+  (where a watch would have fired twice) shows only in the directory's cversion, not by name, so the ledgers
+  of every lost bookie are scanned again (BookKeeper's audit, too, marks the ledgers of every lost bookie);
 - the lost-bookie delay is a configuration value, not a znode, and applies to each bookie even when several
   are missing at once (BookKeeper audits at once when more than one bookie is lost);
 - the check of all ledgers compares entry lists (BookKeeper's replicas check, GET_LIST_OF_ENTRIES_OF_LEDGER)
@@ -291,6 +298,8 @@ class Auditor:
         self._vote: str | None = None  # the path of our vote
         self._missing_since: dict[str, float] = {}  # bookie -> monotonic ms it was first seen unregistered
         self._audited: set[str] = set()  # lost bookies whose ledgers a finished scan marked
+        # registration directory -> (names, cversion or None if absent) at the last bookie check; {} before it
+        self._listings: dict[str, tuple[frozenset[str], int | None]] = {}
         self._wake = asyncio.Event()
         self.leading = False  # what the last turn of `run` found
         self.last_bookie_check: dict | None = None
@@ -344,11 +353,37 @@ class Auditor:
         except NoNodeError:
             return []
 
+    async def _registrations(self) -> tuple[list[str], set[str], dict[str, tuple[frozenset[str], int | None]]]:
+        """(known bookies, registered bookies, {registration directory: (names, cversion or None if absent)})."""
+        known = await self._children(COOKIES)
+        listings: dict[str, tuple[frozenset[str], int | None]] = {}
+        for path in (AVAILABLE, READONLY):
+            try:
+                names, cversion = await self.store.children_with_cversion(path)
+            except NoNodeError:
+                names, cversion = [], None
+            listings[path] = (frozenset(names), cversion)
+        writable = listings[AVAILABLE][0] - {READONLY_CHILD}
+        return known, set(writable) | set(listings[READONLY][0]), listings
+
     async def _bookies(self) -> tuple[list[str], set[str]]:
         """(known bookies, registered bookies)."""
-        known = await self._children(COOKIES)
-        writable = [b for b in await self._children(AVAILABLE) if b != READONLY_CHILD]
-        return known, set(writable) | set(await self._children(READONLY))
+        known, registered, _ = await self._registrations()
+        return known, registered
+
+    def _registered_unseen(self, listings: dict[str, tuple[frozenset[str], int | None]]) -> bool:
+        """Whether a registration directory changed since the last check in a way this check does not see:
+        more creates and deletes (cversion) than names appeared and disappeared (a bookie came and went, or
+        went and came back); records `listings` for the next check. False at the first check."""
+        unseen = False
+        if self._listings:
+            for path, (names, cversion) in listings.items():
+                seen_names, seen_cversion = self._listings.get(path, (frozenset(), None))
+                changes = (cversion or 0) - (seen_cversion or 0)  # an absent directory has had no children
+                seen = len(names - seen_names) + len(seen_names - names)
+                unseen |= changes < 0 or changes > seen  # < 0: the directory was made again
+        self._listings = listings
+        return unseen
 
     def _track(self, known: Iterable[str], registered: set[str]) -> tuple[list[str], dict[str, float]]:
         """Update when each known bookie went missing; (lost bookies, {bookie: ms left before it is lost})."""
@@ -370,10 +405,17 @@ class Auditor:
     async def check_bookies(self, *, full: bool = False) -> dict:
         """Find lost bookies and mark the ledgers that name them: scans the ledgers when a bookie is newly lost,
         or always with `full` (the periodic bookie check). Returns what it saw and did."""
-        known, registered = await self._bookies()
+        known, registered, listings = await self._registrations()
+        unseen = self._registered_unseen(listings)
         lost, waiting = self._track(known, registered)
+        if unseen and self._audited:
+            self._log(f"auditor: registrations changed unseen since the last check (a bookie came and went, or "
+                      f"went and came back): the ledgers of the lost bookies {sorted(self._audited)} are scanned "
+                      f"again")
+            self._audited.clear()  # any of them may be the one: a worker may have kept it meanwhile
         report: dict = {"known": sorted(known), "registered": sorted(registered), "lost": lost, "waiting": waiting,
-                        "disabled": False, "scanned": False, "ledgers": 0, "marked": {}, "errors": []}
+                        "registered_unseen": unseen, "disabled": False, "scanned": False, "ledgers": 0,
+                        "marked": {}, "errors": []}
         if await self.marks.is_disabled():
             report["disabled"] = True
             return report
@@ -590,6 +632,7 @@ class Auditor:
                     self._log(f"auditor: {self.owner_id} is no longer the auditor")
                     self._missing_since.clear()
                     self._audited.clear()
+                    self._listings = {}
                 self.leading = leading
                 if leading:
                     now = self._clock.monotonic_ms()

@@ -144,6 +144,9 @@ class InMemoryMetadataStore:
     async def children(self, path: str) -> list[str]:
         return self._children(self.default_session.session_id, path)
 
+    async def children_with_cversion(self, path: str) -> tuple[list[str], int]:
+        return self._children_with_cversion(self.default_session.session_id, path)
+
     async def exists(self, path: str) -> int | None:
         return self._exists(self.default_session.session_id, path)
 
@@ -249,6 +252,11 @@ class InMemoryMetadataStore:
         self._check_session(session_id)
         return sorted(self._node(path).children)
 
+    def _children_with_cversion(self, session_id: int, path: str) -> tuple[list[str], int]:
+        self._check_session(session_id)
+        node = self._node(path)
+        return sorted(node.children), node.child_creates + node.child_deletes
+
     def _exists(self, session_id: int, path: str) -> int | None:
         self._check_session(session_id)
         validate_path(path)
@@ -288,6 +296,9 @@ class SessionView:
 
     async def children(self, path: str) -> list[str]:
         return self._store._children(self.session_id, path)
+
+    async def children_with_cversion(self, path: str) -> tuple[list[str], int]:
+        return self._store._children_with_cversion(self.session_id, path)
 
     async def exists(self, path: str) -> int | None:
         return self._store._exists(self.session_id, path)

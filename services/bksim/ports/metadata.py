@@ -30,7 +30,10 @@ A malformed path ("", "a/b", "/a/", "/a//b", "/a/./b") is a bug in the caller: V
 Sequential nodes: `create(prefix, sequential=True)` appends the parent's counter, zero-padded to 10
 digits ("/ledgers/idgen/ID-" -> "/ledgers/idgen/ID-0000000007") and returns the full path. As in
 ZooKeeper, the counter is the number of children ever created under the parent (sequential or not;
-deletes do not count), so names are never reused while the parent exists.
+deletes do not count), so names are never reused while the parent exists. The node's cversion (ZooKeeper's
+Stat.cversion) counts every change to its children, creates and deletes; `children_with_cversion` reads it
+with the names, so a poller can tell that children came and went between two of its reads although the names
+it sees are the same.
 
 Ordering: every call is answered in the order the store applied it; a caller that awaits a write and
 then reads sees its own write (ZooKeeper's per-session FIFO order).
@@ -60,6 +63,10 @@ class MetadataStore(Protocol):
 
     async def children(self, path: str) -> list[str]:
         """Names (not paths) of the node's children, sorted; NoNodeError if the node is absent."""
+
+    async def children_with_cversion(self, path: str) -> tuple[list[str], int]:
+        """(`children(path)`, the node's cversion: how many children were ever created or deleted under it),
+        both from one read; NoNodeError if the node is absent."""
 
     async def exists(self, path: str) -> int | None:
         """The node's version, or None if it does not exist."""

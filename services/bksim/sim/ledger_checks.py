@@ -373,6 +373,9 @@ class CheckedStore:
     async def children(self, path: str) -> list[str]:
         return await self._inner.children(path)
 
+    async def children_with_cversion(self, path: str) -> tuple[list[str], int]:
+        return await self._inner.children_with_cversion(path)
+
     async def exists(self, path: str) -> int | None:
         return await self._inner.exists(path)
 

@@ -415,6 +415,11 @@ class TopicCheckedStore:
             raise self._lost(f"children {path}")
         return await self.session.children(path)
 
+    async def children_with_cversion(self, path: str) -> tuple[list[str], int]:
+        if self.connection_lost:
+            raise self._lost(f"children {path}")
+        return await self.session.children_with_cversion(path)
+
     async def exists(self, path: str) -> int | None:
         if self.connection_lost:
             raise self._lost(f"exists {path}")

@@ -170,6 +170,51 @@ def test_a_lost_bookie_marks_exactly_the_ledgers_that_name_it():
     run(main())
 
 
+def test_a_lost_bookie_that_came_back_and_went_again_between_two_checks_is_scanned_again():
+    async def main():
+        w = await World().start()
+        await ledgers(w)
+        expected = await w.naming(["b0"])
+        auditor = w.candidate("node-a")
+        w.kill("b0")
+        assert (await auditor.check_bookies())["marked"] == expected
+        # b0 restarts with its copies, a worker finds them all there and removes the marks (the bookie is
+        # kept), and b0 dies again: all between two checks, so the auditor never saw it registered
+        await w.register("b0")
+        marks = UnderReplicationMarks(w.store, w.clock)
+        for mark in await marks.list():
+            assert await marks.replicated(mark)
+        w.kill("b0")
+        report = await auditor.check_bookies()
+        assert report["lost"] == ["b0"] and report["scanned"] and report["marked"] == expected
+        assert await w.marked() == {ledger_id: ("b0",) for ledger_id in expected}
+        again = await auditor.check_bookies()  # nothing happened since: no scan
+        assert again["lost"] == ["b0"] and not again["scanned"]
+        await w.register("b5")  # a registration the auditor sees is no reason to scan again
+        assert not (await auditor.check_bookies())["scanned"]
+    run(main())
+
+
+def test_a_registered_bookie_that_restarted_between_two_checks_scans_only_if_a_bookie_is_lost():
+    async def main():
+        w = await World().start()
+        await ledgers(w)
+        auditor = w.candidate("node-a")
+        await auditor.check_bookies()
+        w.kill("b1")
+        await w.register("b1")  # down and up again between two checks: nothing is lost
+        report = await auditor.check_bookies()
+        assert report["lost"] == [] and not report["scanned"] and await w.marked() == {}
+        w.kill("b0")
+        await auditor.check_bookies()
+        w.kill("b1")
+        await w.register("b1")  # the same unseen restart, while b0 is lost: b0's ledgers are marked again
+        report = await auditor.check_bookies()
+        assert report["lost"] == ["b0"] and report["scanned"]
+        assert report["marked"] == await w.naming(["b0"])
+    run(main())
+
+
 def test_a_lost_bookie_waits_out_the_delay():
     async def main():
         w = await World(delay_ms=DELAY_MS).start()
