@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from datetime import datetime, timezone
 
 import pytest
 
@@ -57,6 +58,12 @@ def owner_process(cluster, client, topic):
     return next(b for b in cluster.brokers if b.broker_id == broker_id)
 
 
+def topic_log(broker, topic: str, lines: int = 40) -> str:
+    """The last `lines` lines of a broker's log that name `topic` (when it looked it up, loaded, recovered it)."""
+    with open(broker.log_path, errors="replace") as f:
+        return "".join([line for line in f if topic in line][-lines:])
+
+
 def restore_brokers(cluster) -> None:
     """Bring the module back to two live brokers (a test may have killed or stopped one)."""
     for b in cluster.brokers:
@@ -90,7 +97,7 @@ def test_kill9_of_the_owning_broker_loses_no_acknowledged_message(cluster, clien
     wait_until(lambda: len(acked) >= 200, 30, message="200 acknowledged messages before the kill")
     owner = owner_process(cluster, client, topic)
     before = len(acked)
-    killed_at = time.monotonic()
+    killed_at, killed_wall = time.monotonic(), datetime.now(timezone.utc).isoformat(timespec="milliseconds")
     owner.kill9()
     wait_until(lambda: len(acked) >= before + 200, TAKEOVER_S + 20, interval_s=0.1,
                message="200 more acknowledged messages after the takeover")
@@ -100,7 +107,9 @@ def test_kill9_of_the_owning_broker_loses_no_acknowledged_message(cluster, clien
     assert not writer.is_alive()
     new_owner = owner_process(cluster, client, topic)
     assert new_owner is not owner and new_owner.alive()
-    assert takeover_s < TAKEOVER_S, f"producing resumed after {takeover_s:.1f}s"
+    assert takeover_s < TAKEOVER_S, (f"producing resumed after {takeover_s:.1f}s; killed {owner.broker_id} at "
+                                     f"{killed_wall}; the new owner's log of the topic:\n"
+                                     + topic_log(new_owner, topic))
     # every acknowledged message is consumed; duplicates (at-least-once: messages delivered but not yet
     # acknowledged when the owner died come again) are counted, never a loss
     wanted = {b"m%06d" % i for i in acked}
