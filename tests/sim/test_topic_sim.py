@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from bksim.cli.main import main
 from bksim.model.errors import LedgerError
 from bksim.model.status import TopicStatus
@@ -24,6 +26,7 @@ from bksim.topics import managed_ledger as ml_mod
 from bksim.topics import service as service_mod
 from bksim.topics import sticky_ranges as sticky_mod
 from bksim.topics import topic as topic_mod
+from bksim.sim import topic_scenario as scenario_mod
 from bksim.sim.topic_scenario import SUBSCRIPTIONS, TopicFault, TopicPlan, run_topic_sim
 from bksim.topics.errors import TopicError
 
@@ -42,6 +45,9 @@ CLOSE_SESSION_EXPIRES_SEED = 722992  # the owner's session expires while it clos
 CLOSE_ZK_LOST_SEED = 724645  # the owner's ZooKeeper connection is lost while it closes: its writes have no answer
 CLOSE_AFTER_CANCELLED_SEND_SEED = 731267  # a producer's Send is cancelled while its entry is in flight; then a close
 SEEK_BACK_INTO_TRIMMED_SEED = 756099  # a seek skips a delayed message, its ledger is trimmed, a seek back goes there
+# the owner's close hangs on a roll, its session expires, another broker takes the topic; the old owner renews its
+# session later (without and with dedup)
+RENEWED_DURING_A_HUNG_CLOSE_SEEDS = (765565, 765821)
 
 
 def _without_delivery_features(plan: TopicPlan) -> TopicPlan:
@@ -393,3 +399,34 @@ def test_a_seek_back_into_a_trimmed_ledger_owes_nothing_an_earlier_seek_skipped_
     starts it at the topic's first entry, 7:0 (as Pulsar's getNextValidPosition): 0:6 is no longer in the topic
     (checker defect: it was owed again since it lies after 0:4, SubscriptionsDrain)."""
     assert run_topic_sim(SEEK_BACK_INTO_TRIMMED_SEED).passed
+
+
+@pytest.mark.parametrize("seed", RENEWED_DURING_A_HUNG_CLOSE_SEEDS)
+def test_a_broker_renewing_its_session_serves_nothing_its_expired_session_owned(seed):
+    """broker-1's roll cannot close its ledger (a bookie down, no replacement) and retries its recovery; the owner
+    stops cleanly (669 ms; 382 ms in the second seed) and its close waits for that roll. Its session expires (885 ms;
+    892 ms): the recovery now fails for want of a session, and the close hangs. broker-2 takes the topic (recovers the
+    ledger, CASes the list) and serves it. The liveness phase cancels broker-1's pending notice of the expiry and
+    renews its session only after waiting 5 s for the hung fault, on the probe's tick: the new session was bound at
+    once and the topics fenced in a later task, and the probe ran in between (harness defect: OneOwnerAtATime). The
+    product binds the new session and stops every topic in one step (RenewingZkMetadataStore's on_new_session,
+    TopicService.session_lost), and so does the simulated broker now. In the second seed broker-1's close then
+    ended and deleted broker-2's ownership znode; a close releases only its own now (test_topic_service.py)."""
+    assert run_topic_sim(seed).passed
+
+
+def test_the_renewal_regression_seeds_fail_when_the_new_session_is_seen_before_the_topics_are_fenced(monkeypatch):
+    def renew_in_two_steps(self, broker):  # the simulated renewal before the fix
+        if not broker.alive or self.cluster.store.is_alive(broker.session):
+            return
+        broker.session = self.cluster.store.session(f"{broker.label}/s{self.stats['session_expiries']}")
+        broker.store.session = broker.session
+
+        async def renew():
+            await broker.topics.session_lost()
+            await self._register(broker)
+        broker.spawn(renew())
+    monkeypatch.setattr(scenario_mod.TopicWorld, "_renew_session", renew_in_two_steps)
+    for seed in RENEWED_DURING_A_HUNG_CLOSE_SEEDS:
+        violation = run_topic_sim(seed).violation
+        assert violation is not None and violation.invariant == "OneOwnerAtATime", (seed, violation)

@@ -1280,14 +1280,19 @@ class TopicWorld:
 
     def _renew_session(self, broker: _Broker) -> None:
         """The broker notices its session expired (as RenewingZkMetadataStore does): a new session, every topic
-        fenced here (TopicService.session_lost), registered again."""
+        fenced here (TopicService.session_lost), registered again. The new session is bound in the same step as
+        session_lost stops every topic, as the product's on_new_session runs before the renewed store serves
+        anything: no one (the probe included) sees the broker with a live session and a topic its expired session
+        owned still served."""
         if not broker.alive or self.cluster.store.is_alive(broker.session):
             return
-        broker.session = self.cluster.store.session(f"{broker.label}/s{self.stats['session_expiries']}")
-        broker.store.session = broker.session
-        self._log(f"{broker.label}: noticed the session expiry: new session {broker.session.name}")
 
         async def renew() -> None:
+            if self.cluster.store.is_alive(broker.session):
+                return  # renewed meanwhile
+            broker.session = self.cluster.store.session(f"{broker.label}/s{self.stats['session_expiries']}")
+            broker.store.session = broker.session
+            self._log(f"{broker.label}: noticed the session expiry: new session {broker.session.name}")
             await broker.topics.session_lost()
             await self._register(broker)
         broker.spawn(renew())

@@ -12,7 +12,9 @@ rendezvous hashing of the topic over the registered brokers (it takes the topic 
 broker that finds another owner answers NOT_OWNER with that owner's address. Takeover = the managed ledger's
 open(): recover (fence) the last ledger, start a new one, CAS the list. A broker that loses its ownership
 znode (session expiry) or a CAS fences the topic: producers and consumers are dropped with TOPIC_FENCED and
-look the topic up again. A watchdog re-checks every owned topic's znode every `OWNERSHIP_CHECK_MS`.
+look the topic up again; a lost session stops serving every topic before anything is waited on (the store may be
+on a new session already). A watchdog re-checks every owned topic's znode every `OWNERSHIP_CHECK_MS`. Unloading
+releases the znode only while it still names this instance (a close may end after the topic went elsewhere).
 """
 from __future__ import annotations
 
@@ -449,10 +451,7 @@ class TopicService:
             await topic.load()
         except BaseException:
             await topic.fence("loading failed")
-            try:
-                await self.store.delete(name.ownership_path)
-            except MetadataError:
-                pass
+            await self._release(name)
             raise
         self.topics[str(name)] = topic
         self.stats["topics_loaded"] += 1
@@ -490,22 +489,45 @@ class TopicService:
             await topic.close()
         except TopicError as e:
             self._log(f"topic {key}: not closed cleanly ({e})")
+        await self._release(topic.name)
+
+    async def _release(self, name: TopicName) -> None:
+        """Delete the topic's ownership znode if it is still this instance's, by compare-and-set on the version
+        read. A close can end long after the ownership went (the session expired meanwhile, and was renewed):
+        the znode may then be another broker's, and deleting it would let a third take the topic while that one
+        serves it. Any failure leaves the znode: ours goes with our session at worst."""
+        path = name.ownership_path
         try:
-            await self.store.delete(topic.name.ownership_path)
-        except MetadataError:
+            data, version = await self.store.get(path)
+            d = znode_object(data, path)
+            if d.get("broker_id") != self.broker_id or d.get("instance") != self.instance:
+                return
+            await self.store.delete(path, version)
+        except (MetadataError, TopicError):
             pass
 
     async def fence_topic(self, key: str, reason: str) -> None:
+        topic = self._lose(key, reason)
+        if topic is not None:
+            await topic.fence(reason)
+
+    def _lose(self, key: str, reason: str) -> Topic | None:
+        """The topic is no longer served here (taken out of `topics`, every call refused), without waiting."""
         topic = self.topics.pop(key, None)
         if topic is not None:
             self.stats["topics_lost"] += 1
             self._log(f"topic {key}: lost ownership ({reason}); fenced here")
-            await topic.fence(reason)
+            topic.stop_serving(reason)
+        return topic
 
     async def session_lost(self) -> None:
-        """ZooKeeper session expired: every ownership znode went with it. Fence every topic."""
-        for key in list(self.topics):
-            await self.fence_topic(key, "ZooKeeper session expired")
+        """ZooKeeper session expired: every ownership znode went with it, and other brokers may serve those topics
+        already. Every topic stops being served here before anything is waited on (the store may already be on a
+        new session: nothing it serves may be a topic of the old one), then each is fenced."""
+        reason = "ZooKeeper session expired"
+        lost = [topic for topic in (self._lose(key, reason) for key in list(self.topics)) if topic is not None]
+        for topic in lost:
+            await topic.fence(reason)
 
     async def close(self) -> None:
         """Clean shutdown: unload every topic (final cursor state, ledgers closed), release ownership."""

@@ -98,6 +98,7 @@ class Topic:
         self._since_snapshot = 0
         self._settled = asyncio.Event()
         self.fenced: TopicError | None = None
+        self._fence_done = False  # fence() began dropping the clients and aborting the cursors
         self.closing = False  # close() began: no new producer, subscription or Send (PersistentTopic.close fences first)
         self.messages_in = 0
         self.bytes_in = 0
@@ -164,14 +165,23 @@ class Topic:
         if self._dedup_cursor is not None:
             await _close_cursor(self._dedup_cursor, self._log)
 
-    async def fence(self, reason: str) -> None:
-        """Ownership lost: stop at once, drop producers and consumers (they look the topic up again)."""
+    def stop_serving(self, reason: str) -> None:
+        """The first step of `fence`, taken without waiting: from now on every call is refused (TOPIC_FENCED), the
+        maintenance stops and the managed ledger writes nothing more (its pending appends fail)."""
         if self.fenced is not None:
             return
         self.fenced = TopicError(TopicStatus.TOPIC_FENCED, f"topic {self.name} is fenced on this broker: {reason}")
         if self._maintenance is not None:
             self._maintenance.cancel()
         self.ml.abandon(reason)
+
+    async def fence(self, reason: str) -> None:
+        """Ownership lost: stop at once (`stop_serving`), drop producers and consumers (they look the topic up
+        again), abort the cursors (nothing more persisted here)."""
+        self.stop_serving(reason)
+        if self._fence_done:
+            return
+        self._fence_done = True
         for sub in list(self.subscriptions.values()):
             await sub.close(self.fenced)
             sub.cursor.abort(reason)  # write nothing more: the new owner recovers the cursor ledger

@@ -222,3 +222,53 @@ def test_a_damaged_znode_is_a_metadata_error_naming_its_path_not_a_crash():
         assert owner in ("br0", "br1") and address.startswith("127.0.0.1:")
 
     run(scenario())
+
+
+def test_a_lost_session_stops_every_topic_before_the_broker_waits_on_any():
+    """With a new session bound, the broker must not serve, even for a moment, a topic its expired session owned:
+    another broker may have taken it. session_lost marks every topic fenced before dropping any one's clients
+    (that waits). Observed from the first consumer dropped: by then no topic is served here any more."""
+    async def main():
+        store, [a, _] = await cluster()
+        await a.create_tenant("acme")
+        await a.create_namespace("acme/orders", Policies())
+        names = [TOPIC, "persistent://acme/orders/o2"]
+        topics = []
+        for name in names:
+            await a.create_topic(name, 0)
+            topics.append(await a.acquire(name))
+        served_when_dropped = []
+
+        class Sink:
+            def deliver(self, d): pass
+            def active_changed(self, active): pass
+            def drop(self, e):
+                served_when_dropped.append(sorted(n for n, t in a.topics.items() if t.fenced is None))
+        for t in topics:
+            await t.subscribe("s", "Exclusive", "earliest", "c", 0, Sink())
+        store.expire(a.store)
+        await a.session_lost()
+        assert served_when_dropped == [[], []]
+        assert a.topics == {} and all(t.fenced is not None for t in topics)
+        assert a.stats["topics_lost"] == 2
+    run(main())
+
+
+def test_a_close_releases_only_its_own_ownership_znode():
+    """A clean close that ends after the topic went to another broker (the old owner's znode vanished meanwhile: in
+    the product, its session expired and was renewed while the close waited) leaves the new owner's znode alone;
+    the close of a topic still owned here releases it."""
+    async def main():
+        store, [a, b] = await cluster()
+        await a.create_tenant("acme")
+        await a.create_namespace("acme/orders", Policies())
+        await a.create_topic(TOPIC, 0)
+        await a.create_topic("persistent://acme/orders/o2", 0)
+        ta = await a.acquire(TOPIC)
+        await a.acquire("persistent://acme/orders/o2")
+        await store.session("admin").delete(ta.name.ownership_path)
+        await b.acquire(TOPIC)
+        await a.close()
+        assert await b.lookup(TOPIC) == ("br1", "127.0.0.1:7001", True)
+        assert (await b.lookup("persistent://acme/orders/o2"))[2] is False
+    run(main())
