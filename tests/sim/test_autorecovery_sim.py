@@ -100,6 +100,10 @@ def test_a_worker_that_publishes_a_replacement_before_it_copied_is_caught(monkey
     (756194, "a lost bookie registered again between two bookie checks, a worker kept it and removed the marks, "
              "and it was lost for good before the next check: the auditor, which never saw it back, did not "
              "mark its ledgers again"),
+    (764273, "a ledger found lost while a marked bookie was down for now stayed reported lost after the bookie "
+             "registered again: the worker that found it was busy in another claim, the other worker's claim, "
+             "begun before the bookie was back, failed without withdrawing the verdict, and nothing else could "
+             "tell the verdict rested on that bookie"),
 ])
 def test_seeds_that_found_worker_bugs_pass(seed, found):
     result = run_autorecovery_sim(seed)

@@ -19,6 +19,13 @@ appeared and disappeared): a lost bookie may have come back and gone again betwe
 was back a worker may have kept it and removed the marks of its ledgers, which the auditor, seeing it
 missing at both checks, would not restore.
 
+Lost verdicts. A worker that finds entries no surviving replica holds records a lost verdict on the mark,
+with the unregistered bookies whose silence it counted as "no copy" (marks.py). When a bookie is registered
+again (and at every periodic bookie check, and whenever registrations changed unseen), the bookie check
+withdraws every verdict that rested on a bookie registered now (`withdraw_void_lost`): it was down for now,
+not lost, and its copies may be back. The ledger stays marked for the workers, no longer reported lost,
+within one check of the bookie's return whatever the workers are busy with.
+
 Check of all ledgers. For every CLOSED ledger, for every segment's entries [first, last] and every registered
 bookie of its ensemble that must hold some of them (write sets: ledger/quorum.py), the auditor asks the
 bookie which entries of the ledger it holds (`list_entries`, one call per bookie and ledger) and marks the
@@ -71,7 +78,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable, Iterator, Sequence, TypeVar
 
-from bksim.autorecovery.marks import UnderReplicationMarks
+from bksim.autorecovery.marks import UnderReplicationMarks, void_lost_on
 from bksim.broker.driver import cancelled_underneath
 from bksim.formats.entry import decode_entry
 from bksim.ledger.quorum import write_set_indexes
@@ -385,11 +392,13 @@ class Auditor:
         self._listings = listings
         return unseen
 
-    def _track(self, known: Iterable[str], registered: set[str]) -> tuple[list[str], dict[str, float]]:
-        """Update when each known bookie went missing; (lost bookies, {bookie: ms left before it is lost})."""
+    def _track(self, known: Iterable[str], registered: set[str]) -> tuple[list[str], dict[str, float], list[str]]:
+        """Update when each known bookie went missing; (lost bookies, {bookie: ms left before it is lost},
+        bookies registered again since the last check)."""
         now = self._clock.monotonic_ms()
         missing = set(known) - registered
-        for bookie in [b for b in self._missing_since if b not in missing]:
+        returned = sorted(b for b in self._missing_since if b not in missing)
+        for bookie in returned:
             del self._missing_since[bookie]
             self._audited.discard(bookie)
             self._log(f"auditor: bookie {bookie} is registered again")
@@ -400,14 +409,28 @@ class Auditor:
         delay = self.config.lost_bookie_recovery_delay_ms
         lost = sorted(b for b in missing if now - self._missing_since[b] >= delay)
         waiting = {b: delay - (now - self._missing_since[b]) for b in sorted(missing) if b not in lost}
-        return lost, waiting
+        return lost, waiting, returned
+
+    async def withdraw_void_verdicts(self, registered: set[str]) -> dict[int, list[str]]:
+        """Withdraw every lost verdict that counted the silence of a bookie `registered` now as "no copy" (see
+        the module docstring). {ledger id: those bookies} for the verdicts withdrawn."""
+        withdrawn: dict[int, list[str]] = {}
+        for mark in await self.marks.list():
+            if not void_lost_on(mark, registered):
+                continue
+            _, back = await self.marks.withdraw_void_lost(mark, registered)
+            if back:
+                withdrawn[mark.ledger_id] = back
+                self._log(f"auditor: ledger {mark.ledger_id}: its lost verdict counted the silence of {back}, "
+                          f"registered again: withdrawn (the ledger stays marked)")
+        return withdrawn
 
     async def check_bookies(self, *, full: bool = False) -> dict:
         """Find lost bookies and mark the ledgers that name them: scans the ledgers when a bookie is newly lost,
         or always with `full` (the periodic bookie check). Returns what it saw and did."""
         known, registered, listings = await self._registrations()
         unseen = self._registered_unseen(listings)
-        lost, waiting = self._track(known, registered)
+        lost, waiting, returned = self._track(known, registered)
         if unseen and self._audited:
             self._log(f"auditor: registrations changed unseen since the last check (a bookie came and went, or "
                       f"went and came back): the ledgers of the lost bookies {sorted(self._audited)} are scanned "
@@ -415,10 +438,12 @@ class Auditor:
             self._audited.clear()  # any of them may be the one: a worker may have kept it meanwhile
         report: dict = {"known": sorted(known), "registered": sorted(registered), "lost": lost, "waiting": waiting,
                         "registered_unseen": unseen, "disabled": False, "scanned": False, "ledgers": 0,
-                        "marked": {}, "errors": []}
+                        "marked": {}, "errors": [], "withdrawn": {}}
         if await self.marks.is_disabled():
             report["disabled"] = True
             return report
+        if returned or unseen or full:
+            report["withdrawn"] = await self.withdraw_void_verdicts(registered)
         if lost and (full or set(lost) - self._audited):
             scan = await self.mark_ledgers_of(lost)
             report.update(scanned=True, marked=scan["marked"], errors=scan["errors"], ledgers=scan["ledgers"])

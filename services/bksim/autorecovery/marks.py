@@ -6,13 +6,19 @@ copying them, and the operators' switch. BookKeeper's ZkLedgerUnderreplicationMa
     /ledgers/underreplication/disable             exists = marking and replication paused
 
 A mark says "these bookies of this ledger lack copies they must hold": its data is compact JSON
-``{"format_version": 1, "missing": [bookie, ...], "ctime_ms": ..., "lost_entries": n, "note": "..."}``.
-`missing` is sorted and never empty for a mark bksim writes; `lost_entries` and `note` are what a worker
-found when no surviving replica held some entries (0 and "" until then).
+``{"format_version": 1, "missing": [bookie, ...], "ctime_ms": ..., "lost_entries": n, "note": "...",
+"lost_on": [bookie, ...]}``. `missing` is sorted and never empty for a mark bksim writes; `lost_entries` and
+`note` are what a worker found when no surviving replica held some entries (0 and "" until then): its *lost
+verdict*. `lost_on` (sorted; absent in older data: none) names the unregistered bookies whose silence that
+verdict counted as "no copy": it holds only while they all stay unregistered, so it is void once one of them
+is registered again (`void_lost_on`), and whoever sees that (the auditor, a worker) withdraws it
+(`withdraw_void_lost`).
 
 Rules:
 - One mark per ledger. Marking a marked ledger merges the bookies into it (a read-modify-CAS loop; a lost
   CAS re-reads and merges again, never overwrites). A mark naming no new bookie is left as it is.
+- A lost verdict is written and withdrawn only by a CAS on the mark read (`set_lost`, `withdraw_void_lost`); a
+  merge keeps it.
 - A mark is removed only by `replicated(mark)`, and only while its version is the one the caller read: a
   ledger re-marked during a copy (a second bookie went) stays marked for the next round.
 - A lock is an ephemeral node, so it dies with the worker's session: a worker that crashes mid-copy frees
@@ -53,12 +59,22 @@ class Mark:
     ctime_ms: int
     lost_entries: int = 0
     note: str = ""
+    lost_on: tuple[str, ...] = ()  # the bookies whose silence the lost verdict counted as "no copy"
     version: int = -1
+
+
+def void_lost_on(mark: Mark, registered: Iterable[str]) -> list[str]:
+    """The bookies of the mark's lost verdict whose silence it counted as "no copy" and that are `registered`
+    now, sorted: the verdict is void when there is any (they were away for now, not lost: their copies may be
+    back). [] for a mark without a verdict, or whose verdict rests on answers only."""
+    if mark.lost_entries <= 0:
+        return []
+    return sorted(set(mark.lost_on) & set(registered))
 
 
 def encode_mark(mark: Mark) -> bytes:
     doc = {"format_version": FORMAT_VERSION, "missing": list(mark.missing), "ctime_ms": mark.ctime_ms,
-           "lost_entries": mark.lost_entries, "note": mark.note}
+           "lost_entries": mark.lost_entries, "note": mark.note, "lost_on": list(mark.lost_on)}
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
@@ -69,13 +85,15 @@ def decode_mark(ledger_id: int, data: bytes, version: int) -> Mark:
         doc = json.loads(bytes(data).decode("utf-8"))
         missing = doc["missing"]
         ctime_ms, lost, note = doc["ctime_ms"], doc.get("lost_entries", 0), doc.get("note", "")
+        lost_on = doc.get("lost_on", [])
         if (doc.get("format_version") != FORMAT_VERSION or not isinstance(missing, list)
                 or not all(isinstance(b, str) and b for b in missing) or not isinstance(ctime_ms, int)
-                or not isinstance(lost, int) or not isinstance(note, str)):
+                or not isinstance(lost, int) or not isinstance(note, str) or not isinstance(lost_on, list)
+                or not all(isinstance(b, str) and b for b in lost_on)):
             raise ValueError("unexpected fields")
     except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
         return Mark(ledger_id, (), 0, note=f"undecodable mark data ({e}): {bytes(data)[:64]!r}", version=version)
-    return Mark(ledger_id, tuple(sorted(set(missing))), ctime_ms, lost, note, version)
+    return Mark(ledger_id, tuple(sorted(set(missing))), ctime_ms, lost, note, tuple(sorted(set(lost_on))), version)
 
 
 class UnderReplicationMarks:
@@ -139,14 +157,41 @@ class UnderReplicationMarks:
         await self._delete_empty_parents(path)
         return True
 
-    async def set_lost(self, mark: Mark, lost_entries: int, note: str) -> Mark:
+    async def set_lost(self, mark: Mark, lost_entries: int, note: str, lost_on: Iterable[str] = ()) -> Mark:
         """Record a worker's finding on the mark (CAS on mark.version): `lost_entries` entries no surviving
-        replica holds, and why. BadVersionError if the mark changed since it was read (re-read, re-decide),
-        NoNodeError if it is gone."""
+        replica holds, why, and the unregistered bookies whose silence it counted as "no copy" (`lost_on`).
+        BadVersionError if the mark changed since it was read (re-read, re-decide), NoNodeError if it is gone."""
         assert mark.version >= 0 and lost_entries >= 0
-        new = replace(mark, lost_entries=lost_entries, note=note)
+        new = replace(mark, lost_entries=lost_entries, note=note, lost_on=tuple(sorted(set(lost_on))))
         version = await self.store.set(underreplicated_path(mark.ledger_id), encode_mark(new), mark.version)
         return replace(new, version=version)
+
+    async def withdraw_void_lost(self, mark: Mark, registered: Iterable[str]) -> tuple[Mark | None, list[str]]:
+        """Withdraw the mark's lost verdict if it is void (`void_lost_on`: a bookie whose silence it counted is
+        `registered`): the ledger stays marked as before, its entries no longer reported lost. A CAS on the mark
+        read; when another writer changed it meanwhile, the mark is read and judged again. Returns the mark as
+        stored now (None: gone) and the registered bookies of the verdict withdrawn ([]: none was).
+        BadVersionError after MARK_CAS_ATTEMPTS_MAX lost rounds."""
+        registered = set(registered)
+        path = underreplicated_path(mark.ledger_id)
+        current: Mark | None = mark
+        for attempt in range(1, MARK_CAS_ATTEMPTS_MAX + 1):
+            back = void_lost_on(current, registered)
+            if not back:
+                return current, []
+            new = replace(current, lost_entries=0, note="", lost_on=())
+            try:
+                version = await self.store.set(path, encode_mark(new), current.version)
+                return replace(new, version=version), back
+            except NoNodeError:
+                return None, []
+            except BadVersionError:
+                if attempt == MARK_CAS_ATTEMPTS_MAX:
+                    raise
+                current = await self.get(mark.ledger_id)
+                if current is None:
+                    return None, []
+        raise AssertionError("unreachable")
 
     async def _delete_empty_parents(self, path: str) -> None:
         parent = path

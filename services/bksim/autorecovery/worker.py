@@ -46,12 +46,17 @@ One claim (`run_once`), under the mark's ephemeral lock, released on every path:
 
 An entry of a segment that no surviving replica holds (each answered NO_ENTRY / NO_LEDGER, or is itself named
 by the mark, gave no copy and is not registered: the auditor's lost bookie) makes the ledger lost: the mark is
-kept with the count and a note (`set_lost`), nothing is replaced, and this worker tries the ledger again only
-after `lost_ledger_retry_ms`, or at once when a bookie whose silence counted as "no copy" registers again (it
-was down for now, not lost: its copies may be back). A marked bookie that is registered (writable or read-only)
-but does not answer is not a lost replica: its silence is a failure, like any replica's (a message lost, a
-read sent before it came back). Any other failure (a replica or the replacement unreachable, no replacement
-bookie, a metadata error) ends the claim; `run` waits `worker_backoff_ms` before the next.
+kept with the count, a note and the bookies whose silence counted as "no copy" (`set_lost`: the lost verdict),
+nothing is replaced, and this worker tries the ledger again only after `lost_ledger_retry_ms`, or at once when
+the mark no longer carries the verdict. The verdict holds only while those bookies stay unregistered: once one
+is registered again (it was down for now, not lost: its copies may be back) the verdict is void, and whoever
+lists the mark first, any worker or the auditor, withdraws it from the mark (`withdraw_void_lost`), so the
+ledger is neither reported lost nor left waiting meanwhile (the worker that found it may be busy in another
+claim or backing off; another worker's claim that began before the bookie was back fails without deciding
+anything). A marked bookie that is registered (writable or read-only) but does not answer is not a lost
+replica: its silence is a failure, like any replica's (a message lost, a read sent before it came back). Any
+other failure (a replica or the replacement unreachable, no replacement bookie, a metadata error) ends the
+claim; `run` waits `worker_backoff_ms` before the next.
 
 Pure over ports: the MetadataStore, the BookieTransport, the Clock, and the broker's LedgerService for
 recovery and placement.
@@ -63,7 +68,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence
 
 from bksim.autorecovery.auditor import missing_entries, required_entries, verify_copies
-from bksim.autorecovery.marks import Mark, UnderReplicationMarks
+from bksim.autorecovery.marks import Mark, UnderReplicationMarks, void_lost_on
 from bksim.broker.driver import cancelled_underneath
 from bksim.broker.ledgers import LedgerService
 from bksim.formats.entry import decode_entry, master_key
@@ -152,10 +157,10 @@ class ReplicationWorker:
         self._not_before: dict[int, float] = {}
         # ledger id -> the monotonic time of this worker's last failed claim of it (tried after the others)
         self._failed_at: dict[int, float] = {}
-        # ledger id -> the marked, unregistered bookies whose silence this worker's lost verdict on it counted as
-        # "no copy": one registered again ends the ledger's `_not_before` wait at once
-        self._lost_on: dict[int, frozenset[str]] = {}
-        self._claim_gone: set[str] = set()  # those bookies, in the claim under way
+        # ledgers whose `_not_before` is this worker's lost verdict on them: the wait ends with the verdict
+        self._lost_waits: set[int] = set()
+        # the marked, unregistered bookies whose silence the claim under way counted as "no copy"
+        self._claim_gone: set[str] = set()
         self._stats = {name: 0 for name in ("claims", "replicated", "remarked", "deferred", "lost", "deleted",
                                             "failed", "recovered", "segments_replaced", "entries_copied",
                                             "bytes_copied", "copies_verified", "damaged_bookies_replaced",
@@ -197,10 +202,11 @@ class ReplicationWorker:
         now = self._clock.monotonic_ms()
         listed = await self._marks.list()
         marked = {m.ledger_id for m in listed}
-        for table in (self._not_before, self._failed_at, self._lost_on):  # forget ledgers whose marks are gone
+        for table in (self._not_before, self._failed_at):  # forget ledgers whose marks are gone
             for ledger_id in [i for i in table if i not in marked]:
                 del table[ledger_id]
-        await self._retry_lost_whose_bookies_returned(now)
+        self._lost_waits &= marked
+        listed = await self._withdraw_void_verdicts(listed)
         marks = [m for m in listed if m.missing and self._not_before.get(m.ledger_id, now) <= now]
         # a random order spreads the workers over the marks; ledgers whose claim failed here come last
         marks = self._rng.sample(marks, len(marks))
@@ -220,10 +226,8 @@ class ReplicationWorker:
                 self._failed_at[mark.ledger_id] = self._clock.monotonic_ms()
             else:
                 self._failed_at.pop(mark.ledger_id, None)
-            if outcome == LOST and self._claim_gone:
-                self._lost_on[mark.ledger_id] = frozenset(self._claim_gone)
-            else:
-                self._lost_on.pop(mark.ledger_id, None)
+            if outcome != LOST:
+                self._lost_waits.discard(mark.ledger_id)
             self._stats[{REMARKED: "remarked"}.get(outcome, outcome)] += 1
             line = f"ledger {mark.ledger_id}: {outcome}: {detail}"
             self._log(f"autorecovery worker {self.owner_id}: {line}")
@@ -235,19 +239,30 @@ class ReplicationWorker:
         the auditor counts as not lost."""
         return set(await self._ledgers.writable_bookies()) | set(await self._ledgers.readonly_bookies())
 
-    async def _retry_lost_whose_bookies_returned(self, now: float) -> None:
-        """A ledger this worker found lost because marked bookies were away and silent is tried again at once
-        when one of them is registered again: the verdict held only while they were gone."""
-        waiting = {i: gone for i, gone in self._lost_on.items() if self._not_before.get(i, now) > now}
-        if not waiting:
-            return
-        registered = await self._registered()
-        for ledger_id, gone in sorted(waiting.items()):
-            back = sorted(gone & registered)
-            if back:
-                del self._not_before[ledger_id], self._lost_on[ledger_id]
-                self._log(f"autorecovery worker {self.owner_id}: ledger {ledger_id}: {back} registered again since "
-                          f"it was found lost: tried again now")
+    async def _withdraw_void_verdicts(self, listed: list[Mark]) -> list[Mark]:
+        """`listed` as it stands once every void lost verdict in it is withdrawn: a verdict (whichever worker
+        found it) that counted the silence of a bookie registered now as "no copy" no longer holds, and the
+        ledger is claimable again at once. A ledger this worker left because it found it lost is claimable at
+        once, too, when its mark no longer carries a verdict (withdrawn by the auditor or another worker)."""
+        if any(m.lost_entries and m.lost_on for m in listed):
+            registered = await self._registered()
+            current = []
+            for mark in listed:
+                if void_lost_on(mark, registered):
+                    stored, back = await self._marks.withdraw_void_lost(mark, registered)
+                    if back:
+                        self._log(f"autorecovery worker {self.owner_id}: ledger {mark.ledger_id}: {back} registered "
+                                  f"again since it was found lost: the verdict is withdrawn, tried again now")
+                    if stored is None:
+                        continue  # gone meanwhile
+                    mark = stored
+                current.append(mark)
+            listed = current
+        for mark in listed:
+            if mark.ledger_id in self._lost_waits and not mark.lost_entries:
+                self._lost_waits.discard(mark.ledger_id)
+                self._not_before.pop(mark.ledger_id, None)
+        return listed
 
     # -- one claim ------------------------------------------------------------------------------------------
     async def _repair(self, mark: Mark) -> tuple[str, str]:
@@ -528,11 +543,12 @@ class ReplicationWorker:
         note = (f"{len(lost)} entries of the segment at entry {step.first_entry_id} have no copy on any surviving "
                 f"replica ({step.bookie} was one): {shown}"
                 + (f"; unregistered and silent: {sorted(self._claim_gone)}" if self._claim_gone else ""))
-        self._not_before[mark.ledger_id] = self._clock.monotonic_ms() + self.config.lost_ledger_retry_ms
         try:
-            await self._marks.set_lost(mark, len(lost), note)
+            await self._marks.set_lost(mark, len(lost), note, lost_on=self._claim_gone)
         except BadVersionError:
             return REMARKED, f"{note}; its mark changed meanwhile and is left for the next round"
+        self._not_before[mark.ledger_id] = self._clock.monotonic_ms() + self.config.lost_ledger_retry_ms
+        self._lost_waits.add(mark.ledger_id)
         return LOST, f"{note}; tried again in {self.config.lost_ledger_retry_ms} ms"
 
 

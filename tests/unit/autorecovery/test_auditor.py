@@ -283,6 +283,36 @@ def test_a_second_lost_bookie_is_merged_into_the_marks():
     run(main())
 
 
+def test_a_lost_verdict_that_rested_on_a_bookie_registered_again_is_withdrawn_from_its_mark():
+    # sim seed 764273: a worker found a ledger lost while a marked bookie was down for now; the auditor saw the
+    # bookie registered again but left the verdict in the mark, and no worker claimed the ledger again in time:
+    # it stayed reported lost with every entry on a registered bookie
+    async def main():
+        w = await World().start()
+        await ledgers(w)
+        auditor = w.candidate("node-a")
+        w.kill("b0")
+        w.kill("b1")
+        await auditor.check_bookies()
+        marks = UnderReplicationMarks(w.store, w.clock)
+        both, gone_only, answered = [m for m in await marks.list() if m.missing == ("b0", "b1")][:3]
+        await marks.set_lost(both, 2, "entries 0, 1: no copy; unregistered and silent: ['b0', 'b1']",
+                             lost_on=["b0", "b1"])
+        await marks.set_lost(gone_only, 1, "entry 4: no copy; unregistered and silent: ['b0']", lost_on=["b0"])
+        await marks.set_lost(answered, 3, "entries 2, 5, 8: no copy")  # every replica answered NO_ENTRY
+        kept = [await marks.get(gone_only.ledger_id), await marks.get(answered.ledger_id)]
+        await w.register("b1")  # down for now, not lost: back with its copies
+        report = await auditor.check_bookies()
+        assert report["lost"] == ["b0"] and report["withdrawn"] == {both.ledger_id: ["b1"]}
+        withdrawn = await marks.get(both.ledger_id)
+        assert (withdrawn.missing, withdrawn.lost_entries, withdrawn.note, withdrawn.lost_on) == (("b0", "b1"), 0,
+                                                                                                  "", ())
+        assert [await marks.get(gone_only.ledger_id), await marks.get(answered.ledger_id)] == kept
+        assert any("b1" in line and "withdrawn" in line for line in w.lines)
+        assert (await auditor.check_bookies())["withdrawn"] == {}
+    run(main())
+
+
 class FailingReads:
     """A session whose reads of ledger metadata fail while `failing` is set (ZooKeeper did not answer)."""
 

@@ -3,11 +3,13 @@ lock exclusivity and session loss, removal only of the mark read, the disable sw
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
 
-from bksim.autorecovery.marks import MARK_CAS_ATTEMPTS_MAX, Mark, UnderReplicationMarks
+from bksim.autorecovery.marks import (MARK_CAS_ATTEMPTS_MAX, Mark, UnderReplicationMarks, decode_mark, encode_mark,
+                                      void_lost_on)
 from bksim.metadata.memory import InMemoryMetadataStore
 from bksim.metadata.paths import (UNDERREPLICATED_LEDGERS, UNDERREPLICATION_DISABLE, underreplicated_path,
                                   underreplication_lock_path)
@@ -217,6 +219,33 @@ def test_set_lost_is_a_cas_and_survives_a_merge():
         merged = await marks.mark(11, ["b2"])
         assert (merged.missing, merged.lost_entries, merged.note) == (("b1", "b2"), 3, lost.note)
     run(main())
+
+
+def test_a_lost_verdict_keeps_the_bookies_it_rested_on_and_is_withdrawn_only_once_one_is_registered():
+    async def main():
+        store, clock, marks = world()
+        read = await marks.mark(11, ["b1", "b2"])
+        assert read.lost_on == ()
+        lost = await marks.set_lost(read, 3, "entries 4..6: no copy", lost_on=["b2", "b1", "b2"])
+        assert lost.lost_on == ("b1", "b2") and await marks.get(11) == lost
+        assert void_lost_on(lost, ["b3"]) == [] and void_lost_on(lost, ["b3", "b2"]) == ["b2"]
+        assert await marks.withdraw_void_lost(lost, ["b3"]) == (lost, [])  # they all stay away: it holds
+        merged = await marks.mark(11, ["b3"])  # changed since `lost` was read: judged again on the mark now
+        assert merged.lost_on == ("b1", "b2")
+        stored, back = await marks.withdraw_void_lost(lost, ["b1"])
+        assert back == ["b1"] and stored == await marks.get(11)
+        assert (stored.missing, stored.lost_entries, stored.note, stored.lost_on) == (("b1", "b2", "b3"), 0, "", ())
+        answered = await marks.set_lost(stored, 2, "entries 1, 2: every replica answered NO_ENTRY")
+        assert void_lost_on(answered, ["b1", "b2", "b3"]) == []  # rests on answers, not on silence
+        assert await marks.withdraw_void_lost(answered, ["b1"]) == (answered, [])
+    run(main())
+
+
+def test_a_mark_written_without_lost_on_decodes_with_none():
+    doc = {"format_version": 1, "missing": ["b1"], "ctime_ms": 5, "lost_entries": 2, "note": "n"}
+    mark = decode_mark(3, json.dumps(doc).encode(), 4)
+    assert (mark.missing, mark.lost_entries, mark.lost_on, mark.version) == (("b1",), 2, (), 4)
+    assert decode_mark(3, encode_mark(dataclasses.replace(mark, lost_on=("b1",))), 4).lost_on == ("b1",)
 
 
 def test_undecodable_mark_data_still_marks_the_ledger_and_is_replaced_by_the_next_mark():

@@ -70,7 +70,17 @@ class World:
         self.worker = ReplicationWorker(store=session, transport=self.fake, ledgers=self.worker_ledgers,
                                         marks=self.marks, clock=self.clock, rng=random.Random(3), config=config,
                                         owner_id="worker-1", log=self.lines.append)
+        self.config = config
         return self
+
+    def another_worker(self, owner_id: str) -> ReplicationWorker:
+        """A second worker, in a process of its own (its own session, ledger client and memory)."""
+        session = self.store.session(owner_id)
+        ledgers = LedgerService(store=session, transport=self.fake, rng=random.Random(4), clock=self.clock,
+                                config=BrokerConfig(speculative_read_ms=50), log=self.lines.append)
+        return ReplicationWorker(store=session, transport=self.fake, ledgers=ledgers,
+                                 marks=UnderReplicationMarks(session, self.clock), clock=self.clock,
+                                 rng=random.Random(5), config=self.config, owner_id=owner_id, log=self.lines.append)
 
     async def ledger(self, e, qw, qa, entries, *, close=True):
         handle = await self.writer.create_ledger(e, qw, qa, password=PW)
@@ -582,6 +592,39 @@ def test_a_ledger_found_lost_because_a_marked_bookie_was_away_is_tried_again_onc
         line = await w.worker.run_once()  # well within lost_ledger_retry_ms
         assert outcome(line) == REPLICATED, line
         assert await w.marks.get(lid) is None and await w.metadata(lid) == md
+    run(main())
+
+
+def test_a_lost_verdict_that_rested_on_a_bookie_registered_again_is_withdrawn_by_any_worker():
+    # sim seed 764273: the only two replicas of a segment were away (one lost for good, one down for now) and the
+    # ledger was found lost; the bookie down for now registered again while the worker that found it was busy,
+    # and the other worker's claim, which could not read it yet, failed and left the verdict in the mark: the
+    # ledger stayed reported lost with every entry on a registered bookie
+    async def main():
+        w = await World().start()
+        h = await w.ledger(2, 2, 2, 6)
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        gone, away = md.ensemble
+        await w.lose(gone)
+        await w.lose(away)  # down for now: it comes back with every copy it had
+        await w.marks.mark(lid, [gone, away])
+        line = await w.worker.run_once()
+        assert outcome(line) == LOST, line
+        mark = await w.marks.get(lid)
+        assert mark.lost_entries == 6 and gone in mark.note and away in mark.note
+        other = w.another_worker("worker-2")  # it never saw the verdict being made
+        await w.registrations.create(bookie_path(away), b"{}", ephemeral=True)  # back, not answering yet
+        line = await other.run_once()
+        assert outcome(line) == FAILED and "READ_FAILED" in line, line
+        mark = await w.marks.get(lid)
+        assert (mark.lost_entries, mark.note) == (0, ""), mark  # no longer reported lost
+        assert mark.missing == tuple(sorted((gone, away)))
+        w.fake[away].down = False
+        line = await w.worker.run_once()  # well within lost_ledger_retry_ms
+        assert outcome(line) == REPLICATED, line
+        await w.assert_fully_replicated(lid, 6, gone)
+        assert away in (await w.metadata(lid)).ensemble and await w.marks.get(lid) is None
     run(main())
 
 
