@@ -104,6 +104,9 @@ def test_a_worker_that_publishes_a_replacement_before_it_copied_is_caught(monkey
              "registered again: the worker that found it was busy in another claim, the other worker's claim, "
              "begun before the bookie was back, failed without withdrawing the verdict, and nothing else could "
              "tell the verdict rested on that bookie"),
+    (786941, "a marked bookie kept in one segment of a claim was lost for good before the claim ended; the "
+             "auditor's mark named it already and changed nothing, so the claim removed the mark with a segment "
+             "still naming the lost bookie, and nothing marked it again before the next full bookie check"),
 ])
 def test_seeds_that_found_worker_bugs_pass(seed, found):
     result = run_autorecovery_sim(seed)

@@ -41,8 +41,12 @@ One claim (`run_once`), under the mark's ephemeral lock, released on every path:
    The metadata names a replacement only once it holds every entry the replaced bookie held: a worker never
    lowers a ledger's replica count. Entries copied for a step that is then abandoned are harmless extra
    copies outside the metadata.
-6. When no segment names a bookie of the mark any more, the mark is removed (`replicated`, a CAS on the mark
-   read); a mark that changed meanwhile (another bookie went) stays for the next round.
+6. When no segment names a bookie of the mark any more but those kept in step 2, and each bookie kept is
+   still registered, the mark is removed (`replicated`, a CAS on the mark read); a mark that changed meanwhile
+   (another bookie went) stays for the next round. A bookie kept earlier in the claim that is no longer
+   registered is decided again (BookKeeper's worker checks the ledger's fragments again before it marks it
+   replicated): it may have been lost for good during the claim, and the auditor's mark naming it, already in
+   the mark, changed nothing the CAS could see.
 
 An entry of a segment that no surviving replica holds (each answered NO_ENTRY / NO_LEDGER, or is itself named
 by the mark, gave no copy and is not registered: the auditor's lost bookie) makes the ledger lost: the mark is
@@ -276,6 +280,18 @@ class ReplicationWorker:
                 return await self._deleted(mark)
             steps = [s for s in steps_of(metadata, mark.missing) if s not in intact]
             if not steps:
+                # kept earlier in this claim: still so only while registered (a bookie lost for good since, whose
+                # loss the auditor marked on this very mark, leaving it unchanged, would stay named and unmarked)
+                kept = [s for s in steps_of(metadata, mark.missing) if s in intact]
+                registered = await self._registered() if kept else set()
+                gone = [s for s in kept if s.bookie not in registered]
+                if gone:
+                    intact.difference_update(gone)
+                    for s in gone:
+                        self._log(f"autorecovery worker {self.owner_id}: ledger {ledger_id}: segment at entry "
+                                  f"{s.first_entry_id}: {s.bookie}, kept earlier in this claim, is no longer "
+                                  f"registered: decided again")
+                    continue
                 if await self._marks.replicated(mark):
                     return REPLICATED, f"no segment names {list(mark.missing)}"
                 return REMARKED, "its mark changed during the copy; left for the next round"

@@ -805,6 +805,34 @@ def test_a_marked_bookie_with_intact_copies_is_still_kept_after_they_are_verifie
     run(main())
 
 
+def test_a_marked_bookie_kept_in_a_claim_and_lost_before_the_claim_ends_is_replaced_not_left_in_the_metadata():
+    # sim seed 786941: a marked bookie back with its copies was kept in one segment, then lost for good while the
+    # claim went on (its other segment took long); the auditor's mark, naming it already, left the mark as it
+    # was, so the claim removed it with a segment still naming the lost bookie: under-replicated, unmarked
+    async def main():
+        w = await World().start()
+        h = await w.ledger(3, 2, 2, 12)
+        lid = h.ledger_id
+        md = await w.metadata(lid)
+        back = md.ensemble[0]
+        await w.marks.mark(lid, [back])  # marked while it was away; it runs again with every copy it had
+        reads = w.fake.read_entries
+
+        async def read_entries(bookie, ledger_id, entry_ids, **kw):
+            out = await reads(bookie, ledger_id, entry_ids, **kw)
+            if bookie == back and not w.fake[back].down:  # its copies answered the verification; then it dies
+                await w.lose(back)
+                assert await w.marks.mark(lid, [back]) == await w.marks.get(lid)  # the auditor: nothing new
+            return out
+        w.fake.read_entries = read_entries
+        line = await w.worker.run_once()
+        assert w.fake[back].down, "the bookie was lost during the claim"
+        assert outcome(line) == REPLICATED, line
+        await w.assert_fully_replicated(lid, 12, back)
+        assert w.worker.statistics()["segments_replaced"] == 1 and await w.marks.get(lid) is None
+    run(main())
+
+
 def test_a_marked_bookie_that_lists_everything_but_answers_no_read_is_replaced():
     async def main():
         w = await World().start()
