@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from dataclasses import replace
 
 import pytest
@@ -29,11 +30,13 @@ def bookies_up(broker_cluster):
 
 
 def run_roundtrip(zookeeper, layout, pattern, topic, logs):
+    """cursor_holes.roundtrip under a managed-ledger path of this run's own (the ZooKeeper is the session's)."""
     config = Config()
+    ml_path = f"/managed-ledgers/t{uuid.uuid4().hex[:12]}/cursor-holes/persistent/topic"
 
     async def main():
         return await cursor_holes.roundtrip(lambda: InProcessBroker.connect(zookeeper.connect, config, logs.append),
-                                            layout, topic, pattern, log=logs.append)
+                                            layout, topic, pattern, log=logs.append, ml_path=ml_path)
     return asyncio.run(main())
 
 

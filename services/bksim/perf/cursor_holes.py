@@ -207,11 +207,13 @@ def _compare(expected: dict[int, bytes], cursor: ManagedCursor, when: str) -> No
 
 async def roundtrip(brokers: Callable[[], Awaitable[InProcessBroker]], layout: FixedLayout, topic: TopicConfig,
                     pattern: str = "alternate", seed: int = 1, log: Callable[[str], None] = lambda line: None,
-                    idle: Callable[[str], float] = lambda label: 1.0) -> Report:
-    """Steps 1-5 of the module docstring; the brokers it gets from `brokers()` are closed before it returns."""
+                    idle: Callable[[str], float] = lambda label: 1.0, ml_path: str = ML_PATH) -> Report:
+    """Steps 1-5 of the module docstring; the brokers it gets from `brokers()` are closed before it returns.
+    `ml_path`: the managed ledger's znode, under which the cursor's is made (a run on a shared ZooKeeper passes a
+    path of its own, so a failed run's cursor is no other run's concern)."""
     if pattern not in PATTERNS:
         raise ValueError(f"pattern {pattern!r} is not one of {PATTERNS}")
-    path = f"{ML_PATH}/{CURSOR_NAME}"
+    path = f"{ml_path}/{CURSOR_NAME}"
     opened: list[InProcessBroker] = []
 
     async def broker() -> InProcessBroker:
@@ -228,8 +230,8 @@ async def roundtrip(brokers: Callable[[], Awaitable[InProcessBroker]], layout: F
         a_broker = await broker()
         if await a_broker.store.exists(path) is not None:
             raise RuntimeError(f"{path} exists already: a cursor of an earlier run?")
-        if await a_broker.store.exists(ML_PATH) is None:
-            await a_broker.store.create(ML_PATH, b"{}", make_parents=True)
+        if await a_broker.store.exists(ml_path) is None:
+            await a_broker.store.create(ml_path, b"{}", make_parents=True)
         a = await open_cursor(a_broker)
         idle("ack")
         ack_s, per_batch = 0.0, []
