@@ -1,8 +1,10 @@
 """Fixtures shared by all tests.
 
 - `zookeeper` (session): one real ZooKeeper server (Debian's jars, started by the local-cluster launcher,
-  adapters.local_cluster) on a free loopback port, tickTime 200 ms (so a lost session expires in about a
-  second), data under pytest's tmp dir; stopped by pid at the end of the session. Yields the `ZooKeeperServer`; use `.connect` ("127.0.0.1:port"), `.host`, `.port`.
+  adapters.local_cluster) on a free loopback port, tickTime 200 ms (so a process a test starts may ask for a
+  session that expires in about a second), sessions granted up to 10 s (what bksim asks for by default: a client
+  that did not ask for a short session survives a stall of the whole machine of a few seconds), data under
+  pytest's tmp dir; stopped by pid at the end of the session. Yields the `ZooKeeperServer`; use `.connect` ("127.0.0.1:port"), `.host`, `.port`.
 - `zk_client` (function): a started kazoo client on that server, stopped afterwards.
 - `zk_root` (function): a unique absolute path ("/t-<hex>") a test may use as its own namespace.
 - (autouse, module) the modules of tests/sim and tests/fuzz run with the heap earlier tests left frozen (below).
@@ -39,6 +41,7 @@ def _worker_port_range() -> None:
 _worker_port_range()
 
 ZK_TICK_TIME_MS = 200
+ZK_MAX_SESSION_TIMEOUT_MS = 10_000  # zookeeper.session_timeout_ms's default; without it 20 ticks (4 s) at most
 ZK_HEAP_MB = 128
 ZK_READY_TIMEOUT_S = 30.0
 
@@ -50,7 +53,7 @@ def zookeeper(tmp_path_factory):
     cluster = LocalCluster(str(tmp_path_factory.mktemp("zookeeper")))
     try:
         yield cluster.start_zookeeper(free_port(), tick_time_ms=ZK_TICK_TIME_MS, heap_mb=ZK_HEAP_MB,
-                                      timeout_s=ZK_READY_TIMEOUT_S)
+                                      timeout_s=ZK_READY_TIMEOUT_S, max_session_timeout_ms=ZK_MAX_SESSION_TIMEOUT_MS)
     finally:
         assert not cluster.stop_all(), f"ZooKeeper pid {cluster.zookeeper.pid} did not stop"
 

@@ -11,6 +11,7 @@ from kazoo.client import KazooClient
 
 from bksim.adapters import processes
 from bksim.adapters.zookeeper_server import MAIN_CLASS, ZooKeeperError, ZooKeeperServer
+from bksim.model.config import Config
 from helpers import free_port, wait_until
 
 READY_TIMEOUT_S = 30.0
@@ -51,6 +52,21 @@ def test_shared_server_serves_and_expires_sessions_quickly(zookeeper, zk_client,
         processes.kill9(pid, 5.0)
 
 
+def test_shared_server_grants_the_session_bksim_asks_for_by_default_not_20_ticks(zookeeper):
+    from conftest import ZK_MAX_SESSION_TIMEOUT_MS, ZK_TICK_TIME_MS
+
+    asked_s = Config().zookeeper.session_timeout_ms / 1000
+    assert asked_s * 1000 > 20 * ZK_TICK_TIME_MS  # what the server would clamp it to by default
+    client = KazooClient(hosts=zookeeper.connect, timeout=asked_s)
+    client.start(timeout=10.0)
+    try:
+        # the timeout the server negotiated: a client that stalls for a few seconds keeps its session
+        assert client._session_timeout == asked_s * 1000 <= ZK_MAX_SESSION_TIMEOUT_MS
+    finally:
+        client.stop()
+        client.close()
+
+
 def test_start_writes_config_and_pid_file_and_stop_removes_it(tmp_path):
     server = ZooKeeperServer("127.0.0.1", free_port(), str(tmp_path / "zookeeper"), 200, 64, str(tmp_path / "zk.log"))
     pid = server.start()
@@ -58,6 +74,7 @@ def test_start_writes_config_and_pid_file_and_stop_removes_it(tmp_path):
         cfg = (tmp_path / "zoo.cfg").read_text()
         assert f"clientPort={server.port}" in cfg and "clientPortAddress=127.0.0.1" in cfg
         assert "admin.enableServer=false" in cfg and f"dataDir={tmp_path / 'zookeeper'}" in cfg
+        assert "maxSessionTimeout" not in cfg  # ZooKeeper's own default (20 ticks) unless asked
         assert processes.read_pid(server.pid_path) == pid
         waited = server.wait_ready(READY_TIMEOUT_S)
         assert 0 <= waited < READY_TIMEOUT_S

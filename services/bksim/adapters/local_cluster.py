@@ -207,7 +207,8 @@ class LocalCluster:
     def zookeeper_server(self, port: int | None = None, *, host: str | None = None, tick_time_ms: int = 200,
                          heap_mb: int = 256, data_dir: str | None = None, secure_port: int = 0,
                          tls: ZkTls | None = None, client_auth: bool = False, count: int = 1,
-                         quorum_port: int | None = None, election_port: int | None = None) -> ZooKeeperServer:
+                         quorum_port: int | None = None, election_port: int | None = None,
+                         max_session_timeout_ms: int = 0) -> ZooKeeperServer:
         """This cluster's ZooKeeper (not started): `port` None picks a free one; `secure_port` (with the server's
         `tls` files) adds a TLS client port. `count` > 1: an ensemble of that many servers, server n on `port`
         + n - 1 (likewise `secure_port`, `quorum_port`, `election_port`; each None: free ports), its data in
@@ -220,7 +221,7 @@ class LocalCluster:
                 host, port or free_port(host), os.path.abspath(data_dir or os.path.join(self.run_dir, "zookeeper")),
                 tick_time_ms, heap_mb, self.log_path("zookeeper"), pid_path=self.pid_path("zookeeper"),
                 cfg_path=os.path.join(self.run_dir, "zoo.cfg"), secure_port=secure_port, tls=tls,
-                client_auth=client_auth, security=self.zk_security)]
+                client_auth=client_auth, security=self.zk_security, max_session_timeout_ms=max_session_timeout_ms)]
             return self.zookeepers[0]
 
         def ports(first: int | None) -> list[int]:
@@ -235,7 +236,7 @@ class LocalCluster:
                 host, clients[n], f"{base_dir}-{n + 1}", tick_time_ms, heap_mb, self.log_path(name),
                 pid_path=self.pid_path(name), cfg_path=os.path.join(self.run_dir, f"zoo-{n + 1}.cfg"),
                 secure_port=secure_port + n if secure_port else 0, tls=tls, client_auth=client_auth,
-                security=self.zk_security, server_id=n + 1, peers=peers))
+                security=self.zk_security, server_id=n + 1, peers=peers, max_session_timeout_ms=max_session_timeout_ms))
         return self.zookeepers[0]
 
     def attach_zookeeper(self, server: ZooKeeperServer) -> None:
@@ -244,11 +245,12 @@ class LocalCluster:
 
     def start_zookeeper(self, port: int | None = None, *, host: str | None = None, tick_time_ms: int = 200,
                         heap_mb: int = 256, data_dir: str | None = None, count: int = 1,
-                        timeout_s: float = ZOOKEEPER_READY_TIMEOUT_S) -> ZooKeeperServer:
+                        timeout_s: float = ZOOKEEPER_READY_TIMEOUT_S, max_session_timeout_ms: int = 0
+                        ) -> ZooKeeperServer:
         """Start ZooKeeper, every server of it (or adopt the live ones their pid files name), and wait until each
         serves. Returns the first server."""
         first = self.zookeeper_server(port, host=host, tick_time_ms=tick_time_ms, heap_mb=heap_mb,
-                                      data_dir=data_dir, count=count)
+                                      data_dir=data_dir, count=count, max_session_timeout_ms=max_session_timeout_ms)
         for server in self.zookeepers:
             if server.is_running():
                 self.log(f"{server.name}: already running (pid {server.pid})")

@@ -18,8 +18,8 @@ dir a `myid` file; the server then serves only while a quorum (a majority of the
 readiness (a kazoo client reads `/`) means "in a quorum". `mode()` asks the server itself (the `srvr` four-letter
 word): "leader", "follower", "standalone", or "" when it is not serving.
 
-Session timeouts are clamped by the server to [2, 20] x tick_time_ms, so a short tick (tests use
-~200 ms) makes a lost session expire in about a second.
+Session timeouts are clamped by the server to [2, 20] x tick_time_ms (the upper bound `max_session_timeout_ms`
+when given), so a short tick (tests use ~200 ms) lets a client ask for a session that expires in about a second.
 """
 from __future__ import annotations
 
@@ -74,10 +74,11 @@ class ZooKeeperServer:
     def __init__(self, host: str, port: int, data_dir: str, tick_time_ms: int, heap_mb: int, log_path: str,
                  pid_path: str | None = None, cfg_path: str | None = None, *, secure_port: int = 0,
                  tls: ZkTls | None = None, client_auth: bool = False, security: ZkSecurity = OPEN,
-                 server_id: int = 0, peers: tuple[Peer, ...] = ()) -> None:
+                 server_id: int = 0, peers: tuple[Peer, ...] = (), max_session_timeout_ms: int = 0) -> None:
         """`tls`: the server's CA, certificate and key files (needed with `secure_port`); `security`: how the
         readiness probe connects (digest credentials; its TLS files are used on the secure port); `peers` and
-        `server_id`: the ensemble this server is a member of (none: standalone)."""
+        `server_id`: the ensemble this server is a member of (none: standalone); `max_session_timeout_ms`: the
+        longest session the server grants (0: ZooKeeper's default, 20 ticks)."""
         if secure_port and tls is None:
             raise ZooKeeperError("a ZooKeeper secure_port needs the server's TLS files (CA, certificate, key)")
         if peers and server_id not in {p.server_id for p in peers}:
@@ -89,6 +90,7 @@ class ZooKeeperServer:
         self.port = int(port)
         self.data_dir = os.path.abspath(data_dir)
         self.tick_time_ms = int(tick_time_ms)
+        self.max_session_timeout_ms = int(max_session_timeout_ms)
         self.heap_mb = int(heap_mb)
         self.log_path = os.path.abspath(log_path)
         run_dir = os.path.dirname(self.data_dir)
@@ -151,7 +153,7 @@ class ZooKeeperServer:
             "admin.enableServer=false",
             f"4lw.commands.whitelist={FOUR_LETTER_WORDS}",
             "preAllocSize=4096",  # KiB: 4 MiB transaction-log preallocation instead of 64 MiB
-        ]
+        ] + ([f"maxSessionTimeout={self.max_session_timeout_ms}"] if self.max_session_timeout_ms else [])
 
     def command(self) -> list[str]:
         java = shutil.which("java")
