@@ -73,6 +73,10 @@ LEDGER_PASSWORD = b"bksim-managed-ledger"  # topic ledgers are written and read 
 RECOVERY_RETRY_MS = 500
 ROLL_ATTEMPTS_MAX = 20
 RECOVERY_ATTEMPT_TIMEOUTS = 6  # one recovery attempt may take this many broker.bookie_timeout_ms
+# a ledger the topic no longer lists (trimmed, empty, or made by a roll that failed) is deleted in at most this many
+# tries, this far apart; then it leaks (Pulsar's DEFAULT_LEDGER_DELETE_RETRIES, DEFAULT_LEDGER_DELETE_BACKOFF_TIME_SEC)
+LEDGER_DELETE_RETRIES = 3
+LEDGER_DELETE_BACKOFF_MS = 60_000
 
 
 class ManagedLedgerState(enum.StrEnum):
@@ -181,6 +185,7 @@ class ManagedLedger:
         self._drained: asyncio.Future | None = None  # close() waiting for the pending queue to empty
         self._metadata_lock = asyncio.Lock()
         self._closed_metadata: dict[int, LedgerMetadata] = {}
+        self._deletions: set[asyncio.Task] = set()  # deletes to try again after LEDGER_DELETE_BACKOFF_MS
         self._cache: collections.OrderedDict[Position, bytes] = collections.OrderedDict()
         self._cache_bytes = 0
         self._cache_bytes_max = entry_cache_bytes
@@ -595,13 +600,30 @@ class ManagedLedger:
         except MetadataError as e:
             raise TopicError(TopicStatus.METADATA_ERROR, f"topic {self.name}: {e}") from None
 
-    async def _delete_ledger(self, ledger_id: int) -> None:
+    async def _delete_ledger(self, ledger_id: int, tries_left: int = LEDGER_DELETE_RETRIES) -> None:
+        """Delete a ledger the topic no longer lists; a failed try is made again LEDGER_DELETE_BACKOFF_MS later, in
+        the background, while tries are left (also after the topic closed: no one else will delete it)."""
+        self._closed_metadata.pop(ledger_id, None)
         try:
             await self._ledgers.delete_ledger(ledger_id, password=LEDGER_PASSWORD)
         except LedgerError as e:
-            if e.status is not LedgerStatus.NO_SUCH_LEDGER:
-                self._log(f"topic {self.name}: ledger {ledger_id} not deleted ({e}); it leaks until removed by hand")
-        self._closed_metadata.pop(ledger_id, None)
+            if e.status is LedgerStatus.NO_SUCH_LEDGER:
+                return
+            tries_left -= 1
+            if tries_left <= 0:
+                self._log(f"topic {self.name}: ledger {ledger_id} not deleted ({e}) in {LEDGER_DELETE_RETRIES} tries; "
+                          f"it leaks until removed by hand")
+                return
+            self._log(f"topic {self.name}: ledger {ledger_id} not deleted ({e}); trying again in "
+                      f"{LEDGER_DELETE_BACKOFF_MS / 1000:g} s")
+            task = asyncio.get_running_loop().create_task(self._delete_later(ledger_id, tries_left),
+                                                          name=f"delete-ledger-{ledger_id}")
+            self._deletions.add(task)
+            task.add_done_callback(self._deletions.discard)
+
+    async def _delete_later(self, ledger_id: int, tries_left: int) -> None:
+        await self._clock.sleep_ms(LEDGER_DELETE_BACKOFF_MS)
+        await self._delete_ledger(ledger_id, tries_left)
 
     def _fence(self, reason: str) -> None:
         if self._state in FINAL:  # already fenced (or closed): pending appends failed then

@@ -12,8 +12,9 @@ import pytest
 
 from bksim.broker.ledgers import LedgerService
 from bksim.topics.errors import TopicError
+from bksim.model.errors import LedgerError
 from bksim.model.invariants import InvariantError
-from bksim.model.status import TopicStatus
+from bksim.model.status import LedgerStatus, TopicStatus
 from bksim.topics import managed_ledger
 from bksim.topics.managed_ledger import FINAL, TRANSITIONS, ManagedLedger, ManagedLedgerState, ManagedLedgerStateError
 from bksim.topics.names import TopicName
@@ -151,6 +152,52 @@ def test_trim_deletes_only_a_consumed_prefix_metadata_first():
         checked(ml)
         for lid in deleted:
             assert await store.session("x").exists(f"/ledgers/00/0000/L{lid:04d}") is None
+    run(main())
+
+
+class FlakyDeletes:
+    """The topic's ledger service, but the first `failures` deletes fail with a metadata error (ZooKeeper away)."""
+
+    def __init__(self, inner, failures: int) -> None:
+        self.inner, self.failures, self.calls = inner, failures, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def delete_ledger(self, ledger_id, *, password):
+        self.calls.append(ledger_id)
+        if self.failures > 0:
+            self.failures -= 1
+            raise LedgerError(LedgerStatus.METADATA_ERROR, "ZooKeeper unreachable")
+        await self.inner.delete_ledger(ledger_id, password=password)
+
+
+@pytest.mark.parametrize("failures, deleted", [(2, True), (3, False)])
+def test_a_trimmed_ledger_whose_delete_fails_is_deleted_again_later_three_tries_in_all(failures, deleted):
+    """Pulsar deletes a ledger the topic no longer lists up to DEFAULT_LEDGER_DELETE_RETRIES (3) times,
+    DEFAULT_LEDGER_DELETE_BACKOFF_TIME_SEC (60 s) apart; after that the ledger leaks (its metadata and its entries)."""
+    async def main():
+        store, _, [plain] = await world(TopicConfig(ledger_entries_max=5))
+        flaky = FlakyDeletes(plain._ledgers, failures)
+        clock = ManualClock()
+        ml = ManagedLedger(TOPIC, ledgers=flaky, store=plain._store, clock=clock, config=plain.config)
+        await ml.open()
+        positions = [await ml.append(b"m%d" % i) for i in range(10)]
+        victim = ml.ledger_ids()[0]
+        assert await ml.trim(positions[4], retention_ms=0, retention_bytes=-1) == [victim]
+        path = f"/ledgers/00/0000/L{victim:04d}"
+        assert flaky.calls == [victim] and await store.session("x").exists(path) is not None
+        for tries in (2, 3):
+            await wait_until_async(lambda: clock.sleepers > 0, 5.0, message="a retry waiting")
+            clock.advance(managed_ledger.LEDGER_DELETE_BACKOFF_MS - 1)
+            await asyncio.sleep(0)
+            assert len(flaky.calls) == tries - 1  # not before the back-off
+            clock.advance(1)
+            await wait_until_async(lambda: len(flaky.calls) == tries, 5.0, message=f"try {tries}")
+        gone = await store.session("x").exists(path) is None
+        assert gone == deleted
+        await asyncio.sleep(0)
+        assert clock.sleepers == 0 and flaky.calls == [victim] * managed_ledger.LEDGER_DELETE_RETRIES
     run(main())
 
 
