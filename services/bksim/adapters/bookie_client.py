@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Sequence
 
 import grpc
@@ -39,6 +40,7 @@ _NO_ANSWER_CODES = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"}
 
 _AddRequest = bookie_pb2.AddRequest
 _AddEntry = bookie_pb2.AddEntry
+_ENTRY, _KEY, _FLAGS = itemgetter(0), itemgetter(1), itemgetter(2)  # of (entry bytes, master key, flags)
 
 
 
@@ -132,8 +134,8 @@ def make_request(batch_id: int, entries: Sequence[tuple[bytes, bytes, int]]) -> 
     if not entries:
         return _AddRequest(batch_id=batch_id)
     _, key, flags = entries[0]
-    if all(k == key and f == flags for _, k, f in entries):
-        return _AddRequest(batch_id=batch_id, data=[e for e, _, _ in entries], master_key=key, flags=flags)
+    if len(set(map(_KEY, entries))) == 1 and len(set(map(_FLAGS, entries))) == 1:  # C loops: hundreds per request
+        return _AddRequest(batch_id=batch_id, data=list(map(_ENTRY, entries)), master_key=key, flags=flags)
     return _AddRequest(batch_id=batch_id,
                        entries=[_AddEntry(entry=e, master_key=k, flags=f) for e, k, f in entries])
 

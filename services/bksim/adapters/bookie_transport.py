@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from operator import itemgetter
 from typing import Awaitable, Callable, Mapping, Sequence
 
 import grpc
@@ -72,6 +73,7 @@ _ReadEntryRequest = bookie_pb2.ReadEntryRequest
 _ReadLacRequest = bookie_pb2.ReadLacRequest
 _ReadEntriesRequest = bookie_pb2.ReadEntriesRequest
 _ListEntriesRequest = bookie_pb2.ListEntriesRequest
+_ENTRY, _KEY = itemgetter(0), itemgetter(1)  # of an add's (entry bytes, master key, flags)
 _ENTRY_OVERHEAD = 32  # protobuf bytes of one AddEntry besides its entry and master key (tags, lengths, flags)
 _REQUEST_OVERHEAD = 64  # protobuf bytes of an AddRequest besides its entries
 _OK = StatusCode.OK
@@ -248,7 +250,8 @@ class GrpcBookieTransport:
         s = self._streams.get(bookie)
         if s is None or s.stream.error is not None:
             s = await self._open_stream(bookie, deadline)
-        if n == 1 or sum([len(e) + len(k) for e, k, _ in entries]) + n * _ENTRY_OVERHEAD <= self._request_bytes_max:
+        if n == 1 or (sum(map(len, map(_ENTRY, entries))) + sum(map(len, map(_KEY, entries))) + n * _ENTRY_OVERHEAD
+                      <= self._request_bytes_max):
             parts = (entries,)
         else:
             parts = self._split(entries)

@@ -232,16 +232,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             async for request in request_iterator:
                 handle = await service.appender(request.ledger_id, request.password)
                 limit = self._config.payload_bytes_max
-                for i, payload in enumerate(request.payloads):  # all or nothing: check before appending any
-                    if len(payload) > limit:
-                        raise LedgerError(LedgerStatus.BAD_REQUEST,
-                                          f"payload {i} of request {request.request_id} has "
-                                          f"{len(payload)} bytes, more than payload_bytes_max {limit}")
+                payloads = list(request.payloads)  # each read of a repeated bytes field makes a new copy
+                if payloads and max(map(len, payloads)) > limit:  # all or nothing: check before appending any
+                    i = next(i for i, payload in enumerate(payloads) if len(payload) > limit)
+                    raise LedgerError(LedgerStatus.BAD_REQUEST,
+                                      f"payload {i} of request {request.request_id} has "
+                                      f"{len(payloads[i])} bytes, more than payload_bytes_max {limit}")
                 await handle.wait_for_room()  # then the whole request: its ids stay consecutive (the
                 # overshoot is bounded by one request, itself bounded by the frame size)
                 first = handle.writer.last_add_pushed + 1
-                last = handle.append_many(request.payloads) if request.payloads else None
-                await queue.put((request.request_id, first, len(request.payloads), last, handle))
+                last = handle.append_many(payloads) if payloads else None
+                await queue.put((request.request_id, first, len(payloads), last, handle))
             await queue.put(None)
         except LedgerError as e:
             await queue.put(e)

@@ -1,6 +1,6 @@
 """The shell that runs a sans-I/O ledger writer (or a recovery's write-back writer) against the world.
 
-Owns, for one ledger: the per-bookie outboxes of SendAdd commands (flushed once per event-loop turn, in
+Owns, for one ledger: the per-bookie outboxes of SendAdd and SendAdds commands (flushed once per event-loop turn, in
 batches of at most `add_batch_entries_max` entries, so a stream of appends becomes few AddEntries requests; while
 `add_requests_per_bookie_max` requests to a bookie are unanswered its outbox waits and fills, and goes out at the
 next answer: batches grow with the load, and a bookie that keeps up sees no wait),
@@ -29,9 +29,11 @@ remain).
 from __future__ import annotations
 
 import asyncio
+from itertools import repeat
+from operator import itemgetter
 from typing import Awaitable, Callable, Sequence
 
-from bksim.ledger.writer import Acknowledge, AddsFailed, CloseLedger, SendAdd, UpdateEnsemble
+from bksim.ledger.writer import Acknowledge, AddsFailed, CloseLedger, SendAdd, SendAdds, UpdateEnsemble
 from bksim.metadata.ledger_metadata import LedgerMetadata, LedgerState
 from bksim.metadata.ledger_manager import read_ledger_metadata, write_ledger_metadata
 from bksim.model.errors import (BadVersionError, BookieUnreachable, ConnectionLossError, LedgerStateError,
@@ -41,6 +43,8 @@ from bksim.ports.bookie_transport import BookieTransport
 from bksim.ports.metadata import MetadataStore
 
 Log = Callable[[str], None]
+_ID, _ENTRY, _FLAGS = itemgetter(0), itemgetter(1), itemgetter(2)  # of an outbox item (entry id, entry bytes, flags)
+_OK = StatusCode.OK
 
 
 def cancelled_underneath() -> bool:
@@ -111,11 +115,15 @@ class LedgerDriver:
             return
         for command in commands:
             kind = type(command)
-            if kind is SendAdd:
+            if kind is SendAdds or kind is SendAdd:
                 box = self._outboxes.get(command.bookie)
                 if box is None:
                     box = self._outboxes[command.bookie] = []
-                box.append((command.entry_id, command.entry, FLAG_RECOVERY_ADD if command.recovery else 0))
+                flags = FLAG_RECOVERY_ADD if command.recovery else 0
+                if kind is SendAdds:
+                    box.extend(zip(command.entry_ids, command.entries, repeat(flags)))
+                else:
+                    box.append((command.entry_id, command.entry, flags))
                 if not self._flush_scheduled:
                     self._flush_scheduled = True
                     asyncio.get_running_loop().call_soon(self._flush)
@@ -191,7 +199,8 @@ class LedgerDriver:
     async def _send_once(self, bookie: str, items: list[tuple[int, bytes, int]]) -> None:
         key = self._master_key
         try:
-            statuses: list = await self._transport.add(bookie, [(entry, key, flags) for _, entry, flags in items])
+            statuses: list = await self._transport.add(bookie, list(zip(map(_ENTRY, items), repeat(key),
+                                                                        map(_FLAGS, items))))
             if len(statuses) != len(items):
                 raise BookieUnreachable(bookie, f"answered {len(statuses)} statuses for {len(items)} entries")
         except BookieUnreachable as e:
@@ -204,11 +213,13 @@ class LedgerDriver:
             self._log_unanswered(bookie, len(items), "the call was cancelled underneath (not by this broker)")
             statuses = [None] * len(items)
         writable: Sequence[str] = ()
-        if any(s is not StatusCode.OK and s not in (StatusCode.FENCED, StatusCode.UNAUTHORIZED) for s in statuses):
+        if statuses.count(_OK) != len(statuses) and any(s is not _OK and s not in (StatusCode.FENCED,
+                                                                                 StatusCode.UNAUTHORIZED)
+                                                        for s in statuses):
             writable = await self._writable_or_none()
         if self._stopped:
             return
-        self.execute(self._sink_add_results(bookie, [entry_id for entry_id, _, _ in items], statuses, writable))
+        self.execute(self._sink_add_results(bookie, list(map(_ID, items)), statuses, writable))
 
     def _log_unanswered(self, bookie: str, count: int, why: str) -> None:
         """One line per bookie and reason: a failed stream hands the same reason to every add that was pending on

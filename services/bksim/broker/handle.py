@@ -58,20 +58,19 @@ class LedgerHandle(LedgerDriver):
         of the batch and every earlier one reached Qa."""
         if self.error is not None:
             raise self.error
-        for payload in payloads:
-            if len(payload) > self._payload_max:
-                raise LedgerError(LedgerStatus.BAD_REQUEST, f"payload of {len(payload)} bytes exceeds "
-                                                            f"payload_bytes_max {self._payload_max}")
+        largest = max(map(len, payloads), default=0)
+        if largest > self._payload_max:
+            raise LedgerError(LedgerStatus.BAD_REQUEST, f"payload of {largest} bytes exceeds "
+                                                        f"payload_bytes_max {self._payload_max}")
         if self._closing or self.writer.state not in (WriterState.WRITING, WriterState.CHANGING_ENSEMBLE):
             raise LedgerError(LedgerStatus.LEDGER_CLOSED, f"ledger {self.ledger_id} is closed or closing")
         if not payloads:
             raise LedgerError(LedgerStatus.BAD_REQUEST, "nothing to append")
-        writer, execute = self.writer, self.execute
-        for payload in payloads:
-            self._inflight += 1
-            execute(writer.append(payload))
-            if self.error is not None:  # the handle failed meanwhile: so did what this call appended
-                raise self.error
+        writer = self.writer
+        self._inflight += len(payloads)
+        self.execute(writer.append_many(payloads))
+        if self.error is not None:  # the handle failed meanwhile: so did what this call appended
+            raise self.error
         future = asyncio.get_running_loop().create_future()
         self._futures[writer.last_add_pushed] = future
         if self._inflight >= self._inflight_max:

@@ -81,6 +81,17 @@ class SendAdd:
 
 
 @dataclass(slots=True)
+class SendAdds:
+    """SendAdd of several entries to one bookie, in entry-id order: `entries[i]` is entry `entry_ids[i]` (what
+    append_many emits, one per bookie, instead of a SendAdd per entry and bookie). Several commands may share the
+    same lists: read them, never change them."""
+    bookie: str
+    entry_ids: list[int]
+    entries: list[bytes]
+    recovery: bool = False
+
+
+@dataclass(slots=True)
 class Acknowledge:
     """The application's add of `entry_id` succeeded; LAC is now `entry_id` (emitted in id order)."""
     entry_id: int
@@ -113,7 +124,7 @@ class CloseLedger:
     length: int
 
 
-Command = SendAdd | Acknowledge | AddsFailed | UpdateEnsemble | CloseLedger
+Command = SendAdd | SendAdds | Acknowledge | AddsFailed | UpdateEnsemble | CloseLedger
 
 
 @dataclass(slots=True)
@@ -156,6 +167,8 @@ class LedgerWriter:
         e = len(self.ensemble)
         self._write_sets = [tuple(write_set_indexes(i, e, write_quorum_size)) for i in range(e)]
         self._write_set_members = [frozenset(ws) for ws in self._write_sets]
+        self._index_tables: dict[str, list[int | None]] = {}  # bookie -> its index in the write set of e % E
+        self._tables_of: tuple[str, ...] = self.ensemble  # the ensemble the tables were made for
         self.events = 0  # events taken so far: a checker re-checks the invariants only after a new one
         self._seen = (last_add_confirmed, length)  # (LAC, confirmed_length) at the last check_invariants()
 
@@ -163,10 +176,7 @@ class LedgerWriter:
     def append(self, payload: bytes) -> list[Command]:
         """Assign the next entry id (LAP + 1) and send it to its write set (held while the ensemble changes)."""
         self.events += 1
-        if self.state not in (WriterState.WRITING, WriterState.CHANGING_ENSEMBLE) or self._close_requested:
-            raise WriterError(f"ledger {self.ledger_id}: cannot append in state {self.state.value}"
-                              + (f" ({self.failure})" if self.failure else "")
-                              + (" (closing)" if self._close_requested else ""))
+        self._check_appendable()
         entry_id = self.last_add_pushed + 1
         self.last_add_pushed = entry_id
         self.length += len(payload)
@@ -177,6 +187,39 @@ class LedgerWriter:
         if self.state is WriterState.CHANGING_ENSEMBLE:
             return []
         return self._send(pending)
+
+    def append_many(self, payloads: Sequence[bytes]) -> list[Command]:
+        """append() of each payload in turn, as one event: consecutive entry ids, and one SendAdds per bookie of
+        the write sets (none while the ensemble changes: the entries wait, as append()'s do)."""
+        self.events += 1
+        self._check_appendable()
+        sending = self.state is WriterState.WRITING
+        ledger_id, digest_type, lac, pending = self.ledger_id, self._digest_type, self.last_add_confirmed, self._pending
+        entry_id, length = self.last_add_pushed, self.length
+        ids: list[int] = []
+        entries: list[bytes] = []
+        for payload in payloads:
+            entry_id += 1
+            length += len(payload)
+            entry = encode_entry(ledger_id, entry_id, lac, length, payload, digest_type)
+            p = pending[entry_id] = _Pending(entry_id, entry, length)
+            p.sent = sending
+            ids.append(entry_id)
+            entries.append(entry)
+        self.last_add_pushed, self.length = entry_id, length
+        if not sending:
+            return []
+        ensemble, recovery, e = self.ensemble, self.recovery, len(self.ensemble)
+        if self.write_quorum_size == e:  # every entry to every bookie: the lists are shared
+            return [SendAdds(bookie, ids, entries, recovery) for bookie in ensemble]
+        by_index: list[tuple[list[int], list[bytes]]] = [([], []) for _ in range(e)]
+        write_sets = self._write_sets
+        for entry_id, entry in zip(ids, entries):
+            for i in write_sets[entry_id % e]:
+                to = by_index[i]
+                to[0].append(entry_id)
+                to[1].append(entry)
+        return [SendAdds(ensemble[i], to[0], to[1], recovery) for i, to in enumerate(by_index) if to[0]]
 
     def append_existing(self, entry: bytes, ledger_length: int) -> list[Command]:
         """Recovery write-back: send an entry exactly as a bookie returned it (same bytes on every replica:
@@ -230,12 +273,13 @@ class LedgerWriter:
         self.events += 1
         if self.state in (WriterState.FAILED, WriterState.CLOSED):
             return []
-        if all(s is StatusCode.OK for s in statuses):
-            pending = self._pending
+        if statuses.count(StatusCode.OK) == len(statuses):
+            pending, first, e = self._pending, self.segment_first_entry_id, len(self.ensemble)
+            table = self._index_table(bookie)
             for entry_id in entry_ids:
                 p = pending.get(entry_id)
-                if p is not None:
-                    index = self._index_of(bookie, entry_id)
+                if p is not None and entry_id >= first:
+                    index = table[entry_id % e]
                     if index is not None:
                         p.acked.add(index)
             return self._acknowledge_ready()
@@ -374,6 +418,25 @@ class LedgerWriter:
             if ensemble[i] == bookie:
                 return i
         return None
+
+    def _check_appendable(self) -> None:
+        if self.state not in (WriterState.WRITING, WriterState.CHANGING_ENSEMBLE) or self._close_requested:
+            raise WriterError(f"ledger {self.ledger_id}: cannot append in state {self.state.value}"
+                              + (f" ({self.failure})" if self.failure else "")
+                              + (" (closing)" if self._close_requested else ""))
+
+    def _index_table(self, bookie: str) -> list[int | None]:
+        """For each e % E, the index of `bookie` in the write set of entry e in the current ensemble, or None:
+        _index_of as a table (for entries of the current segment)."""
+        if self._tables_of is not self.ensemble:
+            self._index_tables.clear()
+            self._tables_of = self.ensemble
+        table = self._index_tables.get(bookie)
+        if table is None:
+            ensemble = self.ensemble
+            table = self._index_tables[bookie] = [next((i for i in ws if ensemble[i] == bookie), None)
+                                                  for ws in self._write_sets]
+        return table
 
     def _send(self, pending: _Pending) -> list[Command]:
         pending.sent = True

@@ -11,8 +11,8 @@ import pytest
 
 from bksim.formats.entry import decode_entry
 from bksim.ledger.quorum import write_set_indexes
-from bksim.ledger.writer import (Acknowledge, AddsFailed, CloseLedger, LedgerWriter, SendAdd, UpdateEnsemble,
-                                 WriterError, WriterState)
+from bksim.ledger.writer import (Acknowledge, AddsFailed, CloseLedger, LedgerWriter, SendAdd, SendAdds,
+                                 UpdateEnsemble, WriterError, WriterState)
 from bksim.model.invariants import InvariantError
 from bksim.model.status import StatusCode as S
 
@@ -198,6 +198,8 @@ def test_random_schedules_keep_the_invariants(seed):
         for c in commands:
             if isinstance(c, SendAdd):
                 inflight.append(c)
+            elif isinstance(c, SendAdds):
+                inflight.extend(SendAdd(c.bookie, i, entry, c.recovery) for i, entry in zip(c.entry_ids, c.entries))
             elif isinstance(c, Acknowledge):
                 acknowledged.append(c.entry_id)
             elif isinstance(c, AddsFailed):
@@ -211,8 +213,10 @@ def test_random_schedules_keep_the_invariants(seed):
         if w.state is WriterState.FAILED:
             break
         roll = rng.random()
-        if roll < 0.3 and w.state is not WriterState.CLOSING:
+        if roll < 0.2 and w.state is not WriterState.CLOSING:
             run(w.append(bytes([step % 256])))
+        elif roll < 0.3 and w.state is not WriterState.CLOSING:
+            run(w.append_many([bytes([step % 256, k]) for k in range(rng.randint(1, 4))]))
         elif roll < 0.4 and change is not None:
             if segments[-1][0] == change.first_entry_id:
                 segments[-1] = (change.first_entry_id, change.ensemble)
@@ -264,6 +268,61 @@ def test_batched_answers_give_the_same_commands_as_one_by_one(seed):
         assert (one.state, one.last_add_confirmed) == (many.state, many.last_add_confirmed)
         if one.state is not WriterState.WRITING:
             break
+
+
+def expand(commands):
+    """(bookie, entry id, entry bytes, recovery) of every SendAdd, and of every entry of every SendAdds."""
+    out = []
+    for c in commands:
+        if isinstance(c, SendAdd):
+            out.append((c.bookie, c.entry_id, c.entry, c.recovery))
+        elif isinstance(c, SendAdds):
+            assert len(c.entry_ids) == len(c.entries) and c.entry_ids == sorted(c.entry_ids)
+            out += [(c.bookie, i, entry, c.recovery) for i, entry in zip(c.entry_ids, c.entries)]
+    return out
+
+
+def state_of(w):
+    return (w.state, w.last_add_confirmed, w.last_add_pushed, w.length, w.confirmed_length, w.ensemble,
+            [(p.entry_id, p.entry, p.length, p.sent, sorted(p.acked)) for p in w._pending.values()])
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_appending_a_batch_sends_the_same_entries_and_leaves_the_same_state_as_one_by_one(seed):
+    """append_many(payloads) == append() of each in turn: the same entries (bytes, ids, LAC and length
+    piggybacked) to the same bookies in the same order per bookie, and the same writer state; also while an
+    ensemble change is pending (nothing sent then; the change's end sends both writers' waiting entries alike)."""
+    rng = random.Random(seed)
+    e = rng.randint(1, 5)
+    qw = rng.randint(1, e)
+    qa = rng.randint(1, qw)
+    one, many = writer(e, qw, qa, rng_seed=seed), writer(e, qw, qa, rng_seed=seed)
+    pending_change: UpdateEnsemble | None = None
+    for step in range(12):
+        payloads = [bytes([step, k]) * rng.randint(1, 3) for k in range(rng.randint(1, 6))]
+        singles = []
+        for payload in payloads:
+            singles += one.append(payload)
+        batched = many.append_many(payloads)
+        for bookie in B:
+            assert [x for x in expand(batched) if x[0] == bookie] == [x for x in expand(singles) if x[0] == bookie]
+        assert not [c for c in batched if not isinstance(c, SendAdds)]
+        assert state_of(many) == state_of(one)
+        many.check_invariants()
+        if one.state is WriterState.WRITING and rng.random() < 0.5:  # acknowledge the oldest entry everywhere
+            head = one.last_add_confirmed + 1
+            for bookie in B[:e]:
+                assert acks(one.on_add_result(head, bookie, S.OK)) == acks(many.on_add_result(head, bookie, S.OK))
+        elif one.state is WriterState.WRITING and e < len(B) and rng.random() < 0.3:  # a bookie fails: a change
+            bookie = rng.choice(one.ensemble)
+            change = one.on_add_result(one.last_add_pushed, bookie, S.IO_ERROR, B)
+            assert change == many.on_add_result(many.last_add_pushed, bookie, S.IO_ERROR, B)
+            pending_change = next((c for c in change if isinstance(c, UpdateEnsemble)), None)
+        elif pending_change is not None and rng.random() < 0.5:
+            first, ensemble, pending_change = pending_change.first_entry_id, pending_change.ensemble, None
+            assert expand(one.on_ensemble_changed(first, ensemble)) == expand(many.on_ensemble_changed(first, ensemble))
+        assert state_of(many) == state_of(one)
+        many.check_invariants()
 
 
 def _corrupt_lac_above_lap(w):
