@@ -270,3 +270,48 @@ def test_the_html_report_shows_the_verdict_the_acks_per_second_and_links_the_aud
     assert page.index("FAIL") < page.index("<svg") and "liveness: no ledger acknowledgement" in page
     assert page.count("<polyline") == 1 and page.count('stroke="var(--bad)"') == 1  # one stream, one fault
     assert "kill -9 &lt;bookie-2&gt;" in page and "<bookie-2>" not in page
+
+
+def test_a_wiped_bookie_is_formatted_only_once_its_killed_predecessors_registration_is_gone(tmp_path, monkeypatch):
+    """`bksim bookie format` refuses a bookie still registered (a kill -9 leaves the registration until the session
+    expires): the operator's re-initialisation waits for it to go, however fast the wiped bookie refused to start."""
+    from types import SimpleNamespace
+
+    log = tmp_path / "bookie-3.log"
+    log.write_text("")
+
+    class Cluster:
+        run_dir = str(tmp_path)
+        def __init__(self):
+            self.registered = True  # the predecessor's session has not expired yet
+            self.calls: list[str] = []
+
+        def spawn(self, node):
+            node.pid = 4242
+            with open(log, "a") as f:
+                f.write("bksim: error: the journal directory was wiped\n")
+            self.calls.append("spawn")
+
+        def wait_registration(self, node, wanted, timeout_s):
+            self.registered = False
+            self.calls.append("registration gone")
+            return 1.2 if wanted(None) else None
+
+        def wait_registered(self, node):
+            self.calls.append("registered")
+            return 0.1
+
+    def format_bookie(node, cwd):
+        if cluster.registered:
+            raise actions.ChaosError("bookie is registered as running: stop it before formatting")
+        cluster.calls.append("format")
+        return "formatted"
+
+    cluster = Cluster()
+    node = SimpleNamespace(name="bookie-3", log_path=str(log), pid=None)
+    state = SimpleNamespace(cluster=cluster, recorder=SimpleNamespace(event=lambda *a, **k: None), failed_checks=[])
+    monkeypatch.setattr(actions.processes, "wait_status", lambda pid, timeout_s: 2)  # refuses at once
+    monkeypatch.setattr(actions, "format_bookie", format_bookie)
+    actions.reformat_restart(state, None, [node])
+    assert cluster.calls == ["spawn", "registration gone", "format", "spawn", "registered"]
+    assert state.failed_checks == []

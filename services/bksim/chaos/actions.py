@@ -45,6 +45,7 @@ STOP_TIMEOUT_S = 15.0  # SIGTERM of a bookie before its entry log is damaged
 READ_ONLY_TIMEOUT_S = 20.0  # a bookie whose disk filled (or drained) re-registers within this
 DISK_FULL_FRACTION = 0.98  # the balloon fills the ledger disk this far (disk_usage_threshold is 0.95)
 FORMAT_TIMEOUT_S = 60.0
+REGISTRATION_GONE_TIMEOUT_S = 30.0  # a killed bookie's registration goes with its ZooKeeper session within this
 REREPLICATION_TIMEOUT_S = 60.0  # autorecovery restores every closed ledger after a loss or damage within this
 HEAL_TIMEOUT_S = 60.0
 ELECTION_TIMEOUT_S = 30.0  # the ZooKeeper servers left with a quorum elect a leader within this
@@ -387,6 +388,13 @@ def reformat_restart(state: RunState, step: Step, victims: list[Node]) -> None:
                                            f"{said[-600:]}")
             rec.event("recovered", f"{v.name} refused to start on wiped directories (exit {status}): "
                                    f"{reason[:160]}")
+        # `bookie format` refuses a bookie still registered, and the killed one stays so until its session expires
+        gone = cluster.wait_registration(v, lambda doc: doc is None, REGISTRATION_GONE_TIMEOUT_S)
+        if gone is None:
+            state.failed_checks.append(f"{v.name}'s registration outlived its killed process by "
+                                       f"{REGISTRATION_GONE_TIMEOUT_S:.0f} s")
+            continue
+        rec.event("recovered", f"{v.name}'s registration expired with its session", seconds=round(gone, 3))
         done = format_bookie(v, cluster.run_dir)
         rec.event("heal", f"operator: bksim bookie format --delete-cookie --force on {v.name}: {done}")
         cluster.spawn(v)
