@@ -67,8 +67,9 @@ class LedgerHandle(LedgerDriver):
         if not payloads:
             raise LedgerError(LedgerStatus.BAD_REQUEST, "nothing to append")
         writer = self.writer
+        commands = writer.append_many(payloads)  # raises before any entry is taken when the writer cannot append
         self._inflight += len(payloads)
-        self.execute(writer.append_many(payloads))
+        self.execute(commands)
         if self.error is not None:  # the handle failed meanwhile: so did what this call appended
             raise self.error
         future = asyncio.get_running_loop().create_future()
