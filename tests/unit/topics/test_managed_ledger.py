@@ -190,13 +190,12 @@ def test_a_trimmed_ledger_whose_delete_fails_is_deleted_again_later_three_tries_
         for tries in (2, 3):
             await wait_until_async(lambda: clock.sleepers > 0, 5.0, message="a retry waiting")
             clock.advance(managed_ledger.LEDGER_DELETE_BACKOFF_MS - 1)
-            await asyncio.sleep(0)
-            assert len(flaky.calls) == tries - 1  # not before the back-off
+            assert clock.sleepers == 1 and len(flaky.calls) == tries - 1  # not before the back-off
             clock.advance(1)
             await wait_until_async(lambda: len(flaky.calls) == tries, 5.0, message=f"try {tries}")
+        await wait_until_async(lambda: not ml._deletions, 5.0, message="the last try to end")
         gone = await store.session("x").exists(path) is None
         assert gone == deleted
-        await asyncio.sleep(0)
         assert clock.sleepers == 0 and flaky.calls == [victim] * managed_ledger.LEDGER_DELETE_RETRIES
     run(main())
 
