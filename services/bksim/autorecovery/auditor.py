@@ -78,7 +78,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable, Iterator, Sequence, TypeVar
 
-from bksim.autorecovery.marks import UnderReplicationMarks, void_lost_on
+from bksim.autorecovery.marks import UnderReplicationMarks
 from bksim.broker.driver import cancelled_underneath
 from bksim.formats.entry import decode_entry
 from bksim.ledger.quorum import write_set_indexes
@@ -414,15 +414,10 @@ class Auditor:
     async def withdraw_void_verdicts(self, registered: set[str]) -> dict[int, list[str]]:
         """Withdraw every lost verdict that counted the silence of a bookie `registered` now as "no copy" (see
         the module docstring). {ledger id: those bookies} for the verdicts withdrawn."""
-        withdrawn: dict[int, list[str]] = {}
-        for mark in await self.marks.list():
-            if not void_lost_on(mark, registered):
-                continue
-            _, back = await self.marks.withdraw_void_lost(mark, registered)
-            if back:
-                withdrawn[mark.ledger_id] = back
-                self._log(f"auditor: ledger {mark.ledger_id}: its lost verdict counted the silence of {back}, "
-                          f"registered again: withdrawn (the ledger stays marked)")
+        _, withdrawn = await self.marks.withdraw_void_verdicts(await self.marks.list(), registered)
+        for ledger_id, back in withdrawn.items():
+            self._log(f"auditor: ledger {ledger_id}: its lost verdict counted the silence of {back}, registered "
+                      f"again: withdrawn (the ledger stays marked)")
         return withdrawn
 
     async def check_bookies(self, *, full: bool = False) -> dict:

@@ -193,6 +193,24 @@ class UnderReplicationMarks:
                     return None, []
         raise AssertionError("unreachable")
 
+    async def withdraw_void_verdicts(self, marks: Iterable[Mark], registered: Iterable[str]
+                                     ) -> tuple[list[Mark], dict[int, list[str]]]:
+        """`withdraw_void_lost` of each of `marks` whose lost verdict is void. Returns the marks as stored now (those
+        gone meanwhile left out) and {ledger id: the registered bookies of the verdict} for each one withdrawn."""
+        registered = set(registered)
+        current: list[Mark] = []
+        withdrawn: dict[int, list[str]] = {}
+        for mark in marks:
+            if void_lost_on(mark, registered):
+                ledger_id = mark.ledger_id
+                mark, back = await self.withdraw_void_lost(mark, registered)
+                if back:
+                    withdrawn[ledger_id] = back
+                if mark is None:
+                    continue
+            current.append(mark)
+        return current, withdrawn
+
     async def _delete_empty_parents(self, path: str) -> None:
         parent = path
         for _ in range(HEX_LEVELS):

@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol, Sequence
 
 from bksim.autorecovery.auditor import missing_entries, required_entries, verify_copies
-from bksim.autorecovery.marks import Mark, UnderReplicationMarks, void_lost_on
+from bksim.autorecovery.marks import Mark, UnderReplicationMarks
 from bksim.broker.driver import cancelled_underneath
 from bksim.broker.ledgers import LedgerService
 from bksim.formats.entry import decode_entry, master_key
@@ -249,19 +249,10 @@ class ReplicationWorker:
         ledger is claimable again at once. A ledger this worker left because it found it lost is claimable at
         once, too, when its mark no longer carries a verdict (withdrawn by the auditor or another worker)."""
         if any(m.lost_entries and m.lost_on for m in listed):
-            registered = await self._registered()
-            current = []
-            for mark in listed:
-                if void_lost_on(mark, registered):
-                    stored, back = await self._marks.withdraw_void_lost(mark, registered)
-                    if back:
-                        self._log(f"autorecovery worker {self.owner_id}: ledger {mark.ledger_id}: {back} registered "
-                                  f"again since it was found lost: the verdict is withdrawn, tried again now")
-                    if stored is None:
-                        continue  # gone meanwhile
-                    mark = stored
-                current.append(mark)
-            listed = current
+            listed, withdrawn = await self._marks.withdraw_void_verdicts(listed, await self._registered())
+            for ledger_id, back in withdrawn.items():
+                self._log(f"autorecovery worker {self.owner_id}: ledger {ledger_id}: {back} registered again since "
+                          f"it was found lost: the verdict is withdrawn, tried again now")
         for mark in listed:
             if mark.ledger_id in self._lost_waits and not mark.lost_entries:
                 self._lost_waits.discard(mark.ledger_id)
