@@ -229,6 +229,38 @@ def test_batch_larger_than_a_frame_is_sent_as_consecutive_requests(bookie, zk):
     assert whole_stats["streams_opened"] == 2 and whole_stats["channels_retired"] == 0, whole_stats
 
 
+def test_equal_batches_for_several_bookies_are_serialized_once_and_stored_by_each(bookie, zk, zookeeper, bookies,
+                                                                                  tmp_path):
+    """A writer sends the same entries to every bookie of its write set, one add per bookie: the second add
+    sends the first one's requests again (same batch ids, same bytes, here split in two by the frame limit), and
+    each bookie stores every entry. A caller that refills its list for the next batch gets new requests."""
+    other = BookieProcess(zookeeper, tmp_path)
+    bookies.append(other)
+    other.start(zk)
+    ledger = 340
+    payload = b"w" * (300 * 1024)
+
+    async def scenario():
+        async with transport_on(zk, frame_bytes_max=FRAME_BYTES_MAX) as (t, _):
+            batch = adds(ledger, 0, 5, payload)  # 1.5 MiB: two requests
+            first = await t.add(CUSTOM_ID, batch)
+            copy = await t.add(other.bookie_id, list(batch))  # equal entries, another list
+            after_copy = dict(t.stats)
+            batch[:] = adds(ledger, 5, 2)  # the same list, refilled
+            refilled = [await t.add(b, batch) for b in (CUSTOM_ID, other.bookie_id)]
+            reads = {b: [await t.read_entry(b, ledger, i) for i in range(7)] for b in (CUSTOM_ID, other.bookie_id)}
+            return first, copy, after_copy, refilled, reads, dict(t.stats)
+
+    first, copy, after_copy, refilled, reads, stats = run(scenario())
+    assert first == copy == [StatusCode.OK] * 5
+    assert after_copy["requests"] == 4 and after_copy["requests_reused"] == 2, after_copy
+    assert refilled == [[StatusCode.OK] * 2] * 2
+    assert stats["requests"] == 6 and stats["requests_reused"] == 3, stats
+    expected = [(StatusCode.OK, entry(ledger, i, payload)) for i in range(5)]
+    expected += [(StatusCode.OK, entry(ledger, i)) for i in (5, 6)]
+    assert reads == {CUSTOM_ID: expected, other.bookie_id: expected}
+
+
 def test_late_answer_raises_at_the_deadline_and_breaks_only_that_stream(bookie, zk):
     ledger = 320
     timeout_ms = 800

@@ -41,8 +41,7 @@ _NO_ANSWER_CODES = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"}
 _AddRequest = bookie_pb2.AddRequest
 _AddEntry = bookie_pb2.AddEntry
 _ENTRY, _KEY, _FLAGS = itemgetter(0), itemgetter(1), itemgetter(2)  # of (entry bytes, master key, flags)
-
-
+_ADD_ENTRIES_PATH = "/{}/AddEntries".format(bookie_pb2.DESCRIPTOR.services_by_name["Bookie"].full_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +139,21 @@ def make_request(batch_id: int, entries: Sequence[tuple[bytes, bytes, int]]) -> 
                        entries=[_AddEntry(entry=e, master_key=k, flags=f) for e, k, f in entries])
 
 
+class SerializedAddStub:
+    """A stub of `channel` whose AddEntries takes requests already serialized (bytes, see `AddStream.send_serialized`):
+    a request prepared once can go to several bookies without being built and serialized again for each."""
+    __slots__ = ("AddEntries",)
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.AddEntries = channel.stream_stream(_ADD_ENTRIES_PATH, request_serializer=None,
+                                                response_deserializer=bookie_pb2.AddResponse.FromString)
+
+
+def serialized_request(batch_id: int, entries: Sequence[tuple[bytes, bytes, int]]) -> bytes:
+    """The wire bytes of make_request(batch_id, entries), for a stream on a SerializedAddStub."""
+    return make_request(batch_id, entries).SerializeToString()
+
+
 class AddStream:
     """One pipelined AddEntries stream: up to `window_max` requests may await their responses.
 
@@ -205,6 +219,11 @@ class AddStream:
 
     async def send_request(self, request: bookie_pb2.AddRequest) -> asyncio.Future:
         """Send a prepared AddRequest (waits for window room); returns the future of its AddResult."""
+        return await self.send_serialized(request.batch_id, request)
+
+    async def send_serialized(self, batch_id: int, request) -> asyncio.Future:
+        """Send `request`, an AddRequest whose batch id is `batch_id`: the message, or its serialized bytes on a
+        stream of a SerializedAddStub (waits for window room); returns the future of its AddResult."""
         if self._error is not None:
             raise self._error
         if self._closed:
@@ -214,7 +233,7 @@ class AddStream:
             self._window.release()
             raise self._error
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((request.batch_id, future))
+        self._pending.append((batch_id, future))
         self._outbox.put_nowait(request)
         self.sent += 1
         return future

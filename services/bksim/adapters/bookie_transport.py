@@ -39,9 +39,14 @@ bookies that require one, hostname verification against the address the resolver
 UNAVAILABLE like a refused connection, and retires the channel the same way. The files are read when a
 channel is made, so a channel made after they changed presents the new certificate.
 
-Cost: per add, one AddRequest (one AddEntry per entry; besides, per entry only a size sum for batches of
-more than one entry, and a status mapping when some status is not OK), one future and one timer; no task
-per call.
+Batch ids come from one counter for all streams (a bookie only echoes them; answers are matched to requests by
+their order on the stream). The streams send requests serialized here (bookie_client.SerializedAddStub), and the
+transport keeps the requests of the last batch it prepared: a writer sends the same entries to each bookie of a
+write set, one call per bookie, and an add whose entries equal the previous add's sends those very bytes again.
+
+Cost: per add, a comparison with the previous add's entries; per batch, one AddRequest built and serialized
+(one AddEntry per entry, or the compact form; besides, per entry only a size sum for batches of more than one
+entry, and a status mapping when some status is not OK), one future and one timer per add; no task per call.
 """
 from __future__ import annotations
 
@@ -53,7 +58,7 @@ from typing import Awaitable, Callable, Mapping, Sequence
 
 import grpc
 
-from bksim.adapters.bookie_client import FRAME_BYTES_MAX, AddStream, make_request
+from bksim.adapters.bookie_client import FRAME_BYTES_MAX, AddStream, SerializedAddStub, serialized_request
 from bksim.bookie.requests import answered_count, list_all_entries
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.metadata.paths import bookie_path
@@ -186,7 +191,7 @@ def _status(value: int) -> StatusCode:
 
 class _Channel:
     """One gRPC channel to one bookie, with a subchannel pool of its own (see the module docstring)."""
-    __slots__ = ("address", "channel", "stub")
+    __slots__ = ("address", "channel", "stub", "add_stub")
 
     def __init__(self, address: str, frame_bytes_max: int, tls: ChannelSecurity | None = None) -> None:
         self.address = address
@@ -196,19 +201,19 @@ class _Channel:
             ("grpc.use_local_subchannel_pool", 1),
         ], tls)
         self.stub = bookie_pb2_grpc.BookieStub(self.channel)
+        self.add_stub = SerializedAddStub(self.channel)
 
     async def close(self) -> None:
         await self.channel.close()
 
 
 class _Stream:
-    """The add stream of one bookie (on `channel`), its batch-id counter and, once we broke it, why."""
-    __slots__ = ("channel", "stream", "next_batch", "why")
+    """The add stream of one bookie (on `channel`) and, once we broke it, why."""
+    __slots__ = ("channel", "stream", "why")
 
     def __init__(self, channel: _Channel, stream: AddStream) -> None:
         self.channel = channel
         self.stream = stream
-        self.next_batch = 0
         self.why: str | None = None
 
 
@@ -233,16 +238,20 @@ class GrpcBookieTransport:
         self._connecting: dict[str, asyncio.Task] = {}  # bookie -> resolve + channel, shared by its callers
         self._retiring: dict[str, asyncio.Task] = {}  # bookie -> close of its retired channel
         self._streams: dict[str, _Stream] = {}
+        self._next_batch = 0  # batch ids: one counter for every stream (a bookie only echoes them)
+        self._last_prepared: tuple[tuple, list[tuple[int, bytes]]] | None = None  # entries, their requests
         self._background: set[asyncio.Task] = set()
         self._closed = False
-        self.stats = {"adds": 0, "requests": 0, "entries": 0, "streams_opened": 0, "streams_broken": 0,
+        self.stats = {"adds": 0, "requests": 0, "requests_reused": 0, "entries": 0, "streams_opened": 0, "streams_broken": 0,
                       "channels_opened": 0, "channels_retired": 0, "read_batches": 0, "read_batch_continuations": 0,
                       "list_pages": 0}
 
     # -- the port ----------------------------------------------------------------------------------------
     async def add(self, bookie: str, entries: Sequence[tuple[bytes, bytes, int]]) -> list[StatusCode]:
         """Send `entries` on the bookie's stream; one status per entry, in order. One AddRequest, unless the
-        batch would not fit in one `frame_bytes_max` message: then consecutive requests (in entry order)."""
+        batch would not fit in one `frame_bytes_max` message: then consecutive requests (in entry order). The
+        requests of the batch the previous call sent are sent again as they are (same batch ids, same bytes) when
+        `entries` equals it: a writer's copies for its write set are serialized once."""
         n = len(entries)
         if n == 0:
             return []
@@ -250,22 +259,15 @@ class GrpcBookieTransport:
         s = self._streams.get(bookie)
         if s is None or s.stream.error is not None:
             s = await self._open_stream(bookie, deadline)
-        if n == 1 or (sum(map(len, map(_ENTRY, entries))) + sum(map(len, map(_KEY, entries))) + n * _ENTRY_OVERHEAD
-                      <= self._request_bytes_max):
-            parts = (entries,)
-        else:
-            parts = self._split(entries)
+        parts = self._prepared(entries)
         stream = s.stream
         answered_before = stream.answered
-        batch_id = s.next_batch
+        batch_id = parts[0][0]
         futures = []
         try:
             async with asyncio.timeout_at(deadline):
-                for part in parts:
-                    batch_id = s.next_batch
-                    s.next_batch = batch_id + 1
-                    request = make_request(batch_id, part)
-                    futures.append(await stream.send_request(request))
+                for batch_id, request in parts:
+                    futures.append(await stream.send_serialized(batch_id, request))
                 results = [await future for future in futures]
         except TimeoutError:
             if len(futures) == len(parts):
@@ -288,6 +290,28 @@ class GrpcBookieTransport:
         if not any(statuses):
             return [_OK] * n
         return [_status(v) for v in statuses]
+
+    def _prepared(self, entries: Sequence[tuple[bytes, bytes, int]]) -> list[tuple[int, bytes]]:
+        """(batch id, serialized AddRequest) of each request `entries` is sent in; those of the previous call
+        when it was given equal entries (compared by value: a caller may reuse its list)."""
+        key = tuple(entries)
+        last = self._last_prepared
+        if last is not None and last[0] == key:
+            self.stats["requests_reused"] += len(last[1])
+            return last[1]
+        n = len(key)
+        if n == 1 or (sum(map(len, map(_ENTRY, key))) + sum(map(len, map(_KEY, key))) + n * _ENTRY_OVERHEAD
+                      <= self._request_bytes_max):
+            parts = (key,)
+        else:
+            parts = self._split(key)
+        prepared = []
+        for part in parts:
+            batch_id = self._next_batch
+            self._next_batch = batch_id + 1
+            prepared.append((batch_id, serialized_request(batch_id, part)))
+        self._last_prepared = (key, prepared)
+        return prepared
 
     def _split(self, entries: Sequence[tuple[bytes, bytes, int]]) -> list[Sequence[tuple[bytes, bytes, int]]]:
         """Consecutive runs of `entries` that each fit in one request (an entry too big even alone goes alone:
@@ -490,7 +514,7 @@ class GrpcBookieTransport:
             return s
         if s is not None:
             self._forget_stream(bookie, s)
-        s = _Stream(channel, AddStream(channel.stub, self._window_max, self._timeout_s))
+        s = _Stream(channel, AddStream(channel.add_stub, self._window_max, self._timeout_s))
         self._streams[bookie] = s
         self.stats["streams_opened"] += 1
         return s
