@@ -293,7 +293,8 @@ def stream_appends(conn: BrokerConn, ledger_id: int, password: bytes, *, batch: 
     call = conn.stub.Append(requests(), timeout=timeout_s)
     fired = False
     try:
-        for response in call:
+        # answers that were ready at once share a message (`next`)
+        for response in (r for message in call for r in (message, *message.next)):
             if response.error:  # the in-band reason, sent just before the stream's status
                 run.inband_error = broker_pb2.LedgerStatus.Name(response.error)
                 continue

@@ -223,7 +223,8 @@ def ledger_write(broker, o)
   end
   outbox.finish # every request is queued: the broker answers each, then ends the stream
   appends = broker.call do
-    broker.ledgers.append(outbox.each_request, **broker.opts).map do |r|
+    # answers that were ready at once share a message: the first, then those in `next`
+    broker.ledgers.append(outbox.each_request, **broker.opts).flat_map { |m| [m, *m.next] }.map do |r|
       raise Refused.new(nil, r.error.to_s, r.message) unless r.error == :OK
       { request_id: r.request_id, first_entry_id: r.first_entry_id, count: r.count,
         last_add_confirmed: r.last_add_confirmed }

@@ -189,29 +189,10 @@ class AppendStream:
         error = None
         pending = self._pending
         try:
-            async for response in self._call:
-                if response.error:
-                    status = broker_pb2.LedgerStatus.Name(response.error)
-                    error = BrokerCallError(status, GRPC_CODE_NAME.get(status, "UNKNOWN"), response.message)
+            async for message in self._call:
+                error = self._answered(message) if message.next else self._answered_one(message)
+                if error is not None:
                     break
-                if not pending:
-                    error = BrokerCallError("INTERNAL", "UNKNOWN", f"broker {self._address} answered request "
-                                            f"{response.request_id} that was not sent")
-                    break
-                request_id, future = pending.popleft()
-                if request_id != response.request_id:
-                    error = BrokerCallError("INTERNAL", "UNKNOWN", f"broker {self._address} answered request "
-                                            f"{response.request_id}, expected {request_id}")
-                    future.set_exception(error)
-                    future.exception()
-                    self._window.release()
-                    break
-                self._window.release()
-                self.answered += 1
-                self.entries_acknowledged += response.count
-                if not future.done():
-                    future.set_result(AppendResult(response.request_id, response.first_entry_id, response.count,
-                                                   response.last_add_confirmed))
             if pending and error is None:
                 error = BrokerCallError("UNAVAILABLE", "UNAVAILABLE", f"broker {self._address} ended the append "
                                         f"stream with {len(pending)} request(s) unanswered (outcome unknown)")
@@ -227,6 +208,37 @@ class AppendStream:
                 if not future.done():
                     future.set_exception(self._error)
                     future.exception()  # retrieved: `stream.error` reports it; callers may stop awaiting
+
+    def _answered(self, message) -> BrokerCallError | None:
+        """Take a message and the answers riding in its `next`, in order; the error that ends the stream, if any."""
+        for response in (message, *message.next):
+            error = self._answered_one(response)
+            if error is not None:
+                return error
+        return None
+
+    def _answered_one(self, response) -> BrokerCallError | None:
+        if response.error:
+            status = broker_pb2.LedgerStatus.Name(response.error)
+            return BrokerCallError(status, GRPC_CODE_NAME.get(status, "UNKNOWN"), response.message)
+        pending = self._pending
+        if not pending:
+            return BrokerCallError("INTERNAL", "UNKNOWN", f"broker {self._address} answered request "
+                                   f"{response.request_id} that was not sent")
+        request_id, future = pending.popleft()
+        self._window.release()
+        if request_id != response.request_id:
+            error = BrokerCallError("INTERNAL", "UNKNOWN", f"broker {self._address} answered request "
+                                    f"{response.request_id}, expected {request_id}")
+            future.set_exception(error)
+            future.exception()
+            return error
+        self.answered += 1
+        self.entries_acknowledged += response.count
+        if not future.done():
+            future.set_result(AppendResult(response.request_id, response.first_entry_id, response.count,
+                                           response.last_add_confirmed))
+        return None
 
     @property
     def error(self) -> BrokerCallError | None:

@@ -9,7 +9,9 @@ draining) and reflection.
 Append stream: a reader task takes AppendRequests in arrival order, waits for ledger room
 (`append_inflight_max`; a request that fits is then taken whole), starts every payload of the request (consecutive entry ids, one loop turn, so the
 adds of one request travel in shared batches) and queues the request's futures; the RPC answers each request
-in request order once its last entry is acknowledged (acks are in id order, so then all of them are). The
+in request order once its last entry is acknowledged (acks are in id order, so then all of them are); the answers to
+the requests that are acknowledged by then too ride in the same message (`next`): one bookie answer usually
+acknowledges several requests, and a gRPC message costs far more than its bytes. The
 queue of unanswered requests is bounded (APPEND_QUEUE_MAX); when full the reader stops reading and gRPC flow
 control pushes back. The first failure ends the stream with its status; requests without a response have an
 unknown outcome.
@@ -47,6 +49,9 @@ APPEND_QUEUE_MAX = 1024  # unanswered AppendRequests per stream before the reade
 READ_MESSAGE_BYTES = 1024 * 1024  # ReadEntries packs entries into messages of about this size
 READ_MESSAGE_ENTRIES_MAX = 1024
 STATUS_KEY = "bksim-status"
+
+_AppendResponse = broker_pb2.AppendResponse
+_NOTHING = object()
 
 GRPC_CODE = {status: getattr(grpc.StatusCode, name) for status, name in GRPC_CODE_NAME.items()}
 
@@ -209,9 +214,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def _append(self, request_iterator, context) -> None:
         queue: asyncio.Queue = asyncio.Queue(APPEND_QUEUE_MAX)
         reader = asyncio.get_running_loop().create_task(self._read_appends(request_iterator, queue))
+        held = _NOTHING  # an item taken from the queue to see whether its answer was ready, and it was not
         try:
             while True:
-                item = await queue.get()
+                item = held if held is not _NOTHING else await queue.get()
+                held = _NOTHING
                 if item is None:
                     break
                 if isinstance(item, LedgerError):
@@ -220,9 +227,18 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 if last is not None:
                     await last  # acks come in id order: the last one done means all are done
                 self.appended += count
-                await context.write(broker_pb2.AppendResponse(
-                    request_id=request_id, first_entry_id=first, count=count,
-                    last_add_confirmed=handle.last_add_confirmed))
+                response = _AppendResponse(request_id=request_id, first_entry_id=first, count=count,
+                                           last_add_confirmed=handle.last_add_confirmed)
+                while not queue.empty():  # the answers that are ready too ride in `next`
+                    held = queue.get_nowait()
+                    if held is None or isinstance(held, LedgerError) or not _acknowledged(held[3]):
+                        break
+                    request_id, first, count, _, handle = held
+                    held = _NOTHING
+                    self.appended += count
+                    response.next.append(_AppendResponse(request_id=request_id, first_entry_id=first, count=count,
+                                                         last_add_confirmed=handle.last_add_confirmed))
+                await context.write(response)
         finally:
             reader.cancel()
 
@@ -253,6 +269,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     def begin_drain(self) -> None:
         self.draining = True
+
+
+def _acknowledged(last: asyncio.Future | None) -> bool:
+    """Whether an Append request whose last entry's future is `last` (None: no payloads) is answered OK now."""
+    return last is None or (last.done() and not last.cancelled() and last.exception() is None)
 
 
 class BrokerServer:
