@@ -11,6 +11,7 @@ from bksim.adapters.bookie_server import BookieServicer
 from bksim.gen import bookie_pb2
 from bksim.model.config import BookieConfig
 from bksim.model.status import StatusCode
+from fakes.streams import ScriptedCall
 from helpers import wait_until_async
 
 OK = StatusCode.OK
@@ -84,28 +85,11 @@ def test_answers_ready_together_share_one_message_and_a_late_one_keeps_its_place
     asyncio.run(main())
 
 
-class OneMessageCall:
-    """A fake AddEntries call: reads every request the stream sends, then answers them all in one message."""
-
-    def __init__(self, requests, expected: int) -> None:
-        self._requests = requests
-        self._expected = expected
-
-    def __aiter__(self):
-        return self._answers()
-
-    def cancel(self) -> None:
-        pass
-
-    async def _answers(self):
-        ids = []
-        async for r in self._requests:
-            ids.append((r.batch_id, len(r.data)))
-            if len(ids) == self._expected:
-                break
-        first, *rest = [bookie_pb2.AddResponse(batch_id=i, statuses=[OK] * n) for i, n in ids]
-        first.next.extend(rest)
-        yield first
+def one_message(taken: list[bookie_pb2.AddRequest]) -> list[bookie_pb2.AddResponse]:
+    """Every request answered OK in one message."""
+    first, *rest = [bookie_pb2.AddResponse(batch_id=r.batch_id, statuses=[OK] * len(r.data)) for r in taken]
+    first.next.extend(rest)
+    return [first]
 
 
 class OneMessageStub:
@@ -113,7 +97,7 @@ class OneMessageStub:
         self._expected = expected
 
     def AddEntries(self, requests):
-        return OneMessageCall(requests, self._expected)
+        return ScriptedCall(requests, self._expected, one_message)
 
 
 def test_the_client_resolves_each_request_from_a_message_with_next():

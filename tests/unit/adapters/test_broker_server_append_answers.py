@@ -15,6 +15,7 @@ from bksim.gen import broker_pb2
 from bksim.model.config import BrokerConfig
 from bksim.model.errors import LedgerError
 from bksim.model.status import LedgerStatus
+from fakes.streams import ScriptedCall
 from helpers import wait_until_async
 
 LEDGER = 7
@@ -155,34 +156,13 @@ def test_a_failed_request_ends_the_stream_after_the_answers_before_it():
     asyncio.run(main())
 
 
-class ScriptedCall:
-    """A fake Append call: reads `expected` requests the stream sends, then answers with `answer(ids)`."""
-
-    def __init__(self, requests, expected: int, answer) -> None:
-        self._requests, self._expected, self._answer = requests, expected, answer
-
-    def __aiter__(self):
-        return self._answers()
-
-    def cancel(self) -> None:
-        pass
-
-    async def _answers(self):
-        ids = []
-        async for r in self._requests:
-            ids.append((r.request_id, len(r.payloads)))
-            if len(ids) == self._expected:
-                break
-        for message in self._answer(ids):
-            yield message
-
-
 class ScriptedStub:
     def __init__(self, expected: int, answer) -> None:
         self._expected, self._answer = expected, answer
 
     def Append(self, requests):
-        return ScriptedCall(requests, self._expected, self._answer)
+        return ScriptedCall(requests, self._expected,
+                            lambda taken: self._answer([(r.request_id, len(r.payloads)) for r in taken]))
 
 
 def one_message(ids, order=lambda ids: ids):
