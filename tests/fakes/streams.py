@@ -1,5 +1,6 @@
 """ScriptedCall: a NAMED FAKE of a gRPC stream-stream call, for unit tests of the pipelined clients
-(bookie_client.AddStream, broker_client.AppendStream): it reads the requests the client sends, then answers as the test scripts."""
+(bookie_client.AddStream, broker_client.AppendStream): it reads the requests the client sends, then answers as the
+test scripts."""
 from __future__ import annotations
 
 
