@@ -7,14 +7,14 @@ more get RESOURCE_EXHAUSTED at once, nothing queues without limit); health (SERV
 draining) and reflection.
 
 Append stream: a reader task takes AppendRequests in arrival order, waits for ledger room
-(`append_inflight_max`; a request that fits is then taken whole), starts every payload of the request (consecutive entry ids, one loop turn, so the
-adds of one request travel in shared batches) and queues the request's futures; the RPC answers each request
-in request order once its last entry is acknowledged (acks are in id order, so then all of them are); the answers to
-the requests that are acknowledged by then too ride in the same message (`next`): one bookie answer usually
-acknowledges several requests, and a gRPC message costs far more than its bytes. The
-queue of unanswered requests is bounded (APPEND_QUEUE_MAX); when full the reader stops reading and gRPC flow
-control pushes back. The first failure ends the stream with its status; requests without a response have an
-unknown outcome.
+(`append_inflight_max`; a request that fits is then taken whole), starts every payload of the request (consecutive
+entry ids, one loop turn, so the adds of one request travel in shared batches) and queues the request's futures;
+the RPC answers each request in request order once its last entry is acknowledged (acks are in id order, so then
+all of them are). The answers to the requests acknowledged by then too ride in the same message (`next`, at most
+ANSWERS_PER_MESSAGE_MAX answers in all): one bookie answer usually acknowledges several requests, and a gRPC message
+costs far more than its bytes. The queue of unanswered requests is bounded (APPEND_QUEUE_MAX); when full the reader
+stops reading and gRPC flow control pushes back. The first failure ends the stream with its status; requests
+without a response have an unknown outcome.
 
 TLS (security/tls.py): given a SecurityConfig with tls_enabled, the server listens with TLS only (a plaintext
 client fails its handshake), reloads changed certificate files for new connections and, with tls_client_auth,
@@ -46,6 +46,7 @@ from bksim.security.tls import add_port
 
 SERVICE_NAME = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
 APPEND_QUEUE_MAX = 1024  # unanswered AppendRequests per stream before the reader stops reading
+ANSWERS_PER_MESSAGE_MAX = 64  # answers gathered into one AppendResponse (the first and its `next`)
 READ_MESSAGE_BYTES = 1024 * 1024  # ReadEntries packs entries into messages of about this size
 READ_MESSAGE_ENTRIES_MAX = 1024
 STATUS_KEY = "bksim-status"
@@ -229,15 +230,16 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 self.appended += count
                 response = _AppendResponse(request_id=request_id, first_entry_id=first, count=count,
                                            last_add_confirmed=handle.last_add_confirmed)
-                while not queue.empty():  # the answers that are ready too ride in `next`
+                following = response.next  # the answers that are ready too
+                while len(following) < ANSWERS_PER_MESSAGE_MAX - 1 and not queue.empty():
                     held = queue.get_nowait()
                     if held is None or isinstance(held, LedgerError) or not _acknowledged(held[3]):
                         break
                     request_id, first, count, _, handle = held
                     held = _NOTHING
                     self.appended += count
-                    response.next.append(_AppendResponse(request_id=request_id, first_entry_id=first, count=count,
-                                                         last_add_confirmed=handle.last_add_confirmed))
+                    following.append(_AppendResponse(request_id=request_id, first_entry_id=first, count=count,
+                                                     last_add_confirmed=handle.last_add_confirmed))
                 await context.write(response)
         finally:
             reader.cancel()

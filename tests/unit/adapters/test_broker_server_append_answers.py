@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from bksim.adapters.broker_client import AppendStream, BrokerCallError
-from bksim.adapters.broker_server import BrokerServicer
+from bksim.adapters.broker_server import ANSWERS_PER_MESSAGE_MAX, BrokerServicer
 from bksim.gen import broker_pb2
 from bksim.model.config import BrokerConfig
 from bksim.model.errors import LedgerError
@@ -119,6 +119,24 @@ def test_answers_acknowledged_together_share_one_message_and_a_late_one_keeps_it
         incoming.put_nowait(None)  # the client half-closes: every request was answered, the stream ends
         await asyncio.wait_for(call, 5.0)
         assert len(context.messages) == 3 and context.aborted is None
+    asyncio.run(main())
+
+
+def test_one_message_carries_at_most_its_bound_of_answers():
+    async def main():
+        incoming: asyncio.Queue = asyncio.Queue()
+        service, context, call = start(incoming)
+        n = 2 * ANSWERS_PER_MESSAGE_MAX + 1
+        for request_id in range(1, n + 1):
+            incoming.put_nowait(append(request_id, 1))
+        await wait_until_async(lambda: len(service.handle.acks) == n, 5.0)
+        for i in range(n):
+            service.handle.acknowledge(i)
+        await wait_until_async(lambda: sum(len(answered(m)) for m in context.messages) == n, 5.0)
+        incoming.put_nowait(None)
+        await asyncio.wait_for(call, 5.0)
+        assert [len(answered(m)) for m in context.messages] == [ANSWERS_PER_MESSAGE_MAX] * 2 + [1]
+        assert [a[0] for m in context.messages for a in answered(m)] == list(range(1, n + 1))
     asyncio.run(main())
 
 
