@@ -165,7 +165,7 @@ class BrokerConfig:
                                            "ensemble change; must be > bookie.write_cache_throttle_ms_max")
     speculative_read_ms: int = option(2_000, "a read unanswered this long also asks the next replica")
     metadata_cas_attempts_max: int = option(10, "read-modify-CAS rounds of one metadata update before giving up")
-    add_batch_entries_max: int = option(512, "entries sent to one bookie in one AddEntries request")
+    add_batch_entries_max: int = option(1024, "entries sent to one bookie in one AddEntries request")
     add_window_max: int = option(ADD_WINDOW_MAX, "unanswered AddEntries requests per bookie stream")
     add_requests_per_bookie_max: int = option(2, "AddEntries requests of one ledger unanswered at one bookie; the "
                                                  "ledger's next entries for it wait meanwhile and leave together, "
