@@ -27,6 +27,7 @@ from typing import Sequence
 
 import grpc
 
+from bksim.adapters.event_loops import close_loop
 from bksim.gen import bookie_pb2, bookie_pb2_grpc
 from bksim.model.config import ADD_WINDOW_MAX  # default unanswered AddRequests per stream
 from bksim.model.config import FRAME_BYTES_MAX  # the bookie's default frame_bytes_max, what a client receives
@@ -466,4 +467,4 @@ class SyncBookieClient:
 
     def close(self) -> None:
         self._run(self._client.close())
-        self._loop.close()
+        close_loop(self._loop)

@@ -30,6 +30,7 @@ from typing import AsyncIterator, Iterable, Sequence
 
 import grpc
 
+from bksim.adapters.event_loops import close_loop
 from bksim.gen import broker_pb2, broker_pb2_grpc
 from bksim.model.errors import BksimError
 from bksim.model.status import LedgerStatus
@@ -517,4 +518,4 @@ class SyncBrokerClient:
         if self._loop.is_closed():
             return
         self._run(self._client.close())
-        self._loop.close()
+        close_loop(self._loop)

@@ -29,6 +29,7 @@ from typing import Iterable
 
 import grpc
 
+from bksim.adapters.event_loops import close_loop
 from bksim.client.errors import ClientError, from_rpc_error
 from bksim.gen import topic_pb2, topic_pb2_grpc
 from bksim.security.tokens import BearerStub
@@ -85,15 +86,7 @@ class LoopThread:
         try:
             self.loop.run_forever()
         finally:
-            try:
-                pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
-                for task in pending:
-                    task.cancel()
-                if pending:
-                    self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            finally:
-                self.loop.close()
+            close_loop(self.loop)
 
     @staticmethod
     def _on_exception(loop, context) -> None:
