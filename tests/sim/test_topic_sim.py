@@ -45,6 +45,7 @@ CLOSE_SESSION_EXPIRES_SEED = 722992  # the owner's session expires while it clos
 CLOSE_ZK_LOST_SEED = 724645  # the owner's ZooKeeper connection is lost while it closes: its writes have no answer
 CLOSE_AFTER_CANCELLED_SEND_SEED = 731267  # a producer's Send is cancelled while its entry is in flight; then a close
 SEEK_BACK_INTO_TRIMMED_SEED = 756099  # a seek skips a delayed message, its ledger is trimmed, a seek back goes there
+FALLBACK_AFTER_A_SLIDE_SEED = 826235  # acks slide the mark-delete while a persist's append waits; it falls back
 # the owner's close hangs on a roll, its session expires, another broker takes the topic; the old owner renews its
 # session later (without and with dedup)
 RENEWED_DURING_A_HUNG_CLOSE_SEEDS = (765565, 765821)
@@ -399,6 +400,16 @@ def test_a_seek_back_into_a_trimmed_ledger_owes_nothing_an_earlier_seek_skipped_
     starts it at the topic's first entry, 7:0 (as Pulsar's getNextValidPosition): 0:6 is no longer in the topic
     (checker defect: it was owed again since it lies after 0:4, SubscriptionsDrain)."""
     assert run_topic_sim(SEEK_BACK_INTO_TRIMMED_SEED).passed
+
+
+def test_a_cursor_falling_back_to_its_znode_writes_the_acks_its_snapshot_held():
+    """The owner closes cleanly at 290 ms with sh and ks holding acks after their mark-delete (1:6), among them 2:7
+    (sh), 3:0 and 3:1 (both); broker-2 recovers them. At 486 ms a persist of each takes its snapshot and appends to its
+    cursor ledger, whose bookie-3 is down; meanwhile acks slide ks's mark-delete from 2:8 to 3:1 and sh's from 2:5
+    on. No replacement: both fall back to the znode at 536 ms, and wrote the snapshot's mark-delete with bitmaps the
+    slide had cleared underneath it (the snapshot held the state's bitmaps by reference). broker-2 crashes, and its
+    successor redelivered 2:7, 3:0 and 3:1 (AckedNotRedeliveredAfterCleanClose). A snapshot is now a copy."""
+    assert run_topic_sim(FALLBACK_AFTER_A_SLIDE_SEED).passed
 
 
 @pytest.mark.parametrize("seed", RENEWED_DURING_A_HUNG_CLOSE_SEEDS)

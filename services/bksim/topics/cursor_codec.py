@@ -103,9 +103,11 @@ class CursorSnapshot:
 
     @staticmethod
     def of(state: CursorState) -> "CursorSnapshot":
-        """The state as it is now (bitmaps by reference: encode before the state changes again)."""
+        """The state as it is now, a copy: a persist may encode it again after the state changed (its fallback to
+        the znode after a failed append), and must write this snapshot, not a mark-delete of now with the acks
+        of then (the bitmaps are small: one bit per entry of the ledgers with acks after the mark-delete)."""
         return CursorSnapshot(state.mark_delete, state.last_active, dict(state.properties),
-                              {lg: state.ledger_bits(lg) for lg in state.acked_ledgers()},
+                              {lg: bytearray(state.ledger_bits(lg)) for lg in state.acked_ledgers()},
                               list(state.batches()), list(state.redeliveries()))
 
     def restore_into(self, state: CursorState) -> list[str]:

@@ -293,6 +293,33 @@ def test_append_failure_falls_back_to_the_znode_with_bounded_ranges_and_says_wha
     run(main())
 
 
+def test_a_fallback_after_acks_moved_the_mark_delete_writes_the_snapshot_as_it_was_taken():
+    """A persist takes its snapshot, then waits on the cursor ledger; meanwhile acks slide the mark-delete over
+    the acks the snapshot holds. The append fails and the snapshot goes to the znode: with its mark-delete and
+    every ack it held, not its mark-delete without the acks the state has since folded into a later one."""
+    async def main():
+        w = await world(bookies=("b0", "b1"))
+        svc = w.broker()
+        a = await w.open(svc, initial_position="earliest")
+        await a.persist(force=True)  # the cursor ledger exists: the next persist appends to it
+        a.ack([P(100, 1), P(100, 3)])  # held as individual acks: 100:0 is not acked
+        w.fake["b1"].gate = asyncio.Event()
+        persist = asyncio.ensure_future(a.persist(force=True))
+        await wait_until_async(lambda: w.fake["b1"].waiting == 1, 5.0, message="the snapshot's append to wait")
+        a.ack([P(100, 0), P(100, 2)])  # the mark-delete slides to 100:3: no individual ack is left in the state
+        assert a.mark_delete == P(100, 3) and list(a.state.ranges()) == []
+        w.fake["b1"].down = True  # E=2 with 2 bookies: no replacement, the append fails
+        w.fake["b1"].gate.set()
+        await asyncio.wait_for(persist, 5.0)
+        assert a.stats_internal()["lastPersist"]["to"] == "znode" and a.dirty  # the slide is not persisted yet
+        z = await w.znode()
+        assert z["mark_delete"] == [100, -1] and z["acked_ranges"] == [[100, 1, 1], [100, 3, 3]], z
+        a.abort("kill")
+        b = await w.open(w.broker())
+        assert b.mark_delete == P(100, -1) and b.state.is_acked(P(100, 1)) and b.state.is_acked(P(100, 3))
+    run(main())
+
+
 def test_an_unreadable_cursor_ledger_falls_back_to_the_znode_and_says_so():
     async def main():
         w = await world()
