@@ -6,7 +6,10 @@ treats as its own kind of broken stream (an AddEntries stream even ended OK). `M
 interceptor, gives every method a deserializer that never raises: bytes that do not parse become a
 `Malformed` value, and the call ends with INVALID_ARGUMENT and a message naming the message type and the
 parser's reason, before the handler sees it (unary request), or at the first malformed message of a request
-stream (the status is sent at once; the handler sees the stream end as if the client had half-closed).
+stream: the handler sees the stream end there as if the client had half-closed, answers what came before it and
+ends, and then the call ends with that status. (Not at once, from the reading of the requests: an abort there,
+while the handler may be writing an answer, now and then never reaches the client, which then waits for its
+deadline: grpc.aio's status and a write racing on one call.)
 
 Contract: well-formed requests reach the handlers unchanged; nothing else is intercepted. The wrapped
 handler of a method is built once and kept while the handler below it stays the same (one per registered
@@ -52,27 +55,47 @@ async def _refuse_malformed(request, context) -> None:
         await _refuse(context, request)
 
 
-def _checked_requests(request_iterator, context):
+class _Refusal:
+    """Why a request stream was cut short (None: it was not)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+
+def _checked_requests(request_iterator, refusal: _Refusal):
     async def requests():
         async for request in request_iterator:
             if isinstance(request, Malformed):
-                try:
-                    await _refuse(context, request)
-                except grpc.aio.AbortError:
-                    return  # the status is sent: the handler sees the end of the stream
+                refusal.reason = request.reason
+                return  # the handler sees the stream end as if the client had half-closed
             yield request
     return requests()
+
+
+def _end_refused(context, refusal: _Refusal) -> None:
+    """Once the handler has ended: INVALID_ARGUMENT for a stream cut at a malformed message (unless the handler
+    already ended the call with a status of its own)."""
+    if refusal.reason is not None and not context.done():
+        context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+        context.set_details(bounded_details(refusal.reason))
 
 
 def _stream_request(behavior):
     if inspect.isasyncgenfunction(behavior):
         async def stream_out(request_iterator, context):
-            async for response in behavior(_checked_requests(request_iterator, context), context):
+            refusal = _Refusal()
+            async for response in behavior(_checked_requests(request_iterator, refusal), context):
                 yield response
+            _end_refused(context, refusal)
         return stream_out
 
     async def unary(request_iterator, context):
-        return await behavior(_checked_requests(request_iterator, context), context)
+        refusal = _Refusal()
+        response = await behavior(_checked_requests(request_iterator, refusal), context)
+        _end_refused(context, refusal)
+        return response
     return unary
 
 

@@ -75,6 +75,37 @@ async def _responses(call):
         return
 
 
+class AnswersAtTheEnd(perf_echo_pb2_grpc.PerfEchoServicer):
+    """Reads the whole request stream, then answers each request: its writes come after the stream ended."""
+
+    async def Echo(self, request_iterator, context):
+        ids = [request.batch_id async for request in request_iterator]
+        for batch_id in ids:
+            await context.write(perf_echo_pb2.EchoAck(batch_id=batch_id))
+
+
+def test_a_malformed_message_ends_the_stream_after_the_handler_answered_what_came_before():
+    """The status goes once the handler has ended, not from the reading of the requests while the handler may be
+    writing (grpc.aio can then lose the status, and the client waits for its deadline); so every answer the handler
+    writes after the stream ended still reaches the client, then INVALID_ARGUMENT."""
+    async def main():
+        server = grpc.aio.server(interceptors=[MalformedRequests()])
+        perf_echo_pb2_grpc.add_PerfEchoServicer_to_server(AnswersAtTheEnd(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                valid = [perf_echo_pb2.EchoRequest(batch_id=i).SerializeToString() for i in (7, 8)]
+                call = ch.stream_stream("/bksim.perf.v1.PerfEcho/Echo")(iter(valid + [GARBAGE, valid[0]]), timeout=5)
+                answers = [perf_echo_pb2.EchoAck.FromString(b).batch_id async for b in _responses(call)]
+                code, details = await call.code(), await call.details()
+        finally:
+            await server.stop(None)
+        assert answers == [7, 8], answers
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in details, (code, details)
+    asyncio.run(main())
+
+
 def test_bounded_details():
     assert bounded_details("short") == "short"
     long = "x" * 100_000
