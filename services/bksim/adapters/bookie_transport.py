@@ -242,9 +242,9 @@ class GrpcBookieTransport:
         self._last_prepared: tuple[tuple, list[tuple[int, bytes]]] | None = None  # entries, their requests
         self._background: set[asyncio.Task] = set()
         self._closed = False
-        self.stats = {"adds": 0, "requests": 0, "requests_reused": 0, "entries": 0, "streams_opened": 0, "streams_broken": 0,
-                      "channels_opened": 0, "channels_retired": 0, "read_batches": 0, "read_batch_continuations": 0,
-                      "list_pages": 0}
+        self.stats = {"adds": 0, "requests": 0, "requests_reused": 0, "entries": 0, "streams_opened": 0,
+                      "streams_broken": 0, "channels_opened": 0, "channels_retired": 0, "read_batches": 0,
+                      "read_batch_continuations": 0, "list_pages": 0}
 
     # -- the port ----------------------------------------------------------------------------------------
     async def add(self, bookie: str, entries: Sequence[tuple[bytes, bytes, int]]) -> list[StatusCode]:

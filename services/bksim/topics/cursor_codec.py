@@ -104,8 +104,9 @@ class CursorSnapshot:
     @staticmethod
     def of(state: CursorState) -> "CursorSnapshot":
         """The state as it is now, a copy: a persist may encode it again after the state changed (its fallback to
-        the znode after a failed append), and must write this snapshot, not a mark-delete of now with the acks
-        of then (the bitmaps are small: one bit per entry of the ledgers with acks after the mark-delete)."""
+        the znode after a failed append), and must write this snapshot: its mark-delete with its acks, not with the
+        acks the state has by then (the bitmaps are small: one bit per entry of the ledgers with acks after the
+        mark-delete)."""
         return CursorSnapshot(state.mark_delete, state.last_active, dict(state.properties),
                               {lg: bytearray(state.ledger_bits(lg)) for lg in state.acked_ledgers()},
                               list(state.batches()), list(state.redeliveries()))
