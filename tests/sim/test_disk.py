@@ -48,9 +48,11 @@ def test_write_synced_and_write_synced_now_are_durable_when_they_return():
         f = await durable_file(disk, "/d/a", b"")
         await f.write_synced(b"one.")
         f.write_synced_now(b"two.")
+        await f.write_synced(b"thr", b"ee.")
+        f.write_synced_now(b"fo", b"ur.")
         disk.crash(random.Random(0))
         return disk.reopen().read_all("/d/a")
-    assert run(main()) == b"one.two."
+    assert run(main()) == b"one.two.three.four."
 
 
 async def torn_results(faults: DiskFaults, seeds: int, unsynced: bytes) -> set[bytes]:

@@ -46,8 +46,11 @@ class LocalFile:
     async def write_chunks_synced(self, chunks: list[bytes]) -> None:
         await asyncio.to_thread(self._write_chunks_synced, chunks)
 
-    def write_synced_now(self, data: bytes) -> None:
-        self.write(data)
+    def write_synced_now(self, *parts: bytes) -> None:
+        if len(parts) == 1:
+            self.write(parts[0])
+        else:
+            self._write_chunks(list(parts))  # one writev: the parts are not joined first
         os.fdatasync(self._fd)
 
     async def sync(self) -> None:
@@ -59,8 +62,8 @@ class LocalFile:
         except OSError:
             pass  # advisory (a file system without page cache hints): nothing was changed
 
-    async def write_synced(self, data: bytes) -> None:
-        await asyncio.to_thread(self.write_synced_now, data)
+    async def write_synced(self, *parts: bytes) -> None:
+        await asyncio.to_thread(self.write_synced_now, *parts)
 
     def pwrite(self, offset: int, data: bytes) -> None:
         os.pwrite(self._fd, data, offset)

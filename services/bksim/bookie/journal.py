@@ -213,19 +213,19 @@ class Journal:
 
     async def _write_group(self, group: list[_Pending]) -> None:
         chunks = [c for pending in group for c in pending.chunks]
-        data = fmt.framed_group(chunks)  # framed: replay can tell a torn last group
+        frame, records = fmt.framed_group_parts(chunks)  # framed: replay can tell a torn last group
         assert self._file is not None
         started_ms = self._clock.monotonic_ms()
         if self._sync_on_loop:
-            self._file.write_synced_now(data)  # blocks the loop for one sync; no thread hand-off
+            self._file.write_synced_now(frame, records)  # blocks the loop for one sync; no thread hand-off
         else:
-            await self._file.write_synced(data)
+            await self._file.write_synced(frame, records)
         self._synced = JournalMark(self._file_id, self._file.size)
         if self._pages is not None:
             self._pages.synced(self._synced.offset)
         self.stats["groups"] += 1
         self.stats["records"] += sum(p.nrecords for p in group)
-        self.stats["bytes"] += len(data)
+        self.stats["bytes"] += len(frame) + len(records)
         synced_ms = self._clock.monotonic_ms()
         self.sync_latency.observe(synced_ms - started_ms)
         add_latency = self.add_latency

@@ -29,11 +29,12 @@ class AppendFile(Protocol):
     async def sync(self) -> None:
         """fdatasync: every byte written before the call is durable when it returns."""
 
-    async def write_synced(self, data: bytes) -> None:
-        """Append `data` and fdatasync, as one step off the event loop (the journal's group commit)."""
+    async def write_synced(self, *parts: bytes) -> None:
+        """Append `parts` back to back and fdatasync, as one step off the event loop (the journal's group
+        commit)."""
 
-    def write_synced_now(self, data: bytes) -> None:
-        """Append `data` and fdatasync on the calling thread (blocks it for one device sync)."""
+    def write_synced_now(self, *parts: bytes) -> None:
+        """Append `parts` back to back and fdatasync on the calling thread (blocks it for one device sync)."""
 
     def pwrite(self, offset: int, data: bytes) -> None:
         """Overwrite bytes in place (entry-log header patch); not durable until sync."""

@@ -362,16 +362,18 @@ class SimFile:
         await self._disk._latency()
         self._check().durable = snapshot
 
-    async def write_synced(self, data: bytes) -> None:
+    async def write_synced(self, *parts: bytes) -> None:
         inode = self._check()
-        inode.data += data  # maybe: a crash during the sync below keeps only a prefix of it (torn tail)
+        for data in parts:  # maybe: a crash during the sync below keeps only a prefix of them (torn tail)
+            inode.data += data
         snapshot = bytes(inode.data)
         await self._disk._latency()
         self._check().durable = snapshot
 
-    def write_synced_now(self, data: bytes) -> None:
+    def write_synced_now(self, *parts: bytes) -> None:
         inode = self._check()
-        inode.data += data
+        for data in parts:
+            inode.data += data
         self._disk._block()
         inode.durable = bytes(inode.data)
 

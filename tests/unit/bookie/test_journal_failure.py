@@ -55,13 +55,13 @@ class _FailingFile:
             self._inner.write(data)
         raise OSError(errno.EIO, f"injected {self._disk.fail} error", self.path)
 
-    def write_synced_now(self, data: bytes) -> None:
-        self._maybe_fail(data)
-        self._inner.write_synced_now(data)
+    def write_synced_now(self, *parts: bytes) -> None:
+        self._maybe_fail(b"".join(parts))
+        self._inner.write_synced_now(*parts)
 
-    async def write_synced(self, data: bytes) -> None:
-        self._maybe_fail(data)
-        await self._inner.write_synced(data)
+    async def write_synced(self, *parts: bytes) -> None:
+        self._maybe_fail(b"".join(parts))
+        await self._inner.write_synced(*parts)
 
 
 def engine_on(disk: FailingDisk, base, **overrides) -> BookieEngine:

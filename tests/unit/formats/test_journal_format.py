@@ -230,6 +230,12 @@ def test_a_framed_group_is_its_group_record_then_its_records():
     assert fmt.framed_group([recs[0]]) == fmt.group_record([recs[0]]) + recs[0]
 
 
+def test_a_framed_groups_parts_are_its_group_record_and_its_records():
+    recs = records()
+    assert fmt.framed_group_parts(recs) == (fmt.group_record(recs), b"".join(recs))
+    assert b"".join(fmt.framed_group_parts(recs)) == fmt.framed_group(recs)
+
+
 def test_group_frame_layout_and_round_trip():
     recs = records()
     frame = fmt.group_record(recs)
