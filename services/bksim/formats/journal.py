@@ -163,7 +163,7 @@ def framed_group(chunks: list[bytes]) -> bytes:
 def framed_group_parts(chunks: list[bytes]) -> tuple[bytes, bytes]:
     """framed_group(chunks) as its two parts, (GROUP record, records), for a writer that writes them back to back:
     the records are joined once and their CRC taken in one call (the journal writer's path: a group holds two
-    chunks per entry, and a group of ~0.5 MB is not copied again behind its 20-byte frame)."""
+    chunks per entry, and a group of ~0.5 MB is not copied again behind its 18-byte frame)."""
     records = b"".join(chunks)
     return encode_record(RecordType.GROUP, 0, GROUP_BODY.pack(len(records), crc32c(records))), records
 
