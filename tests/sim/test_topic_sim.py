@@ -46,6 +46,7 @@ CLOSE_ZK_LOST_SEED = 724645  # the owner's ZooKeeper connection is lost while it
 CLOSE_AFTER_CANCELLED_SEND_SEED = 731267  # a producer's Send is cancelled while its entry is in flight; then a close
 SEEK_BACK_INTO_TRIMMED_SEED = 756099  # a seek skips a delayed message, its ledger is trimmed, a seek back goes there
 FALLBACK_AFTER_A_SLIDE_SEED = 826235  # acks slide the mark-delete while a persist's append waits; it falls back
+READER_TRIMMED_DURING_A_READ_SEED = 855010  # the ledger a reader's dispatch is reading is trimmed meanwhile
 # the owner's close hangs on a roll, its session expires, another broker takes the topic; the old owner renews its
 # session later (without and with dedup)
 RENEWED_DURING_A_HUNG_CLOSE_SEEDS = (765565, 765821)
@@ -410,6 +411,16 @@ def test_a_cursor_falling_back_to_its_znode_writes_the_acks_its_snapshot_held():
     slide had cleared underneath it (the snapshot held the state's bitmaps by reference). broker-2 crashes, and its
     successor redelivered 2:7, 3:0 and 3:1 (AckedNotRedeliveredAfterCleanClose). A snapshot is now a copy."""
     assert run_topic_sim(FALLBACK_AFTER_A_SLIDE_SEED).passed
+
+
+def test_a_reader_whose_entries_are_trimmed_while_they_are_read_gets_them_and_reads_on():
+    """broker-1#3 serves a reader from 4:0 (batch indexes 0 and 1 of 4:1 skipped) while the durable subscriptions
+    are ahead of it. Its dispatch reads entries of ledger 5, and while that read waits, retention trims ledgers 3,
+    4 and 5 (2,887 ms: retention ignores readers). The dispatch then acknowledged the entries it sent, as a reader's
+    does, and 5:2 no longer existed: INVALID_ACK. That pass's deliveries were never sent, its permits were spent,
+    and the reader stalled with 7 messages unread (SubscriptionsDrain). An entry whose ledger went during its read
+    is now sent as read, and the reader goes on at the first entry left."""
+    assert run_topic_sim(READER_TRIMMED_DURING_A_READ_SEED).passed
 
 
 @pytest.mark.parametrize("seed", RENEWED_DURING_A_HUNG_CLOSE_SEEDS)

@@ -600,7 +600,10 @@ class Subscription:
         consumer.permits -= count
         if not self.durable:  # a reader: consumed as it is sent (see the module docstring)
             delivery = Delivery(pos, entry, 0, tuple(self.cursor.acked_batch_indexes(pos)))
-            self.cursor.ack_cumulative(pos)
+            if self.ml.contains(pos):
+                self.cursor.ack_cumulative(pos)
+            # else its ledger was trimmed while it was read (retention ignores readers): the read returned it, so
+            # it is sent all the same, and the reader goes on at the first entry left
             consumer.messages_out += count
             consumer.bytes_out += len(entry)
             self.messages_out += count
