@@ -47,10 +47,7 @@ class LocalFile:
         await asyncio.to_thread(self._write_chunks_synced, chunks)
 
     def write_synced_now(self, *parts: bytes) -> None:
-        if len(parts) == 1:
-            self.write(parts[0])
-        else:
-            self._write_chunks(list(parts))  # one writev: the parts are not joined first
+        self._write_chunks(list(parts))  # one writev: the parts are not joined first
         os.fdatasync(self._fd)
 
     async def sync(self) -> None:

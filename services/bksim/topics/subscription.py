@@ -600,10 +600,13 @@ class Subscription:
         consumer.permits -= count
         if not self.durable:  # a reader: consumed as it is sent (see the module docstring)
             delivery = Delivery(pos, entry, 0, tuple(self.cursor.acked_batch_indexes(pos)))
-            if self.ml.contains(pos):
+            # INVALID_ACK: its ledger was trimmed while it was read (retention ignores readers); the read returned
+            # it, so it is sent all the same, and the reader goes on at the first entry left
+            try:
                 self.cursor.ack_cumulative(pos)
-            # else its ledger was trimmed while it was read (retention ignores readers): the read returned it, so
-            # it is sent all the same, and the reader goes on at the first entry left
+            except TopicError as e:
+                if e.status is not TopicStatus.INVALID_ACK:
+                    raise
             consumer.messages_out += count
             consumer.bytes_out += len(entry)
             self.messages_out += count
