@@ -355,13 +355,15 @@ class CursorState:
 
     # -- individual acks --------------------------------------------------------------------------------------
     def check(self, pos: Position) -> Position:
-        """pos as a Position if the layout contains it, else TopicError INVALID_ACK naming it."""
+        """pos as a Position if the layout contains it or it is a message at or before mark_delete (already
+        acknowledged, its ledger perhaps trimmed since: acking it again changes nothing, as in Pulsar), else
+        TopicError INVALID_ACK naming it."""
         try:
             if type(pos) is not Position:
                 pos = Position(*pos)
         except TypeError:
             raise TopicError("INVALID_ACK", f"cursor {self.name}: {pos!r} is not a position") from None
-        if not self.layout.contains(pos):
+        if not self.layout.contains(pos) and not (pos.entry >= 0 and pos <= self._md):
             raise TopicError("INVALID_ACK", f"cursor {self.name}: message {pos} does not exist in this topic "
                                             f"(last confirmed {self.layout.last_confirmed})")
         return pos

@@ -13,7 +13,7 @@ Public API (LEAD's subscription code calls these):
                                                 recovered at open): where the cursor comes back after a crash;
                                                 retention trims only below it
     cursor.read_position  (settable)            next entry to dispatch; cursor.rewind() -> after mark_delete
-    cursor.ack(positions) -> int                individual acks (INVALID_ACK for a position the topic lacks)
+    cursor.ack(positions) -> int                individual acks (INVALID_ACK: after mark_delete and not in the topic)
     cursor.ack_cumulative(pos, properties=None) mark-delete to pos (an older pos is a no-op)
     cursor.expire_until(pos)                    TTL: like ack_cumulative, for every subscription type
     cursor.ack_batch_indexes(pos, indexes, batch_size) -> bool   True when the entry is now acked as a whole

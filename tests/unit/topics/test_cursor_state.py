@@ -111,6 +111,20 @@ def test_invalid_ack_names_the_position_and_changes_nothing():
     assert info.value.status is TopicStatus.INVALID_ACK
 
 
+def test_acks_at_or_before_the_mark_delete_change_nothing_even_when_their_ledger_was_trimmed():
+    s, layout, _ = state()
+    assert s.ack_cumulative(P(10, 3))
+    layout.trim(1)  # ledger 10 gone
+    assert s.ack([P(10, 1), P(10, 3)]) == 0 and not s.ack_cumulative(P(10, 2))
+    assert s.ack_batch_indexes(P(10, 0), [1], 4)
+    assert s.mark_delete == P(10, 3) and s.acked_count == 0 and s.batch_count == 0
+    for bad in (P(10, 4), P(10, -1)):  # after the mark-delete, or not a message: refused as before
+        with pytest.raises(TopicError) as info:
+            s.ack([bad])
+        assert info.value.status is TopicStatus.INVALID_ACK
+    check_invariants(s)
+
+
 def test_backlog_counts_unacked_entries_up_to_the_last_confirmed():
     s, layout, _ = state()
     assert s.backlog() == 12

@@ -161,6 +161,60 @@ def test_key_shared_keeps_per_key_order_when_a_consumer_joins():
     run(main())
 
 
+async def two_ledgers(sub_type, config=CONFIG):
+    """10 messages in two ledgers of 5, a subscription of sub_type and its consumer "a", which got them all."""
+    _, _, [ml] = await world(TopicConfig(ledger_entries_max=5))
+    await ml.open()
+    for i in range(10):
+        await ml.append(encode_entry([Message(b"m%d" % i, sequence_id=i)], producer_name="p",
+                                     publish_time_ms=i, batch=False))
+    sub = Subscription(topic="persistent://t/ns/orders", name="sub", sub_type=sub_type,
+                       cursor=MemoryCursor(ml, "sub"), ml=ml, clock=ManualClock(sleeps_advance=True), config=config)
+    a = Sink()
+    ca = sub.add_consumer("a", 0, a, sub_type)
+    sub.flow(ca, 100)
+    await wait_until_async(lambda: len(a.got) == 10, 5)
+    return ml, sub, a, ca
+
+
+def test_acks_of_messages_whose_ledger_was_trimmed_after_they_expired_free_the_consumer():
+    """TTL moves the mark-delete past messages a consumer holds and retention deletes their ledger; the
+    consumer's acks of them then change nothing in the cursor (they are at or before its mark-delete, as in
+    Pulsar) but settle them, so a consumer at its unacked limit gets messages again."""
+    async def main():
+        ml, sub, a, ca = await two_ledgers("Shared", TopicConfig(failover_switch_delay_ms=1, consumer_unacked_max=10))
+        first = ml.ledger_ids()[0]
+        expired = [d.position for d in a.got if d.position.ledger == first]
+        assert len(expired) == 5 and ca.unacked_messages == 10
+        sub.cursor.expire_until(expired[-1])
+        assert await ml.trim(sub.cursor.mark_delete, retention_ms=0, retention_bytes=-1) == [first]
+        sub.ack(ca, [(p, -1, 0) for p in expired[:3]], cumulative=False)
+        sub.ack(ca, [(expired[3], (0,), 1)], cumulative=False)
+        assert ca.unacked_messages == 6 and sub.cursor.mark_delete == expired[-1]
+        await ml.append(encode_entry([Message(b"m10", sequence_id=10)], producer_name="p", publish_time_ms=10,
+                                     batch=False))
+        sub.wake()
+        await wait_until_async(lambda: len(a.got) == 11, 5)
+        await sub.close()
+    run(main())
+
+
+def test_a_cumulative_ack_of_a_trimmed_message_changes_nothing_and_settles_what_it_covers():
+    async def main():
+        ml, sub, a, ca = await two_ledgers("Exclusive")
+        first = ml.ledger_ids()[0]
+        sub.cursor.expire_until(a.got[6].position)
+        assert await ml.trim(sub.cursor.mark_delete, retention_ms=0, retention_bytes=-1) == [first]
+        sub.ack(ca, [(a.got[2].position, -1, 0)], cumulative=True)
+        assert sub.cursor.mark_delete == a.got[6].position and set(ca.pending) >= {d.position for d in a.got[5:]}
+        assert not any(d.position in ca.pending for d in a.got[:3])
+        with pytest.raises(TopicError) as info:  # a position that never existed is still refused
+            sub.ack(ca, [(Position(first, -1), -1, 0)], cumulative=False)
+        assert info.value.status is TopicStatus.INVALID_ACK
+        await sub.close()
+    run(main())
+
+
 def test_ack_of_an_unknown_message_is_invalid_and_nothing_changes():
     async def main():
         ml, sub = await setup("Exclusive", 3)
