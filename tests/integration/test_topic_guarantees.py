@@ -253,9 +253,19 @@ def test_retention_trims_consumed_ledgers_and_ttl_expires_old_messages(cluster, 
     for lid in ledgers[:2]:
         assert lid not in remaining
         assert not cluster.zk.exists(f"/ledgers/00/0000/L{lid:04d}")
-    # TTL: the 60 unacknowledged messages expire (the cursor moves past them) without a consumer acking
-    consumer.close()
+    # TTL: the 60 unacknowledged messages expire (the cursor moves past them) while the consumer holds them
+    held = [consumer.receive(RECEIVE_MS) for _ in range(60)]
     wait_until(lambda: owner.topic_stats(topic)["subscriptions"]["s"]["msgBacklog"] == 0, 30, interval_s=0.2,
                message="TTL expiry of the unacknowledged messages")
+    expired_ledger = held[0].message_id().ledger
+    wait_until(lambda: expired_ledger not in [x["ledgerId"] for x in owner.topic_stats_internal(topic)["ledgers"]],
+               30, interval_s=0.2, message="retention trimming of the expired messages' ledger")
+    # acks of them are acks of what the cursor has already passed: they succeed and change nothing
+    consumer.acknowledge_cumulative(next(m for m in reversed(held) if m.message_id().ledger == expired_ledger))
+    consumer.acknowledge(held[0])
+    producer.send(b"after")
+    assert consumer.receive(RECEIVE_MS).data() == b"after"
+    assert owner.topic_stats(topic)["subscriptions"]["s"]["msgBacklog"] == 1
+    consumer.close()
     producer.close()
     owner.close()
