@@ -48,6 +48,9 @@ class GatedEngine:
         self.entered += len(items)
         return GatedBatch(self.gate, len(items))
 
+    def start_adds_compact(self, entries, master_key, flags):
+        return self.start_adds(entries)
+
     def set_disk_usage(self, total_bytes: int, free_bytes: int) -> bool:
         self.usage.append((total_bytes, free_bytes))
         read_only = (total_bytes - free_bytes) / total_bytes >= 0.9

@@ -5,11 +5,12 @@ its in-flight bounds apply; gRPC health (SERVING, NOT_SERVING while draining) an
 that feeds disk usage to the engine and reports read-only flips; draining on shutdown.
 
 AddEntries pipelining: a reader task takes AddRequests in arrival order and starts each batch in the
-engine (`start_adds`: validation, cache, journal queueing, no task per batch); the batches wait in a
-bounded in-order queue; the RPC's writer answers each request, in request order, once its batch is durable. OK in
-a response means the entry is durable (the engine returns only after the journal sync covering it). Answers
-that are ready when the writer sends one (a journal sync makes several requests durable at once) go in the same
-AddResponse, in its `next` (at most _ANSWERS_PER_MESSAGE_MAX): a gRPC message costs far more than its bytes.
+engine (`start_adds`, `start_adds_compact` for the compact form: validation, cache, journal queueing, no task
+per batch); the batches wait in a bounded in-order queue; the RPC's writer answers each request, in request
+order, once its batch is durable. OK in a response means the entry is durable (the engine returns only after
+the journal sync covering it). Answers that are ready when the writer sends one (a journal sync makes several
+requests durable at once) go in the same AddResponse, in its `next` (at most _ANSWERS_PER_MESSAGE_MAX): a gRPC
+message costs far more than its bytes.
 
 Bounds: the add bounds (`add_inflight_per_stream_max`, `add_inflight_total_max`) are bookie/requests.py
 AddAdmission, one per server and one share per stream; a refused request is answered TOO_MANY_REQUESTS for
@@ -173,6 +174,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
 
     async def _read_adds(self, request_iterator, queue: asyncio.Queue, stream: _Stream) -> None:
         start_adds = self._engine.start_adds
+        start_adds_compact = self._engine.start_adds_compact
         admit = stream.admission.admit
         try:
             async for req in request_iterator:
@@ -191,7 +193,7 @@ class BookieServicer(bookie_pb2_grpc.BookieServicer):
                 try:
                     if data:
                         key, flags = req.master_key, req.flags
-                        batch = start_adds([(entry, key, flags) for entry in data])
+                        batch = start_adds_compact(list(data), key, flags)
                     else:
                         batch = start_adds([(e.entry, e.master_key, e.flags) for e in entries])
                 except Exception as e:  # noqa: BLE001 - an engine bug must not kill the stream silently

@@ -6,7 +6,7 @@ Reads look in active, then flushing. Both halves are bounded by `bytes_max // 2`
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 Key = tuple[int, int]
 
@@ -73,6 +73,24 @@ class WriteCache:
             ledger.last = entry_id
         elif old is None:
             ledger.in_order = False
+        return True
+
+    def put_run(self, ledger_id: int, entry_ids: list[int], entries: Sequence[bytes], nbytes: int) -> bool:
+        """put() of every (entry_ids[i], entries[i]) at once, for `entry_ids` ascending and above every entry id the
+        active half holds of the ledger, `nbytes` the entries' total length. False, and nothing inserted, when
+        the active half lacks room for all of them or holds an entry id >= entry_ids[0] of the ledger."""
+        half = self._active
+        size = nbytes + len(entry_ids) * self.entry_overhead
+        if half.nbytes + size > self._limit:
+            return False
+        ledger = half.ledgers.get(ledger_id)
+        if ledger is None:
+            ledger = half.ledgers[ledger_id] = _Ledger()
+        elif entry_ids[0] <= ledger.last:
+            return False
+        ledger.entries.update(zip(entry_ids, entries))
+        ledger.last = entry_ids[-1]
+        half.nbytes += size
         return True
 
     def shorten_active(self, bytes_max: int) -> None:

@@ -32,6 +32,8 @@ import asyncio
 import heapq
 import hmac
 import os
+from itertools import chain, islice, repeat
+from operator import add, itemgetter, lt
 from typing import Callable, Sequence
 
 from bksim.bookie import compaction
@@ -66,6 +68,7 @@ _ENTRY_CRC_SEED = (crc32c(bytes((jfmt.RecordType.ENTRY, 0))), crc32c(bytes((jfmt
 CHECKPOINT_STEPS = ("mark", "swap", "entrylog_write", "entrylog_sync", "index_write", "ledger_index_write",
                     "lastmark_write")
 _ENTRY_RECORD = jfmt.RecordType.ENTRY
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 # replay checkpoints the active write-cache half early, between two lists of records, once it holds this fraction of
 # a half and no replay checkpoint runs: checkpoints then follow each other, and what is left to checkpoint when
 # replay ends (before the bookie serves) is about what replay applied during the last one, not up to a half
@@ -272,7 +275,22 @@ class BookieEngine:
 
         Only when the write cache is full does the rest of the batch continue in a task (throttling).
         """
-        batch = AddBatch(len(items))
+        if items and len(set(map(_SECOND, items))) == 1 and len(set(map(_THIRD, items))) == 1:
+            return self.start_adds_compact(list(map(_FIRST, items)), items[0][1], items[0][2])
+        return self._start_adds(items, AddBatch(len(items)))
+
+    def start_adds_compact(self, entries: Sequence[bytes], master_key: bytes, flags: int) -> "AddBatch":
+        """start_adds of (entry, master_key, flags) for each of `entries` (a compact AddRequest), with the same
+        outcome. The usual batch, entries of one ledger with ascending ids that all pass validation and fit in
+        the write cache's active half, is accepted as a run (`_accept_run`): its per-entry work runs in C loops."""
+        batch = AddBatch(len(entries))
+        if not self._closing and self._journal.failed is None and self._accept_run(entries, master_key, flags, batch):
+            self.stats["adds"] += len(entries)
+            self._journal_batch(batch)
+            return batch
+        return self._start_adds([(entry, master_key, flags) for entry in entries], batch)
+
+    def _start_adds(self, items: Sequence[tuple[bytes, bytes, int]], batch: "AddBatch") -> "AddBatch":
         if self._closing or self._journal.failed is not None:
             why = "bookie is shutting down" if self._closing else f"journal failed: {self._journal.failed}"
             batch.fail_accepted(StatusCode.IO_ERROR, why)
@@ -339,6 +357,43 @@ class BookieEngine:
             self._note_lac(checked[0], run_lac)
         batch.nrecords += nrecords
         return stopped_at
+
+    def _accept_run(self, entries: Sequence[bytes], master_key: bytes, flags: int, batch: "AddBatch") -> bool:
+        """_accept of (entry, master_key, flags) for each of `entries` when its outcome is known up front: every
+        entry within the size bounds, one ledger that passes its checks, entry ids ascending from >= 0, and room
+        in the active write-cache half for all of them (nothing in it replaced). Then everything is accepted as
+        _accept would, by C loops over the entries, and True is returned; else False, and nothing changed."""
+        n = len(entries)
+        if not n:
+            return False
+        sizes = list(map(len, entries))
+        if min(sizes) < _HEADER_BYTES or max(sizes) > self._entry_bytes_max:
+            return False
+        ids = list(map(_IDS.unpack_from, entries))  # (ledger id, entry id, lac) of each entry
+        ledger_id = ids[0][0]
+        entry_ids = list(map(_SECOND, ids))
+        if entry_ids[0] < 0 or (n > 1 and (not all(map(lt, entry_ids, islice(entry_ids, 1, None)))
+                                           or set(map(_FIRST, ids)) != {ledger_id})):
+            return False
+        if self._check_ledger(ledger_id, master_key, flags)[0] is not OK:
+            return False
+        if not self._write_cache.put_run(ledger_id, entry_ids, entries, sum(sizes)):
+            return False
+        self._generation += 1
+        self._seen[ledger_id] = self._generation
+        chunks = batch.chunks
+        record = self._ledgers.get(ledger_id)
+        if record is None or not record.master_key:
+            self._ledgers.update(ledger_id, master_key=master_key)
+            chunks.append(jfmt.master_key_record(ledger_id, master_key))
+            batch.nrecords += 1
+        self._note_lac(ledger_id, max(map(_THIRD, ids)))
+        recovery = flags & FLAG_RECOVERY_ADD
+        prefixes = map(_pack_prefix, map(add, sizes, repeat(_LENGTH_MIN)),
+                       map(crc32c, entries, repeat(_ENTRY_CRC_SEED[recovery])), repeat(_ENTRY), repeat(recovery))
+        chunks.extend(chain.from_iterable(zip(prefixes, entries)))
+        batch.nrecords += n
+        return True
 
     def _touch(self, ledger_id: int) -> None:
         """Garbage collection must not delete this ledger in a round whose metadata read began before now."""

@@ -2,9 +2,9 @@
 
 A BookieEngine on real files (journal with fsync, write cache, entry logs, RocksDB index, checkpoints: the
 bookie's configuration) takes the entries bookie-add sends, one ledger, `batch` entries per add, `inflight`
-adds in flight, through `start_adds` as the bookie's gRPC service calls it. This process is settled as a
-bookie's is (allocator, collector). Its CPU per entry (every thread: the journal's and the checkpoint's too)
-is what a bookie spends on an entry besides receiving and answering it.
+adds in flight, through `start_adds_compact` as the bookie's gRPC service calls it for a compact AddRequest.
+This process is settled as a bookie's is (allocator, collector). Its CPU per entry (every thread: the
+journal's and the checkpoint's too) is what a bookie spends on an entry besides receiving and answering it.
 
 `bksim perf bookie-add --breakdown` runs it after grpc-baseline and bookie-add and splits the bookie's CPU per
 entry into the engine's and the rest (gRPC, the service); with grpc-baseline's echo server as the cheapest a
@@ -116,10 +116,10 @@ async def _drive(engine: BookieEngine, payload: bytes, batch: int, inflight: int
             if n <= 0:
                 return
             state["next"] = first + n
-            items = [(encode_entry(LEDGER_ID, e, e - 1, (e + 1) * ledger_length, payload), MASTER_KEY, 0)
-                     for e in range(first, first + n)]
+            entries = [encode_entry(LEDGER_ID, e, e - 1, (e + 1) * ledger_length, payload)
+                       for e in range(first, first + n)]
             submitted = time.perf_counter()
-            statuses, message = await engine.start_adds(items).result()
+            statuses, message = await engine.start_adds_compact(entries, MASTER_KEY, 0).result()
             if any(s is not StatusCode.OK for s in statuses):
                 raise RuntimeError(f"engine-add: entries {first}..{first + n - 1} not added: {message}")
             acked = time.perf_counter()

@@ -42,6 +42,9 @@ class ControlledEngine:
         self.batches.append(batch)
         return batch
 
+    def start_adds_compact(self, entries, master_key, flags):
+        return self.start_adds(entries)
+
 
 def request(batch_id: int, n: int = 2) -> bookie_pb2.AddRequest:
     return bookie_pb2.AddRequest(batch_id=batch_id, data=[b"e" * 40] * n, master_key=KEY)

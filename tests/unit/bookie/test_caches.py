@@ -56,6 +56,18 @@ def test_each_entry_counts_its_overhead_and_a_re_add_only_its_length_difference(
     assert cache.put(1, 1, e(220)) and not cache.put(1, 2, e(0))
 
 
+def test_a_run_goes_in_whole_or_not_at_all_and_counts_as_its_puts_would():
+    cache = WriteCache(1000, entry_overhead=10)
+    assert cache.put(1, 4, e(20))
+    assert not cache.put_run(1, [4, 5], [e(5), e(5)], 10)  # an id it holds: re-adds go one by one
+    assert not cache.put_run(1, [2, 9], [e(5), e(5)], 10)  # below the ledger's last id
+    assert not cache.put_run(2, [0, 1], [e(260), e(200)], 460)  # 30 + 480 > 500: no room for the whole run
+    assert cache.get(2, 0) is None and cache.active_bytes == 30 and cache.last_entry_id(2) == -1
+    assert cache.put_run(1, [5, 7], [e(5, b"a"), e(6, b"b")], 11) and cache.put_run(2, [0], [e(9)], 9)
+    assert cache.active_bytes == 30 + 31 + 19 and cache.last_entry_id(1) == 7 and cache.get(1, 7) == e(6, b"b")
+    assert flat(cache.swap()) == [((1, 4), e(20)), ((1, 5), e(5, b"a")), ((1, 7), e(6, b"b")), ((2, 0), e(9))]
+
+
 def test_re_add_replaces_and_accounts_the_difference():
     cache = WriteCache(100)
     assert cache.put(1, 0, e(40, b"a"))
