@@ -53,7 +53,10 @@ def test_a_run_and_the_entry_by_entry_path_agree_on_everything(tmp_path):
             for entry_id in range(-1, last + 1):
                 assert await a.read_entry(ledger_id, entry_id) == await b.read_entry(ledger_id, entry_id)
             assert await a.read_lac(ledger_id) == await b.read_lac(ledger_id)
-        assert a.stats == b.stats and a.stats["throttled"] == 1
+        # how many checkpoints a throttled add asks for depends on when the first one ends: not compared
+        counts = [{k: v for k, v in e.stats.items() if k != "checkpoints"} for e in (a, b)]
+        assert counts[0] == counts[1] and a.stats["throttled"] == 1
+        assert a.stats["checkpoints"] >= 1 and b.stats["checkpoints"] >= 1  # the throttled add asked for one
         for e in (a, b):
             await e.close()
     asyncio.run(main())
