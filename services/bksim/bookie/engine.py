@@ -275,20 +275,29 @@ class BookieEngine:
 
         Only when the write cache is full does the rest of the batch continue in a task (throttling).
         """
-        if items and len(set(map(_SECOND, items))) == 1 and len(set(map(_THIRD, items))) == 1:
-            return self.start_adds_compact(list(map(_FIRST, items)), items[0][1], items[0][2])
-        return self._start_adds(items, AddBatch(len(items)))
+        batch = AddBatch(len(items))
+        if (items and len(set(map(_SECOND, items))) == 1 and len(set(map(_THIRD, items))) == 1
+                and self._started_as_run(list(map(_FIRST, items)), items[0][1], items[0][2], batch)):
+            return batch
+        return self._start_adds(items, batch)
 
     def start_adds_compact(self, entries: Sequence[bytes], master_key: bytes, flags: int) -> "AddBatch":
         """start_adds of (entry, master_key, flags) for each of `entries` (a compact AddRequest), with the same
         outcome. The usual batch, entries of one ledger with ascending ids that all pass validation and fit in
         the write cache's active half, is accepted as a run (`_accept_run`): its per-entry work runs in C loops."""
         batch = AddBatch(len(entries))
-        if not self._closing and self._journal.failed is None and self._accept_run(entries, master_key, flags, batch):
-            self.stats["adds"] += len(entries)
-            self._journal_batch(batch)
+        if self._started_as_run(entries, master_key, flags, batch):
             return batch
         return self._start_adds([(entry, master_key, flags) for entry in entries], batch)
+
+    def _started_as_run(self, entries: Sequence[bytes], master_key: bytes, flags: int, batch: "AddBatch") -> bool:
+        """The batch accepted as a run and queued for the journal; False (nothing changed) when it cannot be."""
+        if self._closing or self._journal.failed is not None or not self._accept_run(entries, master_key, flags,
+                                                                                      batch):
+            return False
+        self.stats["adds"] += len(entries)
+        self._journal_batch(batch)
+        return True
 
     def _start_adds(self, items: Sequence[tuple[bytes, bytes, int]], batch: "AddBatch") -> "AddBatch":
         if self._closing or self._journal.failed is not None:
@@ -372,8 +381,8 @@ class BookieEngine:
         ids = list(map(_IDS.unpack_from, entries))  # (ledger id, entry id, lac) of each entry
         ledger_id = ids[0][0]
         entry_ids = list(map(_SECOND, ids))
-        if entry_ids[0] < 0 or (n > 1 and (not all(map(lt, entry_ids, islice(entry_ids, 1, None)))
-                                           or set(map(_FIRST, ids)) != {ledger_id})):
+        if (entry_ids[0] < 0 or not all(map(lt, entry_ids, islice(entry_ids, 1, None)))
+                or set(map(_FIRST, ids)) != {ledger_id}):
             return False
         if self._check_ledger(ledger_id, master_key, flags)[0] is not OK:
             return False

@@ -13,7 +13,8 @@ Public API (LEAD's subscription code calls these):
                                                 recovered at open): where the cursor comes back after a crash;
                                                 retention trims only below it
     cursor.read_position  (settable)            next entry to dispatch; cursor.rewind() -> after mark_delete
-    cursor.ack(positions) -> int                individual acks (INVALID_ACK: after mark_delete and not in the topic)
+    cursor.check(pos) -> Position               INVALID_ACK unless the topic holds pos or it is <= mark_delete
+    cursor.ack(positions) -> int                individual acks (each checked first)
     cursor.ack_cumulative(pos, properties=None) mark-delete to pos (an older pos is a no-op)
     cursor.expire_until(pos)                    TTL: like ack_cumulative, for every subscription type
     cursor.ack_batch_indexes(pos, indexes, batch_size) -> bool   True when the entry is now acked as a whole
@@ -309,6 +310,9 @@ class ManagedCursor:
 
     def _touch(self) -> None:
         self.state.last_active = self._clock.wall_ms()
+
+    def check(self, pos: Position) -> Position:
+        return self.state.check(pos)
 
     def ack(self, positions: Iterable[Position]) -> int:
         self._writable()

@@ -264,9 +264,7 @@ class Subscription:
         acks: list[tuple[Position, tuple[int, ...], int]] = []  # every id as a tuple of its indexes ((-1,): whole)
         for pos, batch_index, batch_size in ids:
             indexes = (batch_index,) if type(batch_index) is int else tuple(batch_index)
-            if not self.ml.contains(pos) and not (pos.entry >= 0 and pos <= self.cursor.mark_delete):
-                raise TopicError(TopicStatus.INVALID_ACK, f"message {pos} does not exist in {self.topic} (last is "
-                                                          f"{self.ml.last_confirmed})")
+            self.cursor.check(pos)  # INVALID_ACK unless the topic holds it or it is at or before the mark-delete
             if not indexes or min(indexes) < (-1 if len(indexes) == 1 else 0):  # nothing of the ack is applied
                 what = f"batch index {min(indexes)}" if indexes else "an empty ack set"
                 raise TopicError(TopicStatus.INVALID_ACK, f"{what} of {pos}: -1 (the whole entry) or 0..batch "
