@@ -1,6 +1,7 @@
 """TopicChecks (bksim.sim.topic_checks) on its own: CursorNeverRegresses and OrderPerKey around a seek, what a
-close of the topic binds the next owner to (AckedNotRedeliveredAfterCleanClose), and what a subscription owes after
-seeks and trims (ReceiptedMessagesAreConsumed)."""
+close of the topic binds the next owner to (AckedNotRedeliveredAfterCleanClose), what a subscription owes after
+seeks, trims and a message TTL (ReceiptedMessagesAreConsumed), and that nothing expires before its time
+(ExpiredOnlyAfterTTL)."""
 from __future__ import annotations
 
 from bksim.sim.bookie_checks import InvariantViolation
@@ -165,3 +166,122 @@ def test_a_trim_while_a_seek_back_is_under_way_owes_nothing_the_seek_in_force_ha
     ledgers(c, 1, 2)
     c.seek_ended("sh")
     assert c.missing("sh") == []
+
+
+# -- a message TTL: what expired is not owed, and nothing expires before its time ---------------------------------
+TTL_MS = 100
+
+
+def with_ttl(ttl_ms: int = TTL_MS) -> tuple[TopicChecks, list[InvariantViolation]]:
+    """sh and ex; p1's Sends 1..3 made at 0, 10 and 20 ms, stored at 0:1..0:3; sh got 0:1 only, ex all three."""
+    seen: list[InvariantViolation] = []
+    c = TopicChecks("/ml", {"sh": "Shared", "ex": "Exclusive"}, False, lambda line: None, seen.append,
+                    ttl_ms=ttl_ms)
+    for seq in (1, 2, 3):
+        m = ("p1", seq)
+        c.send_made(m, (m,), at_ms=10.0 * (seq - 1))
+        c.receipt(m, P(0, seq), "broker-1#1")
+        c.delivered("ex", "ex-c1", P(0, seq), [(m, None)], 0)
+    c.delivered("sh", "sh-c1", P(0, 1), [(("p1", 1), None)], 0)
+    return c, seen
+
+
+def test_messages_the_mark_delete_passed_after_their_ttl_are_expired_not_lost():
+    c, seen = with_ttl()
+    assert c.missing("sh") == [("p1", 2), ("p1", 3)]
+    c.mark_delete_seen("sh", P(0, 1), 60.0)      # acked
+    c.mark_delete_seen("sh", P(0, 3), 150.0)     # expired: 0:2 and 0:3 made at 10 and 20 ms
+    c.mark_delete_seen("sh", P(0, 2), 200.0)     # lower again (a restore): the first time seen past counts
+    assert c.missing("sh") == []
+    c.final()
+    assert seen == [] and c.stats["expired"] == 2
+
+
+def test_a_mark_delete_past_a_message_before_its_ttl_ran_out_is_caught():
+    c, seen = with_ttl()
+    c.mark_delete_seen("sh", P(0, 3), 115.0)     # 0:3 was made at 20 ms: it could expire after 120 ms at the earliest
+    assert c.missing("sh") == []
+    c.final()
+    assert [v.invariant for v in seen] == ["ExpiredOnlyAfterTTL"]
+    assert "p1/3" in seen[0].detail
+
+
+def test_without_a_ttl_a_mark_delete_past_an_undelivered_message_is_a_loss():
+    c, seen = with_ttl(ttl_ms=0)
+    c.mark_delete_seen("sh", P(0, 3), 500.0)
+    assert c.missing("sh") == [("p1", 2), ("p1", 3)]
+    c.final()
+    assert [v.invariant for v in seen] == ["ReceiptedMessagesAreConsumed"]
+
+
+def test_what_the_mark_delete_passed_before_a_seek_back_is_owed_again():
+    c, seen = with_ttl()
+    c.mark_delete_seen("sh", P(0, 3), 150.0)
+    c.seek_started("sh", P(0, 1))
+    c.mark_delete_seen("sh", P(0, 3), 160.0)     # under way: may be the mark-delete from before the seek
+    assert c.missing("sh") == [("p1", 2), ("p1", 3)]
+    c.seek_ended("sh")
+    c.mark_delete_seen("sh", P(0, 2), 300.0)     # expired again after the seek: 0:2 only
+    assert c.missing("sh") == [("p1", 3)]
+
+
+def test_a_copy_every_subscription_let_expire_unseen_is_not_looked_for_at_its_receipts_position():
+    """Dedup off: p1's Send 2 was stored at 0:2 and again at 0:4 (the receipt names 0:4); ex got it at 0:2, and the
+    copy at 0:4 expired everywhere before anyone got it."""
+    c, seen = with_ttl()
+    c.receipt(("p1", 2), P(0, 4), "broker-1#1")
+    for sub in ("sh", "ex"):
+        c.mark_delete_seen(sub, P(0, 4), 150.0)
+    c.final()
+    assert seen == []
+
+
+def test_a_copy_at_the_receipts_position_that_expired_too_early_everywhere_is_caught():
+    c, seen = with_ttl()
+    c.receipt(("p1", 2), P(0, 4), "broker-1#1")
+    for sub in ("sh", "ex"):
+        c.mark_delete_seen(sub, P(0, 4), 105.0)   # Send 2 was made at 10 ms
+    c.final()
+    assert [v.invariant for v in seen] == ["ExpiredOnlyAfterTTL"]
+
+
+def test_a_copy_at_the_receipts_position_that_one_subscription_still_owes_is_not_where_consumers_found_it():
+    c, seen = with_ttl()
+    c.receipt(("p1", 2), P(0, 4), "broker-1#1")
+    c.mark_delete_seen("sh", P(0, 4), 150.0)      # ex's mark-delete never passed 0:4, and ex never got it there
+    c.final()
+    assert [v.invariant for v in seen] == ["ReceiptNamesItsPosition"]
+
+
+def test_a_send_answered_only_as_a_duplicate_and_never_seen_expired_before_the_producers_next_send():
+    """Dedup: p1's Send 4 (made at 30 ms) got only a "duplicate" receipt and no one saw where it is; Send 5 is at
+    0:6. A mark-delete past 0:6 passed Send 4 too (a producer's Sends are stored in order), no later than it was
+    seen there."""
+    c, seen = with_ttl()
+    for seq, pos in ((4, None), (5, P(0, 6))):
+        m = ("p1", seq)
+        c.send_made(m, (m,), at_ms=10.0 * (seq - 1))
+        c.receipt(m, pos, "broker-1#1")
+        if pos is not None:
+            c.delivered("sh", "sh-c1", pos, [(m, None)], 0)
+            c.delivered("ex", "ex-c1", pos, [(m, None)], 0)
+    for sub in ("sh", "ex"):
+        c.mark_delete_seen(sub, P(0, 5), 125.0)  # before 0:6: where Send 4 is, no one knows
+    assert ("p1", 4) in c.missing("sh")
+    for sub in ("sh", "ex"):
+        c.mark_delete_seen(sub, P(0, 6), 200.0)
+    assert c.missing("sh") == [] and c.missing("ex") == []
+    c.final()
+    assert seen == []
+
+
+def test_a_send_answered_only_as_a_duplicate_that_expired_too_early_is_caught():
+    c, seen = with_ttl()
+    for seq, pos in ((4, None), (5, P(0, 6))):
+        m = ("p1", seq)
+        c.send_made(m, (m,), at_ms=10.0 * (seq - 1))
+        c.receipt(m, pos, "broker-1#1")
+        c.delivered("ex", "ex-c1", pos or P(0, 4), [(m, None)], 0)
+    c.mark_delete_seen("sh", P(0, 6), 125.0)  # Send 4 was made at 30 ms: at or before 130 ms is too early
+    c.final()
+    assert [v.invariant for v in seen] == ["ExpiredOnlyAfterTTL"] and "p1/4" in seen[0].detail

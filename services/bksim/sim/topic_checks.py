@@ -15,8 +15,14 @@ Invariants (each raised as InvariantViolation(name, detail)):
   subscription (checked at the end, after the drain), but for messages stored before the subscription's last seek
   position, which the seek skips (Pulsar's seek: everything before it counts as acknowledged), and for messages a
   seek had skipped when their ledger was trimmed: a later seek back to a position there starts at the topic's first
-  entry (Pulsar's getNextValidPosition), they are not in the topic any more; a receipt that names a position names
-  the one where a consumer found that message (ReceiptNamesItsPosition).
+  entry (Pulsar's getNextValidPosition), they are not in the topic any more, and, with a message TTL, for messages
+  the subscription's mark-delete passed on the owner (the scenario's probe sees it in memory) since its last seek:
+  expired. A receipt that names a position names the one where a consumer found that message
+  (ReceiptNamesItsPosition; a message every subscription let expire unseen is not looked for).
+- ExpiredOnlyAfterTTL: a message a subscription never got and whose mark-delete passed it was not expired before its
+  time: the probe first saw that mark-delete later than the message's Send was made plus the TTL (the broker's
+  publish time is at or after the Send was made, and it expires an entry only once its publish time is more than
+  the TTL ago; the probe, every PROBE_MS, sees the expiry at or after it happened).
 - NoDuplicateWithDedup: with dedup on, no (producer, sequence id) is stored at two positions (seen in
   deliveries and receipts).
 - OrderPerKey: on Key_Shared, a message of a key delivered for the first time is never below a position of the
@@ -44,6 +50,8 @@ Invariants (each raised as InvariantViolation(name, detail)):
 - DelayedNotBeforeItsTime (checked by the scenario as a broker delivers): on Shared and Key_Shared no message is
   delivered before its delivery time; such a message is out of order by design, so OrderPerKey leaves it out.
 - StickyRangesHonoured (checked by the scenario): a sticky Key_Shared consumer gets only keys in its slots.
+- AcksOfDeliveriesAccepted (checked by the scenario): the broker accepts every ack a consumer sends (it acks only
+  what it was delivered, as its subscription type allows), also of a message the TTL passed and retention trimmed.
 - ReaderInOrder: a reader reads each message once, in position (and batch index) order, across reconnects;
   ReaderSkipsOnlyTrimmed (at the end, and the drain waits for it): every message stored in the topic was read
   by the reader, or lies in a ledger retention had trimmed before the reader read past it.
@@ -53,6 +61,7 @@ Invariants (each raised as InvariantViolation(name, detail)):
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -80,19 +89,23 @@ class SubscriptionRecord:
     target_in_doubt: Position | None = None  # with seeks under way: the highest position that may be in force
     seeks_under_way: int = 0                # seeks asked and not answered yet (the mark-delete may drop any time)
     seeks: int = 0                          # seeks asked so far: a delivery is ordered among those sent after as many
+    # the owner's in-memory mark-delete since the last seek, each time it was first seen higher: (time, position)
+    passed: list[tuple[float, Position]] = field(default_factory=list)
 
 
 class TopicChecks:
     def __init__(self, ml_path: str, subscriptions: dict[str, str], dedup: bool, log: Callable[[str], None],
-                 on_violation: Callable[[InvariantViolation], None]) -> None:
+                 on_violation: Callable[[InvariantViolation], None], *, ttl_ms: int = 0) -> None:
         self.ml_path = ml_path
         self.dedup = dedup
+        self.ttl_ms = ttl_ms  # the namespace's message TTL (0: nothing expires)
         self._log = log
         self._on_violation = on_violation
         self.violation: InvariantViolation | None = None
         self.subs = {name: SubscriptionRecord(name, t) for name, t in subscriptions.items()}
         self.receipts: dict[MessageKey, list[Position | None]] = {}  # per Send (its highest sequence id)
         self.sends: dict[MessageKey, tuple[MessageKey, ...]] = {}    # Send key -> every message of it
+        self.made_at: dict[MessageKey, float] = {}                    # Send key -> when it was made (virtual ms)
         self.stored: dict[MessageKey, set[Position]] = {}            # where each message was seen stored
         self.send_at: dict[Position, MessageKey] = {}                 # the Send a receipt put at each position
         self.ledger_writer: dict[int, str] = {}   # ledger id -> broker incarnation whose store listed it first
@@ -109,7 +122,7 @@ class TopicChecks:
         # checks TrimBelowPersistedMarkDelete against that broker's cursors)
         self.on_trim: Callable[[str, list[tuple[int, int]]], None] = lambda broker, trimmed: None
         self.stats = {"receipts": 0, "duplicate_receipts": 0, "deliveries": 0, "redeliveries": 0, "ml_writes": 0,
-                      "ledgers": 0, "trimmed": 0, "reader_reads": 0}
+                      "ledgers": 0, "trimmed": 0, "reader_reads": 0, "expired": 0}
 
     def fail(self, invariant: str, detail: str) -> None:
         v = InvariantViolation(invariant, detail)
@@ -119,8 +132,9 @@ class TopicChecks:
             self._on_violation(v)
 
     # -- producers --------------------------------------------------------------------------------------------
-    def send_made(self, send: MessageKey, messages: tuple[MessageKey, ...]) -> None:
+    def send_made(self, send: MessageKey, messages: tuple[MessageKey, ...], at_ms: float) -> None:
         self.sends[send] = messages
+        self.made_at.setdefault(send, at_ms)
 
     def receipt(self, send: MessageKey, pos: Position | None, broker: str) -> None:
         """A producer got a receipt for a Send (pos None: the broker answered "duplicate")."""
@@ -237,6 +251,7 @@ class TopicChecks:
         rec.durable_floor = None
         rec.acked_at_close.clear()
         rec.seek_target = target
+        rec.passed.clear()  # what the mark-delete passed before the seek is owed again from its position on
 
     def seek_ended(self, sub: str) -> None:
         """The seek was answered, failed (it may have been applied all the same) or its broker died: the floor starts
@@ -267,6 +282,31 @@ class TopicChecks:
                                               f"{floor} seen durable before")
         if floor is None or pos > floor:
             rec.durable_floor = pos
+
+    def mark_delete_seen(self, sub: str, pos: Position, at_ms: float) -> None:
+        """The owner's in-memory mark-delete of `sub` at `at_ms` (the probe's look; none while a seek is under way:
+        the mark-delete seen may be the one before the seek)."""
+        rec = self.subs.get(sub)
+        if rec is None or rec.seeks_under_way:
+            return
+        if not rec.passed or pos > rec.passed[-1][1]:
+            rec.passed.append((at_ms, pos))
+
+    def _expired_in_time(self, sub: str, send: MessageKey, passed_ms: float) -> bool:
+        """ExpiredOnlyAfterTTL for a Send `sub` never got, whose mark-delete the probe first saw past it at
+        `passed_ms` (True: in time)."""
+        made = self.made_at.get(send)
+        if made is None or passed_ms > made + self.ttl_ms:
+            return True
+        self.fail("ExpiredOnlyAfterTTL", f"subscription {sub}: the mark-delete passed {send[0]}/{send[1]} (never "
+                                         f"delivered) by {passed_ms:.1f} ms; it was made at {made:.1f} ms, TTL "
+                                         f"{self.ttl_ms} ms")
+        return False
+
+    def _passed_at(self, rec: SubscriptionRecord, pos: Position) -> float | None:
+        """When the probe first saw `rec`'s mark-delete at or past `pos` since its last seek (None: not seen)."""
+        i = bisect.bisect_left(rec.passed, pos, key=lambda seen: seen[1])
+        return rec.passed[i][0] if i < len(rec.passed) else None
 
     # -- the managed-ledger list ------------------------------------------------------------------------------
     def ml_written(self, data: bytes, broker: str) -> None:
@@ -322,41 +362,86 @@ class TopicChecks:
 
     def missing(self, sub: str) -> list[MessageKey]:
         """Messages with a receipt that `sub` owes and has not delivered (those stored only before its last seek's
-        position, or in a ledger trimmed while a seek had skipped them, are not owed)."""
-        rec = self.subs[sub]
+        position, or in a ledger trimmed while a seek had skipped them, or, with a TTL, that its mark-delete passed
+        since that seek, are not owed)."""
+        return self._owed(sub)[0]
+
+    @staticmethod
+    def _skipped(rec: SubscriptionRecord, p: Position | None) -> bool:
+        """A receipt's position (None: "duplicate") that `rec`'s seeks skipped: stored before the last seek's position,
+        or in a ledger trimmed while a seek had skipped it."""
         target = rec.seek_target
+        if target is None:
+            return False
+        if p is None or p < target:
+            return True
+        skipped_below = rec.trimmed_skipped.get(p.ledger)
+        return skipped_below is not None and p < skipped_below
 
-        def skipped(p: Position | None) -> bool:
-            if p is None or p < target:
-                return True
-            skipped_below = rec.trimmed_skipped.get(p.ledger)
-            return skipped_below is not None and p < skipped_below
-
-        out = []
+    def _owed(self, sub: str) -> tuple[list[MessageKey], list[tuple[MessageKey, float]]]:
+        """(messages `sub` owes and has not delivered, [(Send, when the probe first saw the mark-delete past it)]
+        for the Sends it did not deliver because they expired)."""
+        rec = self.subs[sub]
+        out, expired = [], []
         for send in sorted(self.receipts):
-            if target is not None and all(skipped(p) for p in self.receipts[send]):
+            positions = self.receipts[send]
+            if all(self._skipped(rec, p) for p in positions):
                 continue
-            out += [m for m in self.sends.get(send, (send,)) if m not in rec.delivered]
-        return out
+            undelivered = [m for m in self.sends.get(send, (send,)) if m not in rec.delivered]
+            if undelivered and self.ttl_ms:
+                passed = [self._passed_at(rec, p) for p in self._places(send) if not self._skipped(rec, p)]
+                if passed and None not in passed:
+                    expired.append((send, min(passed)))
+                    continue
+            out += undelivered
+        return out, expired
+
+    def _places(self, send: MessageKey) -> set[Position]:
+        """Where the Send is stored as far as anyone saw (receipts, deliveries, the reader); for a Send whose only
+        receipts said "duplicate" and that no one saw, the first position known of a later Send of its producer: it
+        lies before that (a producer's Sends are stored in sequence order), so a mark-delete past that position
+        passed it, no later than the mark-delete was first seen there."""
+        places = {p for p in self.receipts.get(send, ()) if p is not None}
+        for m in self.sends.get(send, (send,)):
+            places.update(self.stored.get(m, ()))
+        if not places:
+            producer, seq = send
+            later = [p for (name, s), where in self.receipts.items() if name == producer and s > seq
+                     for p in where if p is not None]
+            if later:
+                places.add(min(later))
+        return places
 
     def final(self) -> None:
-        """After the drain: lost = 0 on every subscription, every receipt's position holds its message."""
+        """After the drain: lost = 0 on every subscription, nothing expired before its time, every receipt's
+        position holds its message."""
         for sub in sorted(self.subs):
-            lost = self.missing(sub)
+            lost, expired = self._owed(sub)
             if lost:
                 self.fail("ReceiptedMessagesAreConsumed", f"subscription {sub}: {len(lost)} messages with a receipt "
                                                           f"never delivered: {lost[:5]}")
                 return
+            for send, passed_ms in expired:
+                if not self._expired_in_time(sub, send, passed_ms):
+                    return
+            self.stats["expired"] += len(expired)
         for send, positions in sorted(self.receipts.items()):
             for pos in positions:
                 if pos is None:
                     continue
                 for m in self.sends.get(send, (send,)):
                     seen = {p for rec in self.subs.values() for p in rec.delivered.get(m, ())}
-                    if pos not in seen:
-                        self.fail("ReceiptNamesItsPosition", f"{send} was acknowledged at {pos}; consumers found "
-                                                             f"message {m} at {sorted(map(str, seen))}")
+                    if pos in seen:
+                        continue
+                    passed = {sub: self._passed_at(rec, pos) if self.ttl_ms else None
+                              for sub, rec in self.subs.items() if not self._skipped(rec, pos)}
+                    if None not in passed.values():  # every subscription skipped this copy or let it expire
+                        if all(self._expired_in_time(sub, send, ms) for sub, ms in sorted(passed.items())):
+                            continue
                         return
+                    self.fail("ReceiptNamesItsPosition", f"{send} was acknowledged at {pos}; consumers found "
+                                                         f"message {m} at {sorted(map(str, seen))}")
+                    return
         if self.reader:
             self._reader_final()
 

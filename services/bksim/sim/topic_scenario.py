@@ -154,6 +154,9 @@ class TopicPlan:
     key_shared_sticky: int      # 0: Key_Shared auto-split; else sticky ranges [0, this - 1] and [this, 65535]
     reader: bool                # a reader (non-durable cursor from the earliest message) follows the topic
     add_requests_per_bookie_max: int  # broker.add_requests_per_bookie_max (0: each loop turn's adds at once)
+    # expiry (a stream of its own too)
+    ttl_ms: int                 # the namespace's message TTL (0: none): cursors move past older messages
+    consumer_hold_ms_max: float  # a consumer's processing time after each batch it acks: 0 .. this
 
     @classmethod
     def from_seed(cls, seed: int) -> "TopicPlan":
@@ -195,7 +198,7 @@ class TopicPlan:
             ensemble=(3, 2, 2), ledger_entries_max=r.choice([4, 10, 1_000]),
             cursor_persist_interval_ms=r.choice([50, 100, 300]), dedup_snapshot_entries=r.choice([2, 3, 5]),
             dispatch_read_entries_max=r.choice([2, 10]), disk_latency_ms_max=r.choice([0.1, 1.0]),
-            events=tuple(events), **_delivery_features(seed))
+            events=tuple(events), **_delivery_features(seed), **_expiry_features(seed))
 
     def describe(self) -> list[str]:
         lines = []
@@ -228,6 +231,14 @@ def _delivery_features(seed: int) -> dict:
             "key_shared_sticky": r.choice([0, 0, r.randint(1, HASH_RANGE_SIZE - 1)]),
             "reader": r.random() < 0.4,
             "add_requests_per_bookie_max": rng_for(seed, "topic-plan-add-batching").choice([0, 1, 2])}
+
+
+def _expiry_features(seed: int) -> dict:
+    """A message TTL in about a third of the worlds, and slow consumers (acks held up to 150 ms) in a quarter: a
+    consumer may then ack messages the TTL passed, whose ledger retention may have trimmed meanwhile."""
+    r = rng_for(seed, "topic-plan-expiry")
+    return {"ttl_ms": r.choice([100, 250, 500]) if r.random() < 0.35 else 0,
+            "consumer_hold_ms_max": r.choice([2.0, 2.0, 2.0, 800.0])}
 
 
 @dataclass(slots=True)
@@ -510,8 +521,9 @@ class _ConsumerSide:
             return
         try:
             self.sub.ack(self.consumer, ids, cumulative)
-        except TopicError as e:
-            self.world.trace.add(f"{self.broker.label}: {self.client.name} ack {ids[0][0]}: {e.status.name}")
+        except TopicError as e:  # a consumer acks only what it was delivered, as its subscription type allows
+            self.world.checks.fail("AcksOfDeliveriesAccepted", f"{self.broker.label} refused {self.client.name}'s "
+                                                               f"{'cumulative ' if cumulative else ''}ack of {ids}: {e}")
 
     def redeliver(self, positions: list[Position]) -> None:
         if self.sub is not None:
@@ -678,7 +690,8 @@ class _Producer(_Client):
             msgs.append(Message(f"{self.name}:{seq}".encode(), key, {}, 0, seq, deliver_at))
         send = _Send(len(self.sends), msgs[-1].sequence_id, msgs)
         self.sends.append(send)
-        self.world.checks.send_made((self.name, send.seq), tuple((self.name, m.sequence_id) for m in msgs))
+        self.world.checks.send_made((self.name, send.seq), tuple((self.name, m.sequence_id) for m in msgs),
+                                    self.world.now())
         return send
 
     def _push(self, conn: _Conn, side: _ProducerSide, send: _Send) -> None:
@@ -825,7 +838,7 @@ class _Consumer(_Client):
                     granted += self._take(conn, self.inbox.popleft())
                 if granted:
                     conn.to_broker(side.flow, granted)
-                    await w.clock.sleep_ms(w.workload.uniform(0.0, 2.0))  # processing time
+                    await w.clock.sleep_ms(w.workload.uniform(0.0, w.plan.consumer_hold_ms_max))  # processing time
                     continue
                 self.arrived.clear()
                 await _wait_any((self.arrived, self.broken), None)
@@ -891,7 +904,7 @@ class TopicWorld:
         self.trace = Trace(self.clock.monotonic_ms)
         self.topic_name = TopicName.parse(TOPIC)
         self.checks = TopicChecks(self.topic_name.managed_ledger_path, SUBSCRIPTIONS, plan.dedup, self.trace.add,
-                                  lambda v: self._violated.set())
+                                  lambda v: self._violated.set(), ttl_ms=plan.ttl_ms)
         self.checks.on_trim = self._trimmed
         self.topic_config = plan.topic_config()
         self.broker_config = BrokerConfig(bookie_timeout_ms=int(plan.bookie_timeout_ms),
@@ -1114,8 +1127,8 @@ class TopicWorld:
         self.trace.add("PASS")
 
     async def _setup(self) -> None:
-        """Tenant, namespace (dedup per the plan, retention 0: ledgers are trimmed once consumed), the topic, and
-        its four durable subscriptions at "earliest" (before the first Send)."""
+        """Tenant, namespace (dedup and TTL per the plan, retention 0: ledgers are trimmed once consumed), the topic,
+        and its four durable subscriptions at "earliest" (before the first Send)."""
         first = self.brokers[broker_name(1)]
         topics = first.topics
 
@@ -1126,7 +1139,8 @@ class TopicWorld:
 
         async def setup() -> None:
             await topics.create_tenant("sim")
-            await topics.create_namespace("sim/ns", Policies(retention_ms=0, dedup=self.plan.dedup))
+            await topics.create_namespace("sim/ns", Policies(retention_ms=0, ttl_ms=self.plan.ttl_ms,
+                                                             dedup=self.plan.dedup))
             await topics.create_topic(TOPIC, 0)
             topic = await topics.acquire(TOPIC)
             for name, sub_type in SUBSCRIPTIONS.items():
@@ -1160,6 +1174,7 @@ class TopicWorld:
                 if b.label == self.checks.ml_writer and topic.fenced is None:
                     for name, sub in sorted(topic.subscriptions.items()):
                         self.checks.persisted_mark_delete(name, sub.cursor.persisted_mark_delete, b.label)
+                        self.checks.mark_delete_seen(name, sub.cursor.mark_delete, self.now())
             if len(serving) > 1:
                 self.checks.fail("OneOwnerAtATime", f"brokers {serving} (each with a live session) serve {TOPIC}")
 
