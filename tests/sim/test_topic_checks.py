@@ -285,3 +285,18 @@ def test_a_send_answered_only_as_a_duplicate_that_expired_too_early_is_caught():
     c.mark_delete_seen("sh", P(0, 6), 125.0)  # Send 4 was made at 30 ms: at or before 130 ms is too early
     c.final()
     assert [v.invariant for v in seen] == ["ExpiredOnlyAfterTTL"] and "p1/4" in seen[0].detail
+
+
+def test_a_message_that_could_have_expired_may_come_back_below_one_delivered_after_it():
+    """Topics seed 864455 in miniature (Failover, TTL): ex got 0:1 and then 0:3 at 125 ms, the cursor having passed
+    0:2 (made at 10 ms) by expiry; the owner crashed before persisting that, and the next one delivers 0:2 for the
+    first time. Had 0:3 come at 105 ms, 0:2 could not have expired yet."""
+    for arrived_ms, caught in ((125.0, []), (105.0, ["OrderOnExclusive"])):
+        seen: list[InvariantViolation] = []
+        c = TopicChecks("/ml", {"ex": "Exclusive"}, False, lambda line: None, seen.append, ttl_ms=TTL_MS)
+        for seq in (1, 2, 3):
+            c.send_made(("p1", seq), (("p1", seq),), at_ms=10.0 * (seq - 1))
+        c.delivered("ex", "ex-c1", P(0, 1), [(("p1", 1), None)], 0, at_ms=50.0)
+        c.delivered("ex", "ex-c1", P(0, 3), [(("p1", 3), None)], 0, at_ms=arrived_ms)
+        c.delivered("ex", "ex-c2", P(0, 2), [(("p1", 2), None)], 0, at_ms=300.0)
+        assert [v.invariant for v in seen] == caught, arrived_ms

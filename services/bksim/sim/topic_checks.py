@@ -30,7 +30,9 @@ Invariants (each raised as InvariantViolation(name, detail)):
   redelivery of something delivered before may come later: that is not a new message). Both compare deliveries
   the broker sent between the same two seeks of the subscription: a seek restarts the stream at its position
   (Pulsar disconnects the consumers, resets the cursor, and the client drops what it got before), so a seek back
-  may deliver for the first time a message an earlier seek had skipped, below what came before it.
+  may deliver for the first time a message an earlier seek had skipped, below what came before it. With a TTL, a
+  message that could have expired when the one above it was delivered is not out of order either: the cursor
+  passed over it, and a crash before that was persisted brought it back.
 - OneOpenLedger / LedgersOrdered: in every managed-ledger list written, ledger ids strictly increase and at
   most the last ledger is open; ClosedLedgerKeepsItsEntries: a closed ledger's entry count never changes;
   TrimOnlyAPrefix: ledgers that hold entries leave the list only from its front (an empty one may be dropped
@@ -81,6 +83,7 @@ class SubscriptionRecord:
     delivered: dict[MessageKey, set[Position]] = field(default_factory=dict)
     positions: set[Position] = field(default_factory=set)          # every position delivered
     highest_of_key: dict[tuple[int, str | None], Position] = field(default_factory=dict)  # (seeks, key) -> pos
+    highest_at: dict[tuple[int, str | None], float] = field(default_factory=dict)  # ... when it was delivered
     durable_floor: Position | None = None   # highest persisted mark-delete seen (None: reset by a seek)
     acked_at_close: set[Position] = field(default_factory=set)
     seek_target: Position | None = None     # the last seek's position: nothing stored before it is owed any more
@@ -106,6 +109,7 @@ class TopicChecks:
         self.receipts: dict[MessageKey, list[Position | None]] = {}  # per Send (its highest sequence id)
         self.sends: dict[MessageKey, tuple[MessageKey, ...]] = {}    # Send key -> every message of it
         self.made_at: dict[MessageKey, float] = {}                    # Send key -> when it was made (virtual ms)
+        self.send_of: dict[MessageKey, MessageKey] = {}               # message -> the Send it was made in
         self.stored: dict[MessageKey, set[Position]] = {}            # where each message was seen stored
         self.send_at: dict[Position, MessageKey] = {}                 # the Send a receipt put at each position
         self.ledger_writer: dict[int, str] = {}   # ledger id -> broker incarnation whose store listed it first
@@ -135,6 +139,8 @@ class TopicChecks:
     def send_made(self, send: MessageKey, messages: tuple[MessageKey, ...], at_ms: float) -> None:
         self.sends[send] = messages
         self.made_at.setdefault(send, at_ms)
+        for m in messages:
+            self.send_of[m] = send
 
     def receipt(self, send: MessageKey, pos: Position | None, broker: str) -> None:
         """A producer got a receipt for a Send (pos None: the broker answered "duplicate")."""
@@ -172,9 +178,11 @@ class TopicChecks:
         return rec.seeks if rec is not None else 0
 
     def delivered(self, sub: str, consumer: str, pos: Position, messages: list[tuple[MessageKey, str | None]],
-                  redelivery_count: int, *, delayed: bool = False, seeks: int | None = None) -> None:
+                  redelivery_count: int, *, delayed: bool = False, seeks: int | None = None, at_ms: float = 0.0) -> None:
         """`seeks`: how many seeks the subscription was asked when the broker sent it (None: as many as now);
-        order is judged among deliveries sent between the same two seeks (see OrderPerKey)."""
+        order is judged among deliveries sent between the same two seeks (see OrderPerKey). `at_ms`: when it
+        arrived. With a TTL, a message new to the subscription below one delivered before is in order if it could
+        have expired by then: the cursor passed over it, and a crash before that was persisted brought it back."""
         rec = self.subs[sub]
         self.stats["deliveries"] += 1
         new = pos not in rec.positions
@@ -189,16 +197,26 @@ class TopicChecks:
             order_key = key if rec.sub_type == "Key_Shared" else None
             stream = (rec.seeks if seeks is None else seeks, order_key)
             highest = rec.highest_of_key.get(stream)
-            if new and highest is not None and pos < highest:
+            if new and highest is not None and pos < highest and not self._expirable(messages,
+                                                                                      rec.highest_at[stream]):
                 what = "OrderPerKey" if rec.sub_type == "Key_Shared" else "OrderOnExclusive"
                 self.fail(what, f"subscription {sub} ({rec.sub_type}): {consumer} got {pos} (key {order_key}) for "
                                 f"the first time after {highest} of the same "
                                 f"{'key' if order_key is not None else 'topic'}")
             if highest is None or pos > highest:
                 rec.highest_of_key[stream] = pos
+                rec.highest_at[stream] = at_ms
         for m, _ in messages:
             rec.delivered.setdefault(m, set()).add(pos)
             self._stored(m, pos, f"delivered to {sub}")
+
+    def _expirable(self, messages: list[tuple[MessageKey, str | None]], at_ms: float) -> bool:
+        """With a TTL: whether every one of `messages` could have expired by `at_ms` (its Send was made more than
+        the TTL before: the broker's publish time is at or after that)."""
+        if not self.ttl_ms:
+            return False
+        made = [self.made_at.get(self.send_of.get(m, m)) for m, _ in messages]
+        return None not in made and all(t + self.ttl_ms < at_ms for t in made)
 
     def reader_read(self, pos: Position, read: list[tuple[int, MessageKey]]) -> None:
         """The reader's application got these messages ((batch index, message)) of the entry at `pos`."""

@@ -788,7 +788,7 @@ class _Consumer(_Client):
                     w.checks.fail("StickyRangesHonoured", f"{self.name} (key slots {self.ranges}) got {d.position} "
                                                           f"of key {header.sticky_key!r} in slot {slot}")
             w.checks.delivered(self.sub, self.name, d.position, keyed, d.redelivery_count,
-                               delayed=header.deliver_at_ms > 0, seeks=seeks)
+                               delayed=header.deliver_at_ms > 0, seeks=seeks, at_ms=w.now())
             self.inbox.append((conn, d, len(messages)))
         self.arrived.set()
 
