@@ -1,7 +1,7 @@
 """TopicChecks (bksim.sim.topic_checks) on its own: CursorNeverRegresses and OrderPerKey around a seek, what a
 close of the topic binds the next owner to (AckedNotRedeliveredAfterCleanClose), what a subscription owes after
 seeks, trims and a message TTL (ReceiptedMessagesAreConsumed), and that nothing expires before its time
-(ExpiredOnlyAfterTTL)."""
+(ExpiredOnlyWhenOld)."""
 from __future__ import annotations
 
 from bksim.sim.bookie_checks import InvariantViolation
@@ -176,7 +176,7 @@ def with_ttl(ttl_ms: int = TTL_MS) -> tuple[TopicChecks, list[InvariantViolation
     """sh and ex; p1's Sends 1..3 made at 0, 10 and 20 ms, stored at 0:1..0:3; sh got 0:1 only, ex all three."""
     seen: list[InvariantViolation] = []
     c = TopicChecks("/ml", {"sh": "Shared", "ex": "Exclusive"}, False, lambda line: None, seen.append,
-                    ttl_ms=ttl_ms)
+                    expiry_ms=ttl_ms)
     for seq in (1, 2, 3):
         m = ("p1", seq)
         c.send_made(m, (m,), at_ms=10.0 * (seq - 1))
@@ -202,7 +202,7 @@ def test_a_mark_delete_past_a_message_before_its_ttl_ran_out_is_caught():
     c.mark_delete_seen("sh", P(0, 3), 115.0)     # 0:3 was made at 20 ms: it could expire after 120 ms at the earliest
     assert c.missing("sh") == []
     c.final()
-    assert [v.invariant for v in seen] == ["ExpiredOnlyAfterTTL"]
+    assert [v.invariant for v in seen] == ["ExpiredOnlyWhenOld"]
     assert "p1/3" in seen[0].detail
 
 
@@ -242,7 +242,7 @@ def test_a_copy_at_the_receipts_position_that_expired_too_early_everywhere_is_ca
     for sub in ("sh", "ex"):
         c.mark_delete_seen(sub, P(0, 4), 105.0)   # Send 2 was made at 10 ms
     c.final()
-    assert [v.invariant for v in seen] == ["ExpiredOnlyAfterTTL"]
+    assert [v.invariant for v in seen] == ["ExpiredOnlyWhenOld"]
 
 
 def test_a_copy_at_the_receipts_position_that_one_subscription_still_owes_is_not_where_consumers_found_it():
@@ -284,7 +284,7 @@ def test_a_send_answered_only_as_a_duplicate_that_expired_too_early_is_caught():
         c.delivered("ex", "ex-c1", pos or P(0, 4), [(m, None)], 0)
     c.mark_delete_seen("sh", P(0, 6), 125.0)  # Send 4 was made at 30 ms: at or before 130 ms is too early
     c.final()
-    assert [v.invariant for v in seen] == ["ExpiredOnlyAfterTTL"] and "p1/4" in seen[0].detail
+    assert [v.invariant for v in seen] == ["ExpiredOnlyWhenOld"] and "p1/4" in seen[0].detail
 
 
 def test_a_message_that_could_have_expired_may_come_back_below_one_delivered_after_it():
@@ -293,7 +293,7 @@ def test_a_message_that_could_have_expired_may_come_back_below_one_delivered_aft
     first time. Had 0:3 come at 105 ms, 0:2 could not have expired yet."""
     for arrived_ms, caught in ((125.0, []), (105.0, ["OrderOnExclusive"])):
         seen: list[InvariantViolation] = []
-        c = TopicChecks("/ml", {"ex": "Exclusive"}, False, lambda line: None, seen.append, ttl_ms=TTL_MS)
+        c = TopicChecks("/ml", {"ex": "Exclusive"}, False, lambda line: None, seen.append, expiry_ms=TTL_MS)
         for seq in (1, 2, 3):
             c.send_made(("p1", seq), (("p1", seq),), at_ms=10.0 * (seq - 1))
         c.delivered("ex", "ex-c1", P(0, 1), [(("p1", 1), None)], 0, at_ms=50.0)

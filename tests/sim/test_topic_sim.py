@@ -6,8 +6,8 @@ message expires before its TTL, every ack of a delivered message is accepted), o
 trace, the plan is a function of the seed, and the checkers catch deliberately broken topic layers (a dedup snapshot
 taken before the ids it covers are recorded, trimming above a persisted mark-delete, a takeover that does not fence,
 a delayed message let out early, a sticky key sent to the wrong consumer, a reader resuming at its last message or
-at the latest one, a TTL that expires messages early, an ack refused for a message whose ledger was trimmed after it
-expired) within a few seeds. Two seeds found defects of the topic layer and
+at the latest one, a TTL or a message_age eviction that skips messages early, an ack refused for a message whose
+ledger was trimmed after it expired) within a few seeds. Two seeds found defects of the topic layer and
 stay as regressions (one with a plan made for it: clean closes during rollovers)."""
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import pytest
 from bksim.cli.main import main
 from bksim.model.errors import LedgerError
 from bksim.model.status import TopicStatus
+from bksim.topics import backlog_quota as bq_mod
 from bksim.topics import cursor_state as cursor_state_mod
 from bksim.topics import delayed_delivery as delayed_mod
 from bksim.topics import managed_ledger as ml_mod
@@ -60,7 +61,7 @@ def _without_delivery_features(plan: TopicPlan) -> TopicPlan:
     """The workload the regression seeds were found with: no readers, delayed messages, sticky ranges, TTL or slow
     consumers, and a broker that sends each loop turn's adds at once (no add batching): their schedules need it."""
     return dataclasses.replace(plan, delayed_probability=0.0, key_shared_sticky=0, reader=False,
-                               add_requests_per_bookie_max=0, ttl_ms=0, consumer_hold_ms_max=2.0)
+                               add_requests_per_bookie_max=0, ttl_ms=0, consumer_hold_ms_max=2.0, age_eviction_ms=0)
 
 
 def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
@@ -70,7 +71,7 @@ def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
                              "broker_crashes", "session_expiries", "zk_losses", "bookie_crashes", "clean_restarts",
                              "seeks", "producer_restarts", "net_lost", "delayed_sends", "delayed_deliveries",
                              "reader_reads", "expired")}
-    dedup_seeds = delayed_seeds = sticky_seeds = reader_seeds = ttl_seeds = slow_seeds = 0
+    dedup_seeds = delayed_seeds = sticky_seeds = reader_seeds = ttl_seeds = slow_seeds = eviction_seeds = 0
     for seed in range(1, SWEEP_SEEDS + 1):
         result = run_topic_sim(seed)
         if not result.passed:
@@ -84,6 +85,7 @@ def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
         reader_seeds += result.plan.reader
         ttl_seeds += result.plan.ttl_ms > 0
         slow_seeds += result.plan.consumer_hold_ms_max > 100
+        eviction_seeds += result.plan.age_eviction_ms > 0
     elapsed_s = time.perf_counter() - started
     assert not failures, "\n".join(failures)
     assert elapsed_s < SWEEP_SECONDS_MAX, f"{SWEEP_SEEDS} seeds took {elapsed_s:.1f} s"
@@ -102,8 +104,10 @@ def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
         (delayed_seeds, sticky_seeds, reader_seeds)
     assert totals["delayed_sends"] > 500 and totals["delayed_deliveries"] > totals["delayed_sends"], totals
     assert totals["reader_reads"] > 3_000, totals
-    # and expiry: a TTL in about a third of the worlds, slow consumers in a quarter; messages expired unseen
-    assert 60 < ttl_seeds < 150 and 40 < slow_seeds < 120, (ttl_seeds, slow_seeds)
+    # and expiry: a TTL in about a third of the worlds, slow consumers in a quarter, message_age eviction in a
+    # fifth; messages expired unseen
+    assert 60 < ttl_seeds < 150 and 40 < slow_seeds < 120 and 30 < eviction_seeds < 100, \
+        (ttl_seeds, slow_seeds, eviction_seeds)
     assert totals["expired"] > 300, totals
 
 
@@ -134,7 +138,7 @@ def test_the_plan_is_a_function_of_the_seed_and_lists_every_knob_and_fault():
     knobs = dict(line.split(" = ") for line in lines if " = " in line)
     for name in ("seed", "bookies", "brokers", "dedup", "producers", "producer_window", "session_timeout_ms",
                  "cursor_persist_interval_ms", "dedup_snapshot_entries", "ledger_entries_max", "events",
-                 "delayed_probability", "delay_ms_max", "key_shared_sticky", "reader", "ttl_ms", "consumer_hold_ms_max"):
+                 "delayed_probability", "delay_ms_max", "key_shared_sticky", "reader", "ttl_ms", "consumer_hold_ms_max", "age_eviction_ms"):
         assert name in knobs, name
     assert int(knobs["events"]) == len(plan.events)
     assert [e.at_ms for e in plan.events] == sorted(e.at_ms for e in plan.events)
@@ -285,7 +289,15 @@ def test_a_ttl_that_expires_messages_early_is_caught(monkeypatch):
         return await original(self)
     monkeypatch.setattr(topic_mod.Topic, "run_trim", run_trim_half_the_ttl)
     seed, violation = _first_violation(10)
-    assert violation is not None and violation.invariant == "ExpiredOnlyAfterTTL", (seed, violation)
+    assert violation is not None and violation.invariant == "ExpiredOnlyWhenOld", (seed, violation)
+
+
+def test_a_message_age_eviction_that_skips_messages_early_is_caught(monkeypatch):
+    def cutoff_at_half(now_ms, limit_time_ms):  # BROKEN: skips what is older than half the eviction's cutoff
+        return now_ms - int(limit_time_ms * bq_mod.EVICTION_TARGET) // 2
+    monkeypatch.setattr(bq_mod, "age_eviction_cutoff_ms", cutoff_at_half)
+    seed, violation = _first_violation(60)  # seed 50: a slow Exclusive consumer's backlog evicted too young
+    assert violation is not None and violation.invariant == "ExpiredOnlyWhenOld", (seed, violation)
 
 
 def test_an_ack_refused_for_an_expired_message_whose_ledger_was_trimmed_is_caught(monkeypatch):

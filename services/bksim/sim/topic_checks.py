@@ -15,14 +15,15 @@ Invariants (each raised as InvariantViolation(name, detail)):
   subscription (checked at the end, after the drain), but for messages stored before the subscription's last seek
   position, which the seek skips (Pulsar's seek: everything before it counts as acknowledged), and for messages a
   seek had skipped when their ledger was trimmed: a later seek back to a position there starts at the topic's first
-  entry (Pulsar's getNextValidPosition), they are not in the topic any more, and, with a message TTL, for messages
-  the subscription's mark-delete passed on the owner (the scenario's probe sees it in memory) since its last seek:
-  expired. A receipt that names a position names the one where a consumer found that message
-  (ReceiptNamesItsPosition; a message every subscription let expire unseen is not looked for).
-- ExpiredOnlyAfterTTL: a message a subscription never got and whose mark-delete passed it was not expired before its
-  time: the probe first saw that mark-delete later than the message's Send was made plus the TTL (the broker's
-  publish time is at or after the Send was made, and it expires an entry only once its publish time is more than
-  the TTL ago; the probe, every PROBE_MS, sees the expiry at or after it happened).
+  entry (Pulsar's getNextValidPosition), they are not in the topic any more, and, where messages expire (a message
+  TTL, message_age backlog eviction), for messages the subscription's mark-delete passed on the owner (the
+  scenario's probe sees it in memory) since its last seek: expired. A receipt that names a position names the one
+  where a consumer found that message (ReceiptNamesItsPosition; a copy every subscription let expire unseen is not
+  looked for).
+- ExpiredOnlyWhenOld: a message a subscription never got and whose mark-delete passed it was not expired before its
+  time: the probe first saw that mark-delete later than the message's Send was made plus the expiry age (the
+  broker's publish time is at or after the Send was made, and it expires an entry only once its publish time is
+  more than that age ago; the probe, every PROBE_MS, sees the expiry at or after it happened).
 - NoDuplicateWithDedup: with dedup on, no (producer, sequence id) is stored at two positions (seen in
   deliveries and receipts).
 - OrderPerKey: on Key_Shared, a message of a key delivered for the first time is never below a position of the
@@ -30,7 +31,7 @@ Invariants (each raised as InvariantViolation(name, detail)):
   redelivery of something delivered before may come later: that is not a new message). Both compare deliveries
   the broker sent between the same two seeks of the subscription: a seek restarts the stream at its position
   (Pulsar disconnects the consumers, resets the cursor, and the client drops what it got before), so a seek back
-  may deliver for the first time a message an earlier seek had skipped, below what came before it. With a TTL, a
+  may deliver for the first time a message an earlier seek had skipped, below what came before it. With expiry, a
   message that could have expired when the one above it was delivered is not out of order either: the cursor
   passed over it, and a crash before that was persisted brought it back.
 - OneOpenLedger / LedgersOrdered: in every managed-ledger list written, ledger ids strictly increase and at
@@ -98,10 +99,10 @@ class SubscriptionRecord:
 
 class TopicChecks:
     def __init__(self, ml_path: str, subscriptions: dict[str, str], dedup: bool, log: Callable[[str], None],
-                 on_violation: Callable[[InvariantViolation], None], *, ttl_ms: int = 0) -> None:
+                 on_violation: Callable[[InvariantViolation], None], *, expiry_ms: int = 0) -> None:
         self.ml_path = ml_path
         self.dedup = dedup
-        self.ttl_ms = ttl_ms  # the namespace's message TTL (0: nothing expires)
+        self.expiry_ms = expiry_ms  # a message older than this may expire: a TTL, message_age eviction (0: never)
         self._log = log
         self._on_violation = on_violation
         self.violation: InvariantViolation | None = None
@@ -181,7 +182,7 @@ class TopicChecks:
                   redelivery_count: int, *, delayed: bool = False, seeks: int | None = None, at_ms: float = 0.0) -> None:
         """`seeks`: how many seeks the subscription was asked when the broker sent it (None: as many as now);
         order is judged among deliveries sent between the same two seeks (see OrderPerKey). `at_ms`: when it
-        arrived. With a TTL, a message new to the subscription below one delivered before is in order if it could
+        arrived. With expiry, a message new to the subscription below one delivered before is in order if it could
         have expired by then: the cursor passed over it, and a crash before that was persisted brought it back."""
         rec = self.subs[sub]
         self.stats["deliveries"] += 1
@@ -211,12 +212,12 @@ class TopicChecks:
             self._stored(m, pos, f"delivered to {sub}")
 
     def _expirable(self, messages: list[tuple[MessageKey, str | None]], at_ms: float) -> bool:
-        """With a TTL: whether every one of `messages` could have expired by `at_ms` (its Send was made more than
-        the TTL before: the broker's publish time is at or after that)."""
-        if not self.ttl_ms:
+        """With expiry: whether every one of `messages` could have expired by `at_ms` (its Send was made more than
+        the expiry age before: the broker's publish time is at or after that)."""
+        if not self.expiry_ms:
             return False
         made = [self.made_at.get(self.send_of.get(m, m)) for m, _ in messages]
-        return None not in made and all(t + self.ttl_ms < at_ms for t in made)
+        return None not in made and all(t + self.expiry_ms < at_ms for t in made)
 
     def reader_read(self, pos: Position, read: list[tuple[int, MessageKey]]) -> None:
         """The reader's application got these messages ((batch index, message)) of the entry at `pos`."""
@@ -311,14 +312,14 @@ class TopicChecks:
             rec.passed.append((at_ms, pos))
 
     def _expired_in_time(self, sub: str, send: MessageKey, passed_ms: float) -> bool:
-        """ExpiredOnlyAfterTTL for a Send `sub` never got, whose mark-delete the probe first saw past it at
+        """ExpiredOnlyWhenOld for a Send `sub` never got, whose mark-delete the probe first saw past it at
         `passed_ms` (True: in time)."""
         made = self.made_at.get(send)
-        if made is None or passed_ms > made + self.ttl_ms:
+        if made is None or passed_ms > made + self.expiry_ms:
             return True
-        self.fail("ExpiredOnlyAfterTTL", f"subscription {sub}: the mark-delete passed {send[0]}/{send[1]} (never "
-                                         f"delivered) by {passed_ms:.1f} ms; it was made at {made:.1f} ms, TTL "
-                                         f"{self.ttl_ms} ms")
+        self.fail("ExpiredOnlyWhenOld", f"subscription {sub}: the mark-delete passed {send[0]}/{send[1]} (never "
+                                         f"delivered) by {passed_ms:.1f} ms; it was made at {made:.1f} ms and "
+                                         f"may expire {self.expiry_ms} ms after")
         return False
 
     def _passed_at(self, rec: SubscriptionRecord, pos: Position) -> float | None:
@@ -380,7 +381,7 @@ class TopicChecks:
 
     def missing(self, sub: str) -> list[MessageKey]:
         """Messages with a receipt that `sub` owes and has not delivered (those stored only before its last seek's
-        position, or in a ledger trimmed while a seek had skipped them, or, with a TTL, that its mark-delete passed
+        position, or in a ledger trimmed while a seek had skipped them, or, with expiry, that its mark-delete passed
         since that seek, are not owed)."""
         return self._owed(sub)[0]
 
@@ -406,7 +407,7 @@ class TopicChecks:
             if all(self._skipped(rec, p) for p in positions):
                 continue
             undelivered = [m for m in self.sends.get(send, (send,)) if m not in rec.delivered]
-            if undelivered and self.ttl_ms:
+            if undelivered and self.expiry_ms:
                 passed = [self._passed_at(rec, p) for p in self._places(send) if not self._skipped(rec, p)]
                 if passed and None not in passed:
                     expired.append((send, min(passed)))
@@ -451,7 +452,7 @@ class TopicChecks:
                     seen = {p for rec in self.subs.values() for p in rec.delivered.get(m, ())}
                     if pos in seen:
                         continue
-                    passed = {sub: self._passed_at(rec, pos) if self.ttl_ms else None
+                    passed = {sub: self._passed_at(rec, pos) if self.expiry_ms else None
                               for sub, rec in self.subs.items() if not self._skipped(rec, pos)}
                     if None not in passed.values():  # every subscription skipped this copy or let it expire
                         if all(self._expired_in_time(sub, send, ms) for sub, ms in sorted(passed.items())):

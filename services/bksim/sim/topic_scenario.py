@@ -64,6 +64,7 @@ from bksim.sim.network import LinkFaults, SimBookieTransport, SimNetwork
 from bksim.sim.plan import bookie_name, broker_name, rng_for
 from bksim.sim.topic_checks import TopicCheckedStore, TopicChecks
 from bksim.sim.trace import Trace
+from bksim.topics import backlog_quota as bq
 from bksim.topics.errors import TopicError
 from bksim.topics.managed_cursor import ManagedCursor
 from bksim.topics.managed_ledger import FINAL as FINAL_STATES
@@ -157,6 +158,7 @@ class TopicPlan:
     # expiry (a stream of its own too)
     ttl_ms: int                 # the namespace's message TTL (0: none): cursors move past older messages
     consumer_hold_ms_max: float  # a consumer's processing time after each batch it acks: 0 .. this
+    age_eviction_ms: int        # a message_age backlog quota with consumer_backlog_eviction (0: none)
 
     @classmethod
     def from_seed(cls, seed: int) -> "TopicPlan":
@@ -219,7 +221,13 @@ class TopicPlan:
             dedup_snapshot_entries=self.dedup_snapshot_entries,
             dispatch_read_entries_max=self.dispatch_read_entries_max, failover_switch_delay_ms=30,
             cursor_persist_interval_ms=self.cursor_persist_interval_ms, cursor_ledger_entries_max=8,
-            key_shared_replica_points=8)
+            key_shared_replica_points=8, backlog_quota_check_interval_ms=100)
+
+    def expiry_ms(self) -> int:
+        """The age after which a message may be skipped unseen (0: never): the TTL, or message_age eviction's
+        cutoff (the backlog's oldest message is brought down to EVICTION_TARGET of its limit), the shorter."""
+        ages = [self.ttl_ms, int(self.age_eviction_ms * bq.EVICTION_TARGET)]
+        return min((a for a in ages if a > 0), default=0)
 
     def bookie_config(self) -> BookieConfig:
         return dataclasses.replace(BookieConfig(), journal_sync_on_loop=False, flush_interval_ms=500)
@@ -234,11 +242,14 @@ def _delivery_features(seed: int) -> dict:
 
 
 def _expiry_features(seed: int) -> dict:
-    """A message TTL in about a third of the worlds, and slow consumers (acks held up to 150 ms) in a quarter: a
-    consumer may then ack messages the TTL passed, whose ledger retention may have trimmed meanwhile."""
+    """A message TTL in about a third of the worlds, slow consumers (up to 800 ms of processing after each batch)
+    in a quarter: a consumer may then ack messages the TTL passed, whose ledger retention may have trimmed
+    meanwhile; and in a fifth a message_age backlog quota that evicts the slow subscriptions' backlog."""
     r = rng_for(seed, "topic-plan-expiry")
-    return {"ttl_ms": r.choice([100, 250, 500]) if r.random() < 0.35 else 0,
-            "consumer_hold_ms_max": r.choice([2.0, 2.0, 2.0, 800.0])}
+    ttl_ms = r.choice([100, 250, 500]) if r.random() < 0.35 else 0
+    hold_ms_max = r.choice([2.0, 2.0, 2.0, 800.0])
+    return {"ttl_ms": ttl_ms, "consumer_hold_ms_max": hold_ms_max,
+            "age_eviction_ms": r.choice([150, 400]) if r.random() < 0.2 else 0}
 
 
 @dataclass(slots=True)
@@ -904,7 +915,7 @@ class TopicWorld:
         self.trace = Trace(self.clock.monotonic_ms)
         self.topic_name = TopicName.parse(TOPIC)
         self.checks = TopicChecks(self.topic_name.managed_ledger_path, SUBSCRIPTIONS, plan.dedup, self.trace.add,
-                                  lambda v: self._violated.set(), ttl_ms=plan.ttl_ms)
+                                  lambda v: self._violated.set(), expiry_ms=plan.expiry_ms())
         self.checks.on_trim = self._trimmed
         self.topic_config = plan.topic_config()
         self.broker_config = BrokerConfig(bookie_timeout_ms=int(plan.bookie_timeout_ms),
@@ -1127,8 +1138,8 @@ class TopicWorld:
         self.trace.add("PASS")
 
     async def _setup(self) -> None:
-        """Tenant, namespace (dedup and TTL per the plan, retention 0: ledgers are trimmed once consumed), the topic,
-        and its four durable subscriptions at "earliest" (before the first Send)."""
+        """Tenant, namespace (dedup, TTL and backlog quota per the plan, retention 0: ledgers are trimmed once
+        consumed), the topic, and its four durable subscriptions at "earliest" (before the first Send)."""
         first = self.brokers[broker_name(1)]
         topics = first.topics
 
@@ -1141,6 +1152,9 @@ class TopicWorld:
             await topics.create_tenant("sim")
             await topics.create_namespace("sim/ns", Policies(retention_ms=0, ttl_ms=self.plan.ttl_ms,
                                                              dedup=self.plan.dedup))
+            if self.plan.age_eviction_ms:
+                await topics.set_backlog_quota("sim/ns", bq.BacklogQuota(bq.MESSAGE_AGE, self.plan.age_eviction_ms,
+                                                                         bq.CONSUMER_BACKLOG_EVICTION))
             await topics.create_topic(TOPIC, 0)
             topic = await topics.acquire(TOPIC)
             for name, sub_type in SUBSCRIPTIONS.items():
