@@ -138,7 +138,8 @@ def test_the_plan_is_a_function_of_the_seed_and_lists_every_knob_and_fault():
     knobs = dict(line.split(" = ") for line in lines if " = " in line)
     for name in ("seed", "bookies", "brokers", "dedup", "producers", "producer_window", "session_timeout_ms",
                  "cursor_persist_interval_ms", "dedup_snapshot_entries", "ledger_entries_max", "events",
-                 "delayed_probability", "delay_ms_max", "key_shared_sticky", "reader", "ttl_ms", "consumer_hold_ms_max", "age_eviction_ms"):
+                 "delayed_probability", "delay_ms_max", "key_shared_sticky", "reader", "ttl_ms", "consumer_hold_ms_max",
+                 "age_eviction_ms"):
         assert name in knobs, name
     assert int(knobs["events"]) == len(plan.events)
     assert [e.at_ms for e in plan.events] == sorted(e.at_ms for e in plan.events)

@@ -179,7 +179,8 @@ class TopicChecks:
         return rec.seeks if rec is not None else 0
 
     def delivered(self, sub: str, consumer: str, pos: Position, messages: list[tuple[MessageKey, str | None]],
-                  redelivery_count: int, *, delayed: bool = False, seeks: int | None = None, at_ms: float = 0.0) -> None:
+                  redelivery_count: int, *, delayed: bool = False, seeks: int | None = None,
+                  at_ms: float = 0.0) -> None:
         """`seeks`: how many seeks the subscription was asked when the broker sent it (None: as many as now);
         order is judged among deliveries sent between the same two seeks (see OrderPerKey). `at_ms`: when it
         arrived. With expiry, a message new to the subscription below one delivered before is in order if it could

@@ -533,8 +533,9 @@ class _ConsumerSide:
         try:
             self.sub.ack(self.consumer, ids, cumulative)
         except TopicError as e:  # a consumer acks only what it was delivered, as its subscription type allows
+            kind = "cumulative ack" if cumulative else "ack"
             self.world.checks.fail("AcksOfDeliveriesAccepted", f"{self.broker.label} refused {self.client.name}'s "
-                                                               f"{'cumulative ' if cumulative else ''}ack of {ids}: {e}")
+                                                               f"{kind} of {ids}: {e}")
 
     def redeliver(self, positions: list[Position]) -> None:
         if self.sub is not None:
