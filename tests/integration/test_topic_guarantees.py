@@ -257,6 +257,8 @@ def test_retention_trims_consumed_ledgers_and_ttl_expires_old_messages(cluster, 
     held = [consumer.receive(RECEIVE_MS) for _ in range(60)]
     wait_until(lambda: owner.topic_stats(topic)["subscriptions"]["s"]["msgBacklog"] == 0, 30, interval_s=0.2,
                message="TTL expiry of the unacknowledged messages")
+    sub_stats = owner.topic_stats(topic)["subscriptions"]["s"]
+    assert sub_stats["totalMsgExpired"] >= len(held) and sub_stats["lastExpireTimestamp"] > 0, sub_stats
     expired_ledger = held[0].message_id().ledger
     wait_until(lambda: expired_ledger not in [x["ledgerId"] for x in owner.topic_stats_internal(topic)["ledgers"]],
                30, interval_s=0.2, message="retention trimming of the expired messages' ledger")

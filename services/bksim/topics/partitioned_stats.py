@@ -6,8 +6,8 @@ one Topic.stats() per partition and `aggregate` sums them:
 - the topic's counters and rates (msgRateIn ... bytesOutCounter, storageSize, estimatedBacklogSizeBytes,
   heldSends, backlogEvictedEntries) are sums; backlogSize (the largest subscription backlog, in messages) is the
   largest of the partitions'; publishers are listed once per partition they write to;
-- each subscription (by name) sums msgBacklog, unackedMessages, msgOutCounter, bytesOutCounter and its rates,
-  and lists the consumers of every partition;
+- each subscription (by name) sums msgBacklog, unackedMessages, msgOutCounter, bytesOutCounter, totalMsgExpired
+  and its rates, takes the latest lastExpireTimestamp, and lists the consumers of every partition;
 - "metadata" {"partitions": N} and "partitions" {partition name: its own stats} as Pulsar's perPartition view.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ TOPIC_SUMS = ("msgRateIn", "msgThroughputIn", "msgRateOut", "msgThroughputOut", 
               "msgOutCounter", "bytesOutCounter", "storageSize", "estimatedBacklogSizeBytes", "heldSends",
               "backlogEvictedEntries")
 SUBSCRIPTION_SUMS = ("msgBacklog", "unackedMessages", "msgOutCounter", "bytesOutCounter", "msgRateOut",
-                     "msgThroughputOut", "replayQueueSize")
+                     "msgThroughputOut", "replayQueueSize", "totalMsgExpired")
 
 
 def _add(total: dict, part: dict, keys: tuple[str, ...]) -> None:
@@ -39,6 +39,8 @@ def aggregate(topic: str, partitions: dict[str, dict]) -> dict:
         for sub_name, sub in stats.get("subscriptions", {}).items():
             total = out["subscriptions"].setdefault(sub_name, {"type": sub.get("type"), "consumers": []})
             _add(total, sub, SUBSCRIPTION_SUMS)
+            if "lastExpireTimestamp" in sub:
+                total["lastExpireTimestamp"] = max(total.get("lastExpireTimestamp", 0), sub["lastExpireTimestamp"])
             total["consumers"] += [c | {"partition": name} for c in sub.get("consumers", [])]
     for key in ("deduplicationStatus", "backlogQuotas"):
         values = {repr(s.get(key)) for s in partitions.values()}

@@ -144,6 +144,8 @@ class Subscription:
         self._epoch = 0       # moves on every read-position reset: a read started under an older one is stale
         self._seeking = 0     # seeks under way (no dispatch read starts meanwhile)
         self.messages_out = 0
+        self.expired_entries = 0     # entries the TTL moved this subscription past (on this broker, since load)
+        self.last_expire_ms = 0      # wall time of the last such move (0: none)
         self.bytes_out = 0
         self.closed = False
         self.idle = False
@@ -633,6 +635,8 @@ class Subscription:
             "unackedMessages": self._subscription_unacked(),
             "msgOutCounter": self.messages_out,
             "bytesOutCounter": self.bytes_out,
+            "totalMsgExpired": self.expired_entries,
+            "lastExpireTimestamp": self.last_expire_ms,
             "activeConsumerName": self._active.name if self._active is not None else None,
             "replayQueueSize": len(self._replay),
             "msgDelayed": len(self._delayed),

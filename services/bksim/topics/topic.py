@@ -519,13 +519,20 @@ class Topic:
     async def run_trim(self) -> list[int]:
         """TTL first (cursors move past expired messages), then retention trimming below the slowest cursor's
         persisted mark-delete (TTL and acks free ledgers once the cursors have persisted them)."""
-        if self.policies.ttl_ms > 0:
-            cutoff = self._clock.wall_ms() - self.policies.ttl_ms
-            newest = await self.ml.find_newest_before(_publish_time, cutoff)
+        ttl_ms = self.policies.ttl_ms
+        if ttl_ms > 0:
+            now_ms = self._clock.wall_ms()
+            newest = await self.ml.find_newest_before(_publish_time, now_ms - ttl_ms)
             if newest is not None:
                 for sub in self.subscriptions.values():
-                    if sub.durable and sub.cursor.mark_delete < newest:
-                        sub.cursor.expire_until(newest)
+                    before = sub.cursor.mark_delete
+                    if sub.durable and before < newest:
+                        if sub.cursor.expire_until(newest):
+                            n = self.ml.entries_between(before, sub.cursor.mark_delete)
+                            sub.expired_entries += n
+                            sub.last_expire_ms = now_ms
+                            self._log(f"topic {self.name}: TTL {ttl_ms} ms: subscription {sub.name} skips {n} "
+                                      f"entries (mark-delete {before} -> {sub.cursor.mark_delete})")
                         sub.wake()
         cursors = [s.cursor for s in self.subscriptions.values() if s.durable]  # readers hold nothing back
         if self._dedup_cursor is not None:

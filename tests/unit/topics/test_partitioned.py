@@ -23,17 +23,19 @@ NAME = TopicName.parse(T)
 
 
 def test_aggregate_sums_partitions_and_keeps_each():
-    def part(n_in, backlog, consumers):
+    def part(n_in, backlog, consumers, expired=0, expired_at=0):
         return {"msgInCounter": n_in, "bytesInCounter": 10 * n_in, "msgRateIn": 1.5, "storageSize": 100 * n_in,
                 "backlogSize": backlog, "publishers": [{"producerName": "p"}], "deduplicationStatus": "Disabled",
                 "subscriptions": {"s": {"type": "Shared", "msgBacklog": backlog, "unackedMessages": 1,
+                                        "totalMsgExpired": expired, "lastExpireTimestamp": expired_at,
                                         "consumers": [{"consumerName": c} for c in consumers]}}}
-    parts = {f"{T}-partition-0": part(3, 2, ["c1"]), f"{T}-partition-1": part(4, 5, ["c1", "c2"])}
+    parts = {f"{T}-partition-0": part(3, 2, ["c1"], 6, 1_000), f"{T}-partition-1": part(4, 5, ["c1", "c2"])}
     out = aggregate(T, parts)
     assert out["metadata"] == {"partitions": 2} and out["partitions"] == parts
     assert out["msgInCounter"] == 7 and out["bytesInCounter"] == 70 and out["storageSize"] == 700
     assert out["msgRateIn"] == 3.0 and out["backlogSize"] == 5
     assert out["subscriptions"]["s"]["msgBacklog"] == 7 and out["subscriptions"]["s"]["unackedMessages"] == 2
+    assert (out["subscriptions"]["s"]["totalMsgExpired"], out["subscriptions"]["s"]["lastExpireTimestamp"]) == (6, 1_000)
     assert [c["consumerName"] for c in out["subscriptions"]["s"]["consumers"]] == ["c1", "c1", "c2"]
     assert len(out["publishers"]) == 2 and out["deduplicationStatus"] == "Disabled"
 

@@ -272,3 +272,41 @@ def test_a_close_releases_only_its_own_ownership_znode():
         assert await b.lookup(TOPIC) == ("br1", "127.0.0.1:7001", True)
         assert (await b.lookup("persistent://acme/orders/o2"))[2] is False
     run(main())
+
+
+def test_ttl_expiry_counts_and_logs_what_each_subscription_skipped():
+    async def main():
+        _, [a, _] = await cluster(config=TopicConfig(ledger_entries_max=5))
+        lines = []
+        a._log = lines.append
+        await a.create_tenant("acme")
+        await a.create_namespace("acme/orders", Policies(retention_ms=-1, retention_bytes=-1, ttl_ms=60_000))
+        await a.create_topic(TOPIC, 0)
+        t = await a.acquire(TOPIC)
+        t._log = lines.append  # (the fake clock moves on by every sleep: publishing takes some seconds of it)
+
+        class Sink:
+            def deliver(self, d): pass
+            def active_changed(self, active): pass
+            def drop(self, e): pass
+        shared, _ = await t.subscribe("s", "Shared", "earliest", "c1", 0, Sink())
+        excl, c2 = await t.subscribe("x", "Exclusive", "earliest", "c2", 0, Sink())
+        name, _ = t.add_producer("", "br0")
+        old = [await t.publish(name, msgs(i)) for i in range(4)]
+        excl.ack(c2, [(old[1], -1, 0)], cumulative=True)  # x consumed two of the four old ones itself
+        t._clock.advance(100_000)
+        expirable_from = t._clock.wall_ms()
+        young = [await t.publish(name, msgs(i)) for i in range(4, 6)]
+        await t.run_trim()  # (the topic's own trims may have expired them already, as its clock moved on)
+        stats = t.stats()["subscriptions"]
+        assert (stats["s"]["totalMsgExpired"], stats["x"]["totalMsgExpired"]) == (4, 2)
+        assert expirable_from <= stats["s"]["lastExpireTimestamp"] == stats["x"]["lastExpireTimestamp"] <= \
+            t._clock.wall_ms()
+        assert stats["s"]["msgBacklog"] == stats["x"]["msgBacklog"] == len(young)
+        expiries = [line for line in lines if "TTL" in line]
+        assert len(expiries) == 2 and any("subscription s skips 4 entries (mark-delete" in line and
+                                          f"-> {old[-1]})" in line for line in expiries), expiries
+        await t.run_trim()  # nothing more is old enough
+        assert t.stats()["subscriptions"]["s"]["totalMsgExpired"] == 4
+        assert [line for line in lines if "TTL" in line] == expiries
+    run(main())
