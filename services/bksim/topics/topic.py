@@ -74,6 +74,7 @@ class Producer:
     connected_ms: int
     messages_in: int = 0
     bytes_in: int = 0
+    failed: TopicError | None = None  # its first Send that failed since it connected: every later one fails too
 
 
 class Topic:
@@ -207,15 +208,41 @@ class Topic:
         self.producers.pop(name, None)
 
     async def publish(self, producer: str, messages: list[Message]) -> Position | None:
-        """Write one Send as one entry; its Position, or None when dedup dropped it as a duplicate."""
+        """Write one Send as one entry; its Position, or None when dedup dropped it as a duplicate.
+
+        A Send that fails, or is abandoned (cancelled with its stream), fails every later Send of its producer until
+        the producer connects again: they came after it on the same stream (a client pipelines its Sends), and one
+        of them written ahead of it would reorder the producer's messages; with dedup, the resend of the failed Send
+        would then be taken for a duplicate and lost (Pulsar's client, too, resends everything pending, in order,
+        after a send error)."""
+        p = self.producers.get(producer)
+        try:
+            return await self._publish(producer, p, messages)
+        except TopicError as e:
+            if p is not None and p.failed is None:
+                p.failed = e
+            raise
+        except asyncio.CancelledError:  # abandoned: its stream ended (or the broker is stopping)
+            if p is not None and p.failed is None:
+                p.failed = TopicError(TopicStatus.SERVICE_UNAVAILABLE, "it was abandoned with its stream")
+            raise
+
+    @staticmethod
+    def _after_failure(p: Producer | None) -> None:
+        if p is not None and p.failed is not None:
+            raise TopicError(p.failed.status, f"an earlier Send of producer {p.name} failed ({p.failed.message}); "
+                                              f"send it and every later one again, in order")
+
+    async def _publish(self, producer: str, p: Producer | None, messages: list[Message]) -> Position | None:
         self._check_serving()
+        self._after_failure(p)
         if not messages:
             raise TopicError(TopicStatus.BAD_REQUEST, "a Send holds at least one message")
         if len(messages) > self.config.batch_messages_max:
             raise TopicError(TopicStatus.BAD_REQUEST, f"a Send holds at most {self.config.batch_messages_max} messages "
                                                       f"(topic.batch_messages_max), not {len(messages)}")
         if self.held_sends or any(q.policy != bq.CONSUMER_BACKLOG_EVICTION for q in self.policies.backlog_quotas):
-            await self._admit_send()
+            await self._admit_send(p)
         seq = max(m.sequence_id for m in messages)
         if self.policies.dedup:
             while seq <= self._pushed.get(producer, -1):
@@ -239,6 +266,7 @@ class Topic:
                              f"the Send encodes to {len(entry)} bytes; at most "
                              f"{self.ml.entry_bytes_max} (topic.message_bytes_max, capped by "
                              f"broker.payload_bytes_max)")
+        self._after_failure(p)  # (after the awaits above; nothing awaits from here until the append is queued)
         if self.policies.dedup:
             if len(self._pushed) >= self.config.dedup_producers_max and producer not in self._pushed:
                 self._forget_one_producer()
@@ -258,7 +286,6 @@ class Topic:
             raise
         self.messages_in += len(messages)
         self.bytes_in += len(entry)
-        p = self.producers.get(producer)
         if p is not None:
             p.messages_in += len(messages)
             p.bytes_in += len(entry)
@@ -304,14 +331,15 @@ class Topic:
                                                                 else "")
                 + f" is over the namespace's backlog quota {', '.join(q.describe() for q in over)}")
 
-    async def _admit_send(self) -> None:
+    async def _admit_send(self, p: Producer | None) -> None:
         """PRODUCER_BLOCKED_QUOTA_EXCEEDED over a producer_exception quota; wait (in order) while over a
-        producer_request_hold one (module docstring)."""
+        producer_request_hold one (module docstring); fail as soon as an earlier Send of `p` has failed."""
         quotas = [q for q in self.policies.backlog_quotas if q.policy != bq.CONSUMER_BACKLOG_EVICTION]
         over, size, age = await self._breached(quotas)
         if any(q.policy == bq.PRODUCER_EXCEPTION for q in over):
             raise TopicError(TopicStatus.PRODUCER_BLOCKED_QUOTA_EXCEEDED, self._over_quota_text(over, size, age))
         if not over and not self.held_sends:
+            self._after_failure(p)
             return
         self.held_sends += 1
         try:
@@ -319,6 +347,7 @@ class Topic:
                 started = self._clock.monotonic_ms()
                 while True:
                     self._check_serving()
+                    self._after_failure(p)
                     quotas = [q for q in self.policies.backlog_quotas if q.policy != bq.CONSUMER_BACKLOG_EVICTION]
                     over, size, age = await self._breached(quotas)
                     if any(q.policy == bq.PRODUCER_EXCEPTION for q in over):

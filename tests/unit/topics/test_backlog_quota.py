@@ -162,6 +162,67 @@ def test_producer_request_hold_waits_in_order_until_an_ack_brings_the_backlog_do
     asyncio.run(main())
 
 
+async def _two_sends_held(config: TopicConfig):
+    """Dedup on; producer p wrote 3 Sends that a slow subscription has not acked; a 1-byte producer_request_hold
+    quota; p's next two Sends (3 and 4) arrive and are held, 4 behind 3 (the fake clock moves on by every sleep, so
+    a short hold runs out at once). (svc, topic, subscription, the 3 first positions, the two Sends held)."""
+    _, [svc, _] = await cluster(config=config)
+    await svc.create_tenant("acme")
+    await svc.create_namespace("acme/orders", Policies(dedup=True))
+    await svc.create_topic(TOPIC, 0)
+    t = await svc.acquire(TOPIC)
+    t.add_producer("p", "br0")
+    sub, _ = await t.subscribe("slow", "Exclusive", "earliest", "c", 0, Sink())
+    first = [await t.publish("p", msgs(i)) for i in range(3)]
+    await svc.set_backlog_quota("acme/orders", bq.BacklogQuota(bq.DESTINATION_STORAGE, 1, bq.PRODUCER_REQUEST_HOLD))
+    held = [asyncio.ensure_future(t.publish("p", msgs(i))) for i in (3, 4)]
+    return svc, t, sub, first, held
+
+
+async def _resent_in_order(svc, t, first) -> None:
+    """p connects again and resends Sends 3 and 4 (the quota lifted: each would be held again): both are written,
+    in order, after the first three; none is taken for a duplicate."""
+    t.remove_producer("p")
+    name, last = t.add_producer("p", "br0")
+    assert last == 2
+    await svc.remove_backlog_quota("acme/orders", bq.DESTINATION_STORAGE)
+    again = [await t.publish(name, msgs(i)) for i in (3, 4)]
+    assert None not in again and first[-1] < again[0] < again[1]
+
+
+def test_a_send_that_fails_fails_the_later_sends_of_its_producer_so_a_resend_is_no_duplicate():
+    """A held Send times out while the next Send of the same producer waits behind it; the backlog then falls. The
+    next Send must not be written ahead of it: the producer resends both after reconnecting, and with dedup a Send
+    written after a failed one would make the resend of the failed one a "duplicate", a lost message."""
+    async def main():
+        svc, t, sub, first, [held, behind] = await _two_sends_held(
+            TopicConfig(backlog_quota_hold_ms_max=500, backlog_quota_check_interval_ms=100))
+        with pytest.raises(TopicError) as e:
+            await held
+        assert e.value.status is TopicStatus.TIMEOUT
+        sub.cursor.ack(first)  # the backlog falls while the next Send waits for its turn
+        with pytest.raises(TopicError) as e:
+            await behind
+        assert "an earlier Send of producer p failed" in e.value.message
+        await _resent_in_order(svc, t, first)
+    asyncio.run(main())
+
+
+def test_a_send_abandoned_with_its_stream_fails_the_later_sends_of_its_producer():
+    """The stream of a producer ends while its Send is held (the server's handler, awaiting it, is cancelled, and
+    the Send with it); the Sends that came after it on that stream must not be written once the backlog falls."""
+    async def main():
+        svc, t, sub, first, [held, behind] = await _two_sends_held(TopicConfig(backlog_quota_hold_ms_max=10**9))
+        await wait_until_async(lambda: t.held_sends == 2, 5)
+        held.cancel()
+        sub.cursor.ack(first)
+        with pytest.raises(TopicError) as e:
+            await asyncio.wait_for(behind, 5)
+        assert "an earlier Send of producer p failed" in e.value.message
+        await _resent_in_order(svc, t, first)
+    asyncio.run(main())
+
+
 def test_eviction_moves_only_the_slow_subscription_to_ninety_percent_of_the_limit():
     async def main():
         _, svc, _, t = await _topic()
