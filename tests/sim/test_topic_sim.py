@@ -52,6 +52,8 @@ CLOSE_AFTER_CANCELLED_SEND_SEED = 731267  # a producer's Send is cancelled while
 SEEK_BACK_INTO_TRIMMED_SEED = 756099  # a seek skips a delayed message, its ledger is trimmed, a seek back goes there
 FALLBACK_AFTER_A_SLIDE_SEED = 826235  # acks slide the mark-delete while a persist's append waits; it falls back
 READER_TRIMMED_DURING_A_READ_SEED = 855010  # the ledger a reader's dispatch is reading is trimmed meanwhile
+HELD_SEND_TIMED_OUT_SEED = 88  # a held Send times out; the next Send of its producer is written once the backlog falls
+HELD_SEND_ABANDONED_SEED = 182  # a producer restarts while its Send is held: that Send is cancelled, the next written
 # the owner's close hangs on a roll, its session expires, another broker takes the topic; the old owner renews its
 # session later (without and with dedup)
 RENEWED_DURING_A_HUNG_CLOSE_SEEDS = (765565, 765821)
@@ -61,7 +63,8 @@ def _without_delivery_features(plan: TopicPlan) -> TopicPlan:
     """The workload the regression seeds were found with: no readers, delayed messages, sticky ranges, TTL or slow
     consumers, and a broker that sends each loop turn's adds at once (no add batching): their schedules need it."""
     return dataclasses.replace(plan, delayed_probability=0.0, key_shared_sticky=0, reader=False,
-                               add_requests_per_bookie_max=0, ttl_ms=0, consumer_hold_ms_max=2.0, age_eviction_ms=0)
+                               add_requests_per_bookie_max=0, ttl_ms=0, consumer_hold_ms_max=2.0, age_eviction_ms=0,
+                               hold_quota_bytes=0)
 
 
 def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
@@ -72,6 +75,7 @@ def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
                              "seeks", "producer_restarts", "net_lost", "delayed_sends", "delayed_deliveries",
                              "reader_reads", "expired")}
     dedup_seeds = delayed_seeds = sticky_seeds = reader_seeds = ttl_seeds = slow_seeds = eviction_seeds = 0
+    hold_seeds = 0
     for seed in range(1, SWEEP_SEEDS + 1):
         result = run_topic_sim(seed)
         if not result.passed:
@@ -86,6 +90,7 @@ def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
         ttl_seeds += result.plan.ttl_ms > 0
         slow_seeds += result.plan.consumer_hold_ms_max > 100
         eviction_seeds += result.plan.age_eviction_ms > 0
+        hold_seeds += result.plan.hold_quota_bytes > 0
     elapsed_s = time.perf_counter() - started
     assert not failures, "\n".join(failures)
     assert elapsed_s < SWEEP_SECONDS_MAX, f"{SWEEP_SEEDS} seeds took {elapsed_s:.1f} s"
@@ -109,6 +114,8 @@ def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
     assert 60 < ttl_seeds < 150 and 40 < slow_seeds < 120 and 30 < eviction_seeds < 100, \
         (ttl_seeds, slow_seeds, eviction_seeds)
     assert totals["expired"] > 300, totals
+    # and producers held by a backlog quota in about two worlds in seven
+    assert 50 < hold_seeds < 130, hold_seeds
 
 
 def test_the_same_seed_gives_a_byte_identical_trace():
@@ -139,7 +146,7 @@ def test_the_plan_is_a_function_of_the_seed_and_lists_every_knob_and_fault():
     for name in ("seed", "bookies", "brokers", "dedup", "producers", "producer_window", "session_timeout_ms",
                  "cursor_persist_interval_ms", "dedup_snapshot_entries", "ledger_entries_max", "events",
                  "delayed_probability", "delay_ms_max", "key_shared_sticky", "reader", "ttl_ms", "consumer_hold_ms_max",
-                 "age_eviction_ms"):
+                 "age_eviction_ms", "hold_quota_bytes"):
         assert name in knobs, name
     assert int(knobs["events"]) == len(plan.events)
     assert [e.at_ms for e in plan.events] == sorted(e.at_ms for e in plan.events)
@@ -314,6 +321,23 @@ def test_an_ack_refused_for_an_expired_message_whose_ledger_was_trimmed_is_caugh
 
 
 # -- defects the sweep found ---------------------------------------------------------------------------------------
+def test_a_send_after_a_failed_or_abandoned_send_of_its_producer_is_not_written():
+    """Seeds 88 and 182 (a producer_request_hold quota, dedup on, slow consumers): the producer's held Send timed out
+    (88) or was cancelled with its stream when the producer restarted (182); the Send behind it was written once the
+    backlog fell, so the resend of the first was answered "duplicate": lost. Now every later Send of the producer
+    fails too, until it connects again."""
+    for seed in (HELD_SEND_TIMED_OUT_SEED, HELD_SEND_ABANDONED_SEED):
+        result = run_topic_sim(seed)
+        assert result.passed, (seed, result.violation)
+
+
+def test_the_held_send_seeds_lose_messages_when_a_later_send_may_overtake_a_failed_one(monkeypatch):
+    monkeypatch.setattr(topic_mod.Topic, "_after_failure", staticmethod(lambda p: None))  # the behaviour before
+    for seed in (HELD_SEND_TIMED_OUT_SEED, HELD_SEND_ABANDONED_SEED):
+        violation = run_topic_sim(seed).violation
+        assert violation is not None and violation.invariant == "SubscriptionsDrain", (seed, violation)
+
+
 def _ownership_plan() -> TopicPlan:
     return _without_delivery_features(TopicPlan.from_seed(OWNERSHIP_SEED))
 

@@ -159,6 +159,7 @@ class TopicPlan:
     ttl_ms: int                 # the namespace's message TTL (0: none): cursors move past older messages
     consumer_hold_ms_max: float  # a consumer's processing time after each batch it acks: 0 .. this
     age_eviction_ms: int        # a message_age backlog quota with consumer_backlog_eviction (0: none)
+    hold_quota_bytes: int       # a destination_storage backlog quota with producer_request_hold (0: none)
 
     @classmethod
     def from_seed(cls, seed: int) -> "TopicPlan":
@@ -200,7 +201,8 @@ class TopicPlan:
             ensemble=(3, 2, 2), ledger_entries_max=r.choice([4, 10, 1_000]),
             cursor_persist_interval_ms=r.choice([50, 100, 300]), dedup_snapshot_entries=r.choice([2, 3, 5]),
             dispatch_read_entries_max=r.choice([2, 10]), disk_latency_ms_max=r.choice([0.1, 1.0]),
-            events=tuple(events), **_delivery_features(seed), **_expiry_features(seed))
+            events=tuple(events), **_delivery_features(seed), **_expiry_features(seed),
+            hold_quota_bytes=rng_for(seed, "topic-plan-quota").choice([0] * 5 + [300, 1_000]))
 
     def describe(self) -> list[str]:
         lines = []
@@ -221,7 +223,7 @@ class TopicPlan:
             dedup_snapshot_entries=self.dedup_snapshot_entries,
             dispatch_read_entries_max=self.dispatch_read_entries_max, failover_switch_delay_ms=30,
             cursor_persist_interval_ms=self.cursor_persist_interval_ms, cursor_ledger_entries_max=8,
-            key_shared_replica_points=8, backlog_quota_check_interval_ms=100)
+            key_shared_replica_points=8, backlog_quota_check_interval_ms=100, backlog_quota_hold_ms_max=400)
 
     def expiry_ms(self) -> int:
         """The age after which a message may be skipped unseen (0: never): the TTL, or message_age eviction's
@@ -1156,6 +1158,9 @@ class TopicWorld:
             if self.plan.age_eviction_ms:
                 await topics.set_backlog_quota("sim/ns", bq.BacklogQuota(bq.MESSAGE_AGE, self.plan.age_eviction_ms,
                                                                          bq.CONSUMER_BACKLOG_EVICTION))
+            if self.plan.hold_quota_bytes:
+                await topics.set_backlog_quota("sim/ns", bq.BacklogQuota(
+                    bq.DESTINATION_STORAGE, self.plan.hold_quota_bytes, bq.PRODUCER_REQUEST_HOLD))
             await topics.create_topic(TOPIC, 0)
             topic = await topics.acquire(TOPIC)
             for name, sub_type in SUBSCRIPTIONS.items():
