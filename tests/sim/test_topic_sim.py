@@ -64,7 +64,7 @@ def _without_delivery_features(plan: TopicPlan) -> TopicPlan:
     consumers, and a broker that sends each loop turn's adds at once (no add batching): their schedules need it."""
     return dataclasses.replace(plan, delayed_probability=0.0, key_shared_sticky=0, reader=False,
                                add_requests_per_bookie_max=0, ttl_ms=0, consumer_hold_ms_max=2.0, age_eviction_ms=0,
-                               hold_quota_bytes=0)
+                               producer_quota_bytes=0)
 
 
 def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
@@ -75,7 +75,7 @@ def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
                              "seeks", "producer_restarts", "net_lost", "delayed_sends", "delayed_deliveries",
                              "reader_reads", "expired")}
     dedup_seeds = delayed_seeds = sticky_seeds = reader_seeds = ttl_seeds = slow_seeds = eviction_seeds = 0
-    hold_seeds = 0
+    hold_seeds = exception_seeds = 0
     for seed in range(1, SWEEP_SEEDS + 1):
         result = run_topic_sim(seed)
         if not result.passed:
@@ -90,7 +90,9 @@ def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
         ttl_seeds += result.plan.ttl_ms > 0
         slow_seeds += result.plan.consumer_hold_ms_max > 100
         eviction_seeds += result.plan.age_eviction_ms > 0
-        hold_seeds += result.plan.hold_quota_bytes > 0
+        if result.plan.producer_quota_bytes:
+            hold_seeds += result.plan.producer_quota_policy == bq_mod.PRODUCER_REQUEST_HOLD
+            exception_seeds += result.plan.producer_quota_policy == bq_mod.PRODUCER_EXCEPTION
     elapsed_s = time.perf_counter() - started
     assert not failures, "\n".join(failures)
     assert elapsed_s < SWEEP_SECONDS_MAX, f"{SWEEP_SEEDS} seeds took {elapsed_s:.1f} s"
@@ -114,8 +116,8 @@ def test_a_sweep_of_300_seeds_keeps_every_topic_invariant():
     assert 60 < ttl_seeds < 150 and 40 < slow_seeds < 120 and 30 < eviction_seeds < 100, \
         (ttl_seeds, slow_seeds, eviction_seeds)
     assert totals["expired"] > 300, totals
-    # and producers held by a backlog quota in about two worlds in seven
-    assert 50 < hold_seeds < 130, hold_seeds
+    # and producers held or refused by a backlog quota in about two worlds in seven
+    assert 20 < hold_seeds < 70 and 20 < exception_seeds < 70, (hold_seeds, exception_seeds)
 
 
 def test_the_same_seed_gives_a_byte_identical_trace():
@@ -146,7 +148,7 @@ def test_the_plan_is_a_function_of_the_seed_and_lists_every_knob_and_fault():
     for name in ("seed", "bookies", "brokers", "dedup", "producers", "producer_window", "session_timeout_ms",
                  "cursor_persist_interval_ms", "dedup_snapshot_entries", "ledger_entries_max", "events",
                  "delayed_probability", "delay_ms_max", "key_shared_sticky", "reader", "ttl_ms", "consumer_hold_ms_max",
-                 "age_eviction_ms", "hold_quota_bytes"):
+                 "age_eviction_ms", "producer_quota_bytes", "producer_quota_policy"):
         assert name in knobs, name
     assert int(knobs["events"]) == len(plan.events)
     assert [e.at_ms for e in plan.events] == sorted(e.at_ms for e in plan.events)

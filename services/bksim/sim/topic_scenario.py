@@ -159,7 +159,8 @@ class TopicPlan:
     ttl_ms: int                 # the namespace's message TTL (0: none): cursors move past older messages
     consumer_hold_ms_max: float  # a consumer's processing time after each batch it acks: 0 .. this
     age_eviction_ms: int        # a message_age backlog quota with consumer_backlog_eviction (0: none)
-    hold_quota_bytes: int       # a destination_storage backlog quota with producer_request_hold (0: none)
+    producer_quota_bytes: int   # a destination_storage backlog quota that stops producers (0: none) ...
+    producer_quota_policy: str  # ... producer_request_hold (Sends wait) or producer_exception (Sends fail)
 
     @classmethod
     def from_seed(cls, seed: int) -> "TopicPlan":
@@ -202,7 +203,7 @@ class TopicPlan:
             cursor_persist_interval_ms=r.choice([50, 100, 300]), dedup_snapshot_entries=r.choice([2, 3, 5]),
             dispatch_read_entries_max=r.choice([2, 10]), disk_latency_ms_max=r.choice([0.1, 1.0]),
             events=tuple(events), **_delivery_features(seed), **_expiry_features(seed),
-            hold_quota_bytes=rng_for(seed, "topic-plan-quota").choice([0] * 5 + [300, 1_000]))
+            **_producer_quota(seed))
 
     def describe(self) -> list[str]:
         lines = []
@@ -241,6 +242,16 @@ def _delivery_features(seed: int) -> dict:
             "key_shared_sticky": r.choice([0, 0, r.randint(1, HASH_RANGE_SIZE - 1)]),
             "reader": r.random() < 0.4,
             "add_requests_per_bookie_max": rng_for(seed, "topic-plan-add-batching").choice([0, 1, 2])}
+
+
+def _producer_quota(seed: int) -> dict:
+    """In two worlds in seven a destination_storage quota of 300 or 1,000 bytes stops the producers while the
+    slowest subscription is behind: their Sends wait (producer_request_hold, at most 400 ms: TIMEOUT) or fail
+    (producer_exception), and the producers resend them."""
+    r = rng_for(seed, "topic-plan-quota")
+    limit = r.choice([0] * 5 + [300, 1_000])
+    return {"producer_quota_bytes": limit,
+            "producer_quota_policy": r.choice([bq.PRODUCER_REQUEST_HOLD, bq.PRODUCER_EXCEPTION])}
 
 
 def _expiry_features(seed: int) -> dict:
@@ -1158,9 +1169,9 @@ class TopicWorld:
             if self.plan.age_eviction_ms:
                 await topics.set_backlog_quota("sim/ns", bq.BacklogQuota(bq.MESSAGE_AGE, self.plan.age_eviction_ms,
                                                                          bq.CONSUMER_BACKLOG_EVICTION))
-            if self.plan.hold_quota_bytes:
+            if self.plan.producer_quota_bytes:
                 await topics.set_backlog_quota("sim/ns", bq.BacklogQuota(
-                    bq.DESTINATION_STORAGE, self.plan.hold_quota_bytes, bq.PRODUCER_REQUEST_HOLD))
+                    bq.DESTINATION_STORAGE, self.plan.producer_quota_bytes, self.plan.producer_quota_policy))
             await topics.create_topic(TOPIC, 0)
             topic = await topics.acquire(TOPIC)
             for name, sub_type in SUBSCRIPTIONS.items():
