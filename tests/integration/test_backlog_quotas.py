@@ -1,5 +1,6 @@
 """Backlog quotas on real brokers through bksim.client (and the CLI's set/get/remove): each policy as a client
-sees it — producer_request_hold (a send waits at the broker and completes once a consumer acknowledges),
+sees it — producer_request_hold (a send waits at the broker and completes once a consumer acknowledges; one held
+until it times out is sent again before the sends behind it, none lost with dedup),
 producer_exception (the send fails with PRODUCER_BLOCKED_QUOTA_EXCEEDED), consumer_backlog_eviction (the slow
 subscription's mark-delete moves, the fast one keeps every message) — and the refusal of a quota that is not
 below the namespace's retention."""
@@ -20,13 +21,15 @@ from helpers import wait_until
 BOOKIES = 3
 RECEIVE_MS = 10_000
 CHECK_MS = 200  # topic.backlog_quota_check_interval_ms of these brokers
+HOLD_MS = 3_000  # topic.backlog_quota_hold_ms_max of these brokers: a Send held longer fails with TIMEOUT
 
 
 @pytest.fixture(scope="module")
 def brokers(broker_cluster):
     broker_cluster.settle(BOOKIES)
     if not broker_cluster.brokers:
-        broker_cluster.start_brokers(2, env={"BKSIM_TOPIC_BACKLOG_QUOTA_CHECK_INTERVAL_MS": str(CHECK_MS)})
+        broker_cluster.start_brokers(2, env={"BKSIM_TOPIC_BACKLOG_QUOTA_CHECK_INTERVAL_MS": str(CHECK_MS),
+                                             "BKSIM_TOPIC_BACKLOG_QUOTA_HOLD_MS_MAX": str(HOLD_MS)})
     return broker_cluster
 
 
@@ -87,6 +90,43 @@ def test_producer_request_hold_send_completes_once_a_consumer_acks(client, ns):
     assert result[0][0] is None
     assert consumer.receive(RECEIVE_MS).data() == b"second"
     assert client.topic_stats(topic)["heldSends"] == 0
+
+
+def test_a_held_send_that_times_out_is_sent_again_before_the_sends_behind_it(client, ns):
+    """Dedup on. Three sends are pipelined while the backlog is over a producer_request_hold quota: the first is
+    held until it fails with TIMEOUT, which ends the producer's stream; the client reconnects and sends all three
+    again, in order, with their sequence ids; then the consumer catches up. Each arrives once, in order: none of
+    the sends behind the timed-out one was written ahead of it (its resend would then be a "duplicate", lost)."""
+    deduped = f"{ns.split('/')[0]}/dedup"
+    client.create_namespace(deduped, retention_ms=-1, dedup=True)
+    topic = f"persistent://{deduped}/held"
+    client.create_topic(topic)
+    client.set_backlog_quota(deduped, "producer_request_hold", limit_bytes=1)
+    consumer = client.subscribe(topic, "slow", initial_position=InitialPosition.Earliest)
+    producer = client.create_producer(topic, "held", batching_enabled=False, send_timeout_ms=60_000)
+    producer.send(b"m0")  # the backlog was empty: accepted; now it is over the quota
+    connected = client.topic_stats(topic)["publishers"][0]["connectedSince"]
+    results: dict[bytes, tuple] = {}
+    done = threading.Event()
+
+    def receipt(data):
+        return lambda e, mid: (results.__setitem__(data, (e, mid)), len(results) == 3 and done.set())
+    for data in (b"m1", b"m2", b"m3"):
+        producer.send_async(data, receipt(data))
+    wait_until(lambda: client.topic_stats(topic)["heldSends"] >= 1, 10, message="the sends are not held")
+    wait_until(lambda: [p["connectedSince"] for p in client.topic_stats(topic)["publishers"]] not in ([], [connected]),
+               HOLD_MS / 1000 + 20, interval_s=0.05, message="the producer's reconnect after the held send's TIMEOUT")
+    first = consumer.receive(RECEIVE_MS)
+    assert first.data() == b"m0"
+    consumer.acknowledge(first)  # the backlog falls: the held sends may go
+    assert done.wait(30), f"receipts: {results}"
+    for data in (b"m1", b"m2", b"m3"):
+        error, mid = results[data]
+        assert error is None and mid.ledger >= 0, (data, error, mid)  # written, not answered as a duplicate
+    got = [consumer.receive(RECEIVE_MS) for _ in range(3)]
+    assert [m.data() for m in got] == [b"m1", b"m2", b"m3"]
+    producer.close()
+    consumer.close()
 
 
 def test_producer_exception_fails_the_send_with_its_status(client, ns):
