@@ -339,7 +339,6 @@ class Topic:
         if any(q.policy == bq.PRODUCER_EXCEPTION for q in over):
             raise TopicError(TopicStatus.PRODUCER_BLOCKED_QUOTA_EXCEEDED, self._over_quota_text(over, size, age))
         if not over and not self.held_sends:
-            self._after_failure(p)
             return
         self.held_sends += 1
         try:
