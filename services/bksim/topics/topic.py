@@ -384,15 +384,21 @@ class Topic:
             if target is None:
                 continue
             for sub in subs:
-                before = sub.cursor.mark_delete
-                if before < target and sub.cursor.expire_until(target):
-                    n = self.ml.entries_between(before, sub.cursor.mark_delete)
-                    skipped += n
-                    self._log(f"topic {self.name}: backlog quota {quota.describe()}: subscription {sub.name} "
-                              f"skips {n} entries (mark-delete {before} -> {sub.cursor.mark_delete})")
-                    sub.wake()
+                skipped += self._skip_to(sub, target, f"backlog quota {quota.describe()}")
         self.evicted_entries += skipped
         return skipped
+
+    def _skip_to(self, sub: Subscription, target: Position, why: str) -> int:
+        """Move `sub`'s mark-delete past everything up to `target` (TTL, backlog eviction), log it and wake its
+        dispatcher; the entries it skipped (0 when it was there already)."""
+        before = sub.cursor.mark_delete
+        if not before < target or not sub.cursor.expire_until(target):
+            return 0
+        n = self.ml.entries_between(before, sub.cursor.mark_delete)
+        self._log(f"topic {self.name}: {why}: subscription {sub.name} skips {n} entries (mark-delete {before} -> "
+                  f"{sub.cursor.mark_delete})")
+        sub.wake()
+        return n
 
     def _forget_one_producer(self) -> None:
         """Bound the dedup map: forget a producer that is not connected (the one with the lowest sequence id)."""
@@ -552,16 +558,11 @@ class Topic:
             now_ms = self._clock.wall_ms()
             newest = await self.ml.find_newest_before(_publish_time, now_ms - ttl_ms)
             if newest is not None:
-                for sub in self.subscriptions.values():
-                    before = sub.cursor.mark_delete
-                    if sub.durable and before < newest:
-                        if sub.cursor.expire_until(newest):
-                            n = self.ml.entries_between(before, sub.cursor.mark_delete)
-                            sub.expired_entries += n
-                            sub.last_expire_ms = now_ms
-                            self._log(f"topic {self.name}: TTL {ttl_ms} ms: subscription {sub.name} skips {n} "
-                                      f"entries (mark-delete {before} -> {sub.cursor.mark_delete})")
-                        sub.wake()
+                for sub in self._durable_subscriptions():
+                    n = self._skip_to(sub, newest, f"TTL {ttl_ms} ms")
+                    if n:
+                        sub.expired_entries += n
+                        sub.last_expire_ms = now_ms
         cursors = [s.cursor for s in self.subscriptions.values() if s.durable]  # readers hold nothing back
         if self._dedup_cursor is not None:
             cursors.append(self._dedup_cursor)
